@@ -1,0 +1,323 @@
+"""`PipelineTuner`: the Keras callback that measures input wait on every step."""
+
+import logging
+import os
+import sys
+import time
+from typing import Optional, Tuple, Union
+
+import keras
+import numpy as np
+
+from keras_pipeline_tuner.feature_guard import FeatureGuard
+from keras_pipeline_tuner.report import REPORT_FILENAME
+from keras_pipeline_tuner.report import Report
+from keras_pipeline_tuner.step_clock import TRAIN
+from keras_pipeline_tuner.step_clock import VALIDATION
+from keras_pipeline_tuner.step_clock import StepClock
+from keras_pipeline_tuner.tf_import import tensorflow
+from keras_pipeline_tuner import timed_step_function
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+STEP_CLOCK = "step clock"
+REPORT_FILE = "report file"
+SUMMARY = "terminal summary"
+
+_PROFILE_MODES = ("auto", "off")
+
+
+class PipelineTuner(keras.callbacks.Callback):
+    """Measures how long each training step waits for input, and why.
+
+    Add it to `model.fit` callbacks. On the TensorFlow backend it swaps
+    `model.train_function` (and `test_function` during validation) for an
+    equivalent compiled function that timestamps the batch fetch and the step, so
+    every step's input wait and compute are measured, with no measurable cost.
+    Keras' own functions are put back at the end of fit, after an exception
+    inside a step, or, for an interruption elsewhere, at their next use. At the end
+    of fit it prints a verdict and writes `report.json` to `log_dir`.
+
+    Args:
+        log_dir: directory for `report.json` (and TensorBoard logs); `None`
+            keeps the report in memory only (`tuner.report`).
+        verbose: 1 prints a short summary at the end of fit, 0 is silent.
+        profile: when to capture a TF Profiler window: "auto" (when the step
+            clock finds the job input-bound), "off", or a `(start_step,
+            stop_step)` pair of training steps.
+        buffer_steps: how many recent steps keep individual timings; totals
+            and the input fraction stay exact beyond it.
+
+    Example:
+
+    ```python
+    tuner = kpt.PipelineTuner(log_dir="logs/run1")
+    model.fit(train_ds, epochs=5, callbacks=[tuner])
+    print(tuner.report.verdict, tuner.report.input_fraction)
+    ```
+    """
+
+    def __init__(
+        self,
+        log_dir: Optional[Union[str, os.PathLike]] = None,
+        verbose: int = 1,
+        profile: Union[str, Tuple[int, int]] = "auto",
+        buffer_steps: int = 10_000,
+    ):
+        super().__init__()
+        self.log_dir = _checked_log_dir(log_dir)
+        if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+            raise ValueError(f"`verbose` must be 0, 1 or 2, got {verbose!r}.")
+        self.verbose = verbose
+        self.profile = _checked_profile(profile)
+        self.buffer_steps = buffer_steps
+        self.clock = StepClock(buffer_steps)
+        self.guard = FeatureGuard()
+        self._notes = []
+        self._measurement = "in-step"
+        self._swapped = {}
+        self._timed_cache = {}
+        self._first_call = {}
+        self._whole_step_start = None
+        self._validating_epoch = 0
+
+    # Keras hooks.
+
+    def on_train_begin(self, logs=None):
+        self.clock = StepClock(self.buffer_steps)
+        self._notes = []
+        self._measurement = "in-step"
+        self._first_call = {TRAIN: True, VALIDATION: True}
+        if self.guard.enabled(STEP_CLOCK):
+            with self.guard(STEP_CLOCK):
+                self._swap_in(TRAIN)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.clock.begin_epoch(epoch, TRAIN)
+
+    def on_epoch_end(self, epoch, logs=None):
+        with self.guard(STEP_CLOCK):
+            self.clock.end_epoch(TRAIN, epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._arm(TRAIN)
+
+    def _arm(self, kind: str) -> None:
+        timed = self._swapped.get(kind)
+        if timed is not None:
+            timed.armed = True
+        elif self._measurement == "whole-step":
+            self._whole_step_start = time.time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._measurement == "whole-step" and self._whole_step_start is not None:
+            self._record_whole_step(TRAIN)
+
+    def on_test_begin(self, logs=None):
+        self._validating_epoch = self.clock.epoch
+        if not self._first_call:
+            # evaluate() called on its own, outside fit.
+            self._first_call = {TRAIN: True, VALIDATION: True}
+        self.clock.begin_epoch(self._validating_epoch, VALIDATION)
+        if self.guard.enabled(STEP_CLOCK):
+            with self.guard(STEP_CLOCK):
+                self._swap_in(VALIDATION)
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._arm(VALIDATION)
+
+    def on_test_batch_end(self, batch, logs=None):
+        if self._measurement == "whole-step" and self._whole_step_start is not None:
+            self._record_whole_step(VALIDATION)
+
+    def on_test_end(self, logs=None):
+        self._restore(VALIDATION)
+        with self.guard(STEP_CLOCK):
+            self.clock.end_epoch(VALIDATION, self._validating_epoch)
+
+    def on_train_end(self, logs=None):
+        self._restore_all()
+        self.finish()
+
+    def finish(self) -> Report:
+        """Builds the final report and writes the outputs (file, terminal summary).
+
+        Called at the end of fit; custom loops reach it through `close()`.
+
+        Returns:
+            The final `Report`.
+        """
+        report = self.report
+        if self.log_dir is not None and self.guard.enabled(REPORT_FILE):
+            with self.guard(REPORT_FILE):
+                write_report(report, self.log_dir)
+        if self.verbose and self.guard.enabled(SUMMARY):
+            with self.guard(SUMMARY):
+                from keras_pipeline_tuner.terminal_summary import print_summary
+
+                print_summary(report)
+        return report
+
+    # Results.
+
+    @property
+    def report(self) -> Report:
+        """The `Report` of the latest fit, built from what was measured so far."""
+        tf = tensorflow()
+        validation = self.clock.stats(VALIDATION)
+        train = self.clock.stats(TRAIN)
+        notes = list(self._notes)
+        notes += [
+            f"{feature} was turned off after a failure: {reason}"
+            for feature, reason in self.guard.failures.items()
+        ]
+        return Report(
+            verdict=train.verdict,
+            input_fraction=train.input_fraction,
+            train=train,
+            validation=validation if validation.steps else None,
+            epochs=list(self.clock.epochs),
+            first_steps=dict(self.clock.first_steps),
+            measurement=self._measurement,
+            steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
+            notes=notes,
+            environment={
+                "tensorflow": tf.__version__,
+                "keras": keras.__version__,
+                "python": sys.version.split()[0],
+            },
+        )
+
+    # Swapping Keras' functions.
+
+    def _swap_in(self, kind: str) -> None:
+        attribute = _ATTRIBUTE[kind]
+        current = getattr(self.model, attribute, None)
+        if isinstance(current, timed_step_function.TimedFunction):
+            # Left behind by a fit that was interrupted outside a step.
+            current = current.original
+            setattr(self.model, attribute, current)
+        if current is None:
+            return
+        reason = timed_step_function.unsupported_reason(self.model)
+        if reason is None and self.model.run_eagerly:
+            reason = "the model runs eagerly (run_eagerly=True)"
+        if reason is not None:
+            self._fall_back(reason)
+            return
+        key = (id(self.model), kind)
+        timed = self._timed_cache.get(key)
+        if timed is None or timed.original is not current:
+            timed = timed_step_function.TimedFunction(
+                self.model,
+                self.model.train_step if kind == TRAIN else self.model.test_step,
+                current,
+                on_rows=lambda rows, wall, called_at: self._on_rows(kind, rows, wall, called_at),
+                on_error=lambda error: self._restore_all(),
+            )
+            self._timed_cache[key] = timed
+        self._swapped[kind] = timed
+        setattr(self.model, attribute, timed)
+
+    def _restore(self, kind: str) -> None:
+        timed = self._swapped.pop(kind, None)
+        if timed is not None and getattr(self.model, _ATTRIBUTE[kind], None) is timed:
+            setattr(self.model, _ATTRIBUTE[kind], timed.original)
+
+    def _restore_all(self) -> None:
+        self._restore(TRAIN)
+        self._restore(VALIDATION)
+
+    def _fall_back(self, reason: str) -> None:
+        if self._measurement != "whole-step":
+            note = (
+                f"Input wait is not separated from compute because {reason}: only "
+                "the whole step time is measured (no input fraction, no verdict)."
+            )
+            logger.warning("keras-pipeline-tuner: %s", note)
+            self._notes.append(note)
+        self._measurement = "whole-step"
+
+    # Recording.
+
+    def _on_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+        if not self.guard.enabled(STEP_CLOCK):
+            return
+        with self.guard(STEP_CLOCK):
+            rows = np.asarray(rows)
+            if self._first_call.get(kind, False):
+                self._first_call[kind] = False
+                self.clock.record_first_step(kind, wall_s, rows, called_at)
+            else:
+                self.clock.record(kind, rows, called_at)
+        if not self.guard.enabled(STEP_CLOCK):
+            self._restore_all()
+
+    def _record_whole_step(self, kind: str) -> None:
+        start, self._whole_step_start = self._whole_step_start, None
+        end = time.time()
+        self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
+
+
+_ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
+
+
+def write_report(report: Report, log_dir: str) -> str:
+    """Writes `report.json` into `log_dir` atomically.
+
+    Args:
+        report: the `Report`.
+        log_dir: the directory; created if missing.
+
+    Returns:
+        The path written.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    path = os.path.join(log_dir, REPORT_FILENAME)
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as file:
+        file.write(report.to_json())
+    os.replace(partial, path)
+    return path
+
+
+def _checked_log_dir(log_dir) -> Optional[str]:
+    if log_dir is None:
+        return None
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"`log_dir` must be a path (str or os.PathLike), got {type(log_dir).__name__}."
+        )
+    log_dir = os.fspath(log_dir)
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ValueError(
+            f"`log_dir` {log_dir!r} is a file, not a directory. Pass a directory path, "
+            "e.g. log_dir='logs/run1'."
+        )
+    return log_dir
+
+
+def _checked_profile(profile):
+    if isinstance(profile, str):
+        if profile not in _PROFILE_MODES:
+            raise ValueError(
+                f"`profile` must be 'auto', 'off' or a (start_step, stop_step) pair, "
+                f"got {profile!r}."
+            )
+        return profile
+    if (
+        isinstance(profile, (tuple, list))
+        and len(profile) == 2
+        and all(isinstance(step, int) and not isinstance(step, bool) for step in profile)
+    ):
+        start, stop = profile
+        if start < 0 or stop <= start:
+            raise ValueError(
+                f"`profile` range {tuple(profile)} is empty or negative: pass "
+                "(start_step, stop_step) with 0 <= start_step < stop_step, e.g. (10, 30)."
+            )
+        return (start, stop)
+    raise ValueError(
+        f"`profile` must be 'auto', 'off' or a (start_step, stop_step) pair of ints, "
+        f"got {profile!r}."
+    )

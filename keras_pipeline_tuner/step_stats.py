@@ -1,0 +1,152 @@
+"""Statistics of step timings and the input-bound verdict.
+
+The verdict uses the TF Profiler's thresholds so that the step clock and the
+Profile tab agree: an input share of step time of 20 % or more is "highly
+input-bound", 5 % to 20 % "moderately input-bound", below 5 % "not input-bound".
+"""
+
+import dataclasses
+import enum
+import math
+from typing import Optional
+
+import numpy as np
+
+HIGHLY_INPUT_BOUND_FRACTION = 0.20
+MODERATELY_INPUT_BOUND_FRACTION = 0.05
+
+
+class Verdict(str, enum.Enum):
+    """How much of the training step is spent waiting for input."""
+
+    HIGHLY_INPUT_BOUND = "highly input-bound"
+    MODERATELY_INPUT_BOUND = "moderately input-bound"
+    NOT_INPUT_BOUND = "not input-bound"
+    # Only when the wait could not be separated from compute (see the report's notes).
+    UNKNOWN = "unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def verdict_for(input_fraction: Optional[float]) -> Verdict:
+    """Classifies an input share of step time with the TF Profiler's thresholds.
+
+    Args:
+        input_fraction: share of step time spent waiting for input, in [0, 1], or
+            `None` when it was not measured.
+
+    Returns:
+        The `Verdict`.
+
+    Example:
+
+    >>> verdict_for(0.5).value
+    'highly input-bound'
+    >>> verdict_for(0.01).value
+    'not input-bound'
+    """
+    if input_fraction is None or math.isnan(input_fraction):
+        return Verdict.UNKNOWN
+    if input_fraction >= HIGHLY_INPUT_BOUND_FRACTION:
+        return Verdict.HIGHLY_INPUT_BOUND
+    if input_fraction >= MODERATELY_INPUT_BOUND_FRACTION:
+        return Verdict.MODERATELY_INPUT_BOUND
+    return Verdict.NOT_INPUT_BOUND
+
+
+@dataclasses.dataclass
+class Distribution:
+    """Mean, median and 90th percentile of one timing, in milliseconds."""
+
+    mean_ms: Optional[float] = None
+    median_ms: Optional[float] = None
+    p90_ms: Optional[float] = None
+
+    @classmethod
+    def of_seconds(cls, values: np.ndarray) -> "Distribution":
+        """Summarises timings given in seconds; NaNs (not measured) are ignored.
+
+        Args:
+            values: 1-D array of durations in seconds.
+
+        Returns:
+            A `Distribution` in milliseconds, all `None` when nothing was measured.
+        """
+        values = np.asarray(values, dtype=np.float64)
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return cls()
+        return cls(
+            mean_ms=float(values.mean() * 1e3),
+            median_ms=float(np.median(values) * 1e3),
+            p90_ms=float(np.percentile(values, 90) * 1e3),
+        )
+
+
+@dataclasses.dataclass
+class StepStats:
+    """Timing statistics of a set of steps.
+
+    Attributes:
+        steps: number of steps summarised.
+        input_wait: time each step waited for its batch (`get_next`).
+        compute: time each step computed, from batch ready to updated weights.
+        step: input wait plus compute.
+        host_gap: time between one step's end and the next one's start, spent in
+            Python (Keras' loop and callbacks); not part of the step.
+        input_fraction: total input wait over total step time; `None` when the
+            wait could not be separated from compute.
+        verdict: the `Verdict` for `input_fraction`.
+    """
+
+    steps: int = 0
+    input_wait: Distribution = dataclasses.field(default_factory=Distribution)
+    compute: Distribution = dataclasses.field(default_factory=Distribution)
+    step: Distribution = dataclasses.field(default_factory=Distribution)
+    host_gap: Distribution = dataclasses.field(default_factory=Distribution)
+    input_fraction: Optional[float] = None
+    verdict: Verdict = Verdict.UNKNOWN
+
+    @classmethod
+    def from_arrays(
+        cls,
+        wait_s: np.ndarray,
+        compute_s: np.ndarray,
+        gap_s: Optional[np.ndarray] = None,
+    ) -> "StepStats":
+        """Summarises per-step durations given in seconds.
+
+        Args:
+            wait_s: input wait per step; NaN where it could not be measured.
+            compute_s: compute per step (whole step where the wait is NaN).
+            gap_s: host time between steps, NaN where undefined.
+
+        Returns:
+            A `StepStats`.
+
+        Example:
+
+        >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
+        >>> stats.verdict.value, round(stats.input_fraction, 2)
+        ('highly input-bound', 0.75)
+        """
+        wait_s = np.asarray(wait_s, dtype=np.float64)
+        compute_s = np.asarray(compute_s, dtype=np.float64)
+        step_s = np.where(np.isnan(wait_s), compute_s, wait_s + compute_s)
+        measured = ~np.isnan(wait_s)
+        fraction = None
+        if measured.any():
+            total = step_s[measured].sum()
+            fraction = float(wait_s[measured].sum() / total) if total > 0 else 0.0
+        return cls(
+            steps=int(step_s.size),
+            input_wait=Distribution.of_seconds(wait_s),
+            compute=Distribution.of_seconds(np.where(measured, compute_s, np.nan)),
+            step=Distribution.of_seconds(step_s),
+            host_gap=Distribution.of_seconds(
+                np.asarray(gap_s if gap_s is not None else [], dtype=np.float64)
+            ),
+            input_fraction=fraction,
+            verdict=verdict_for(fraction),
+        )
