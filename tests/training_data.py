@@ -1,0 +1,67 @@
+"""Tiny models and tf.data pipelines with known, injected delays, for the tests."""
+
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+FEATURES = 8
+
+
+def slow_source(elements: int, delay_s: float, features: int = FEATURES) -> tf.data.Dataset:
+    """A `from_generator` source that sleeps `delay_s` before each (x, y) element."""
+
+    def generate():
+        for i in range(elements):
+            time.sleep(delay_s)
+            yield np.full((features,), i % 7, np.float32), np.float32(i % 2)
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((features,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    )
+
+
+def cached_source(elements: int, features: int = FEATURES) -> tf.data.Dataset:
+    """In-memory, cached (x, y) elements: fetching a batch costs microseconds."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(elements, features)).astype(np.float32)
+    y = (x.sum(axis=1) > 0).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((x, y)).cache()
+
+
+class Sleep(keras.layers.Layer):
+    """Identity layer whose forward pass takes at least `delay_s` (a known compute cost)."""
+
+    def __init__(self, delay_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    def call(self, inputs):
+        def sleep():
+            time.sleep(self.delay_s)
+            return np.float32(0.0)
+
+        zero = tf.numpy_function(sleep, [], tf.float32, stateful=True)
+        zero.set_shape(())
+        return inputs + tf.stop_gradient(zero)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def tiny_model(compute_delay_s: float = 0.0, steps_per_execution: int = 1, **compile_kwargs):
+    """A two-layer regression model; `compute_delay_s` adds a known compute time per step."""
+    layers = [keras.Input((FEATURES,)), keras.layers.Dense(4)]
+    if compute_delay_s:
+        layers.append(Sleep(compute_delay_s))
+    layers.append(keras.layers.Dense(1))
+    model = keras.Sequential(layers)
+    model.compile(
+        optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution, **compile_kwargs
+    )
+    return model
