@@ -156,7 +156,7 @@ def run_demo(log_dir: Optional[str] = None, quick: bool = False, console: Option
     from keras_pipeline_tuner.pipeline_tuner import PipelineTuner
     from keras_pipeline_tuner.terminal_summary import verdict_line
 
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kpt-demo-")
     images, epochs, batch_size = (128, 2, 16) if quick else (384, 3, 16)
     data_dir = os.path.join(log_dir, "images")
