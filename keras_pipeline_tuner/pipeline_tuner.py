@@ -98,6 +98,8 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         with self.guard(STEP_CLOCK):
             self.clock.end_epoch(TRAIN, epoch)
+        # Written every epoch so that a crash loses at most the current epoch.
+        self._write_report_file(self.report)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._arm(TRAIN)
@@ -148,9 +150,7 @@ class PipelineTuner(keras.callbacks.Callback):
             The final `Report`.
         """
         report = self.report
-        if self.log_dir is not None and self.guard.enabled(REPORT_FILE):
-            with self.guard(REPORT_FILE):
-                write_report(report, self.log_dir)
+        self._write_report_file(report)
         if self.verbose and self.guard.enabled(SUMMARY):
             with self.guard(SUMMARY):
                 from keras_pipeline_tuner.terminal_summary import print_summary
@@ -171,6 +171,11 @@ class PipelineTuner(keras.callbacks.Callback):
             f"{feature} was turned off after a failure: {reason}"
             for feature, reason in self.guard.failures.items()
         ]
+        if not train.steps and TRAIN not in self.clock.first_steps:
+            notes.append(
+                "No training step was measured: the dataset gave no batch, or fit has not "
+                "run a step yet."
+            )
         return Report(
             verdict=train.verdict,
             input_fraction=train.input_fraction,
@@ -213,7 +218,7 @@ class PipelineTuner(keras.callbacks.Callback):
                 self.model.train_step if kind == TRAIN else self.model.test_step,
                 current,
                 on_rows=lambda rows, wall, called_at: self._on_rows(kind, rows, wall, called_at),
-                on_error=lambda error: self._restore_all(),
+                on_error=self._on_step_error,
             )
             self._timed_cache[key] = timed
         self._swapped[kind] = timed
@@ -227,6 +232,17 @@ class PipelineTuner(keras.callbacks.Callback):
     def _restore_all(self) -> None:
         self._restore(TRAIN)
         self._restore(VALIDATION)
+
+    def _on_step_error(self, error: Optional[BaseException]) -> None:
+        self._restore_all()
+        if error is not None:
+            # fit ends here without on_train_end: keep what was measured so far.
+            self._write_report_file(self.report)
+
+    def _write_report_file(self, report: Report) -> None:
+        if self.log_dir is not None and self.guard.enabled(REPORT_FILE):
+            with self.guard(REPORT_FILE):
+                write_report(report, self.log_dir)
 
     def _fall_back(self, reason: str) -> None:
         if self._measurement != "whole-step":
