@@ -11,6 +11,8 @@ print(tuner.report.verdict)
 ```
 """
 
+from keras_pipeline_tuner.advisor import Recommendation
+from keras_pipeline_tuner.profile_evidence import ProfileEvidence
 from keras_pipeline_tuner.report import Report
 from keras_pipeline_tuner.step_clock import EpochBreakdown
 from keras_pipeline_tuner.step_clock import FirstStep
@@ -21,27 +23,58 @@ from keras_pipeline_tuner.step_stats import Verdict
 
 __version__ = "0.1.0"
 
+# Benchmark, what-if replay and tuning: loaded on first use (they need TensorFlow).
+_MEASUREMENT_NAMES = {
+    "benchmark": "keras_pipeline_tuner.dataset_benchmark",
+    "BenchmarkResult": "keras_pipeline_tuner.dataset_benchmark",
+    "tune": "keras_pipeline_tuner.pipeline_tuning",
+    "TuneResult": "keras_pipeline_tuner.pipeline_tuning",
+    "RewriteOutcome": "keras_pipeline_tuner.pipeline_tuning",
+    "what_if": "keras_pipeline_tuner.what_if_replay",
+    "WhatIfResult": "keras_pipeline_tuner.what_if_replay",
+}
+
 
 def __getattr__(name):
     # The callback subclasses keras.callbacks.Callback, so importing it imports
     # Keras (and TensorFlow); keep `import keras_pipeline_tuner` light.
-    if name == "PipelineTuner":
+    if name in ("PipelineTuner", "instrument"):
         from keras_pipeline_tuner.tf_import import tensorflow
 
         tensorflow()
+        from keras_pipeline_tuner.custom_loop import instrument
         from keras_pipeline_tuner.pipeline_tuner import PipelineTuner
 
-        return PipelineTuner
+        return PipelineTuner if name == "PipelineTuner" else instrument
+    if name == "inspect":
+        from keras_pipeline_tuner.pipeline_lint import inspect
+
+        return inspect
+    if name in ("Finding", "Findings"):
+        from keras_pipeline_tuner import findings
+
+        return getattr(findings, name)
+    if name in _MEASUREMENT_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_MEASUREMENT_NAMES[name]), name)
     raise AttributeError(f"module 'keras_pipeline_tuner' has no attribute {name!r}")
 
 
 __all__ = [
     "Distribution",
     "EpochBreakdown",
+    "Finding",
+    "Findings",
     "FirstStep",
     "PipelineTuner",
+    "ProfileEvidence",
+    "Recommendation",
     "Report",
     "StepClock",
     "StepStats",
     "Verdict",
+    "inspect",
+    "instrument",
+    *_MEASUREMENT_NAMES,
 ]

@@ -72,7 +72,7 @@ def _report(log_dir: str) -> int:
     except (OSError, ValueError) as error:
         sys.stderr.write(f"keras-pipeline-tuner: cannot read {path}: {error}\n")
         return 2
-    print_summary(report)
+    print_summary(report, details=True)
     return 0
 
 

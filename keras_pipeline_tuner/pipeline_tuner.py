@@ -4,25 +4,39 @@ import logging
 import os
 import sys
 import time
-from typing import Optional, Tuple, Union
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 import keras
 import numpy as np
 
+from keras_pipeline_tuner.advisor import advise
+from keras_pipeline_tuner.custom_loop import LoopTimer
+from keras_pipeline_tuner.custom_loop import TimedIterator
 from keras_pipeline_tuner.feature_guard import FeatureGuard
+from keras_pipeline_tuner.profiler_window import EPOCH_ENDED
+from keras_pipeline_tuner.profiler_window import FIT_ENDED
+from keras_pipeline_tuner.profiler_window import ProfilerWindow
 from keras_pipeline_tuner.report import REPORT_FILENAME
 from keras_pipeline_tuner.report import Report
 from keras_pipeline_tuner.step_clock import TRAIN
 from keras_pipeline_tuner.step_clock import VALIDATION
 from keras_pipeline_tuner.step_clock import StepClock
+from keras_pipeline_tuner.tensorboard_sink import TensorBoardSink
 from keras_pipeline_tuner.tf_import import tensorflow
+from keras_pipeline_tuner.trace_export import write_trace
+from keras_pipeline_tuner import fit_input
 from keras_pipeline_tuner import timed_step_function
+from keras_pipeline_tuner import what_if_replay
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
 STEP_CLOCK = "step clock"
 REPORT_FILE = "report file"
 SUMMARY = "terminal summary"
+ADVICE = "advice"
+STEP_TRACE = "step timeline trace"
+INSPECTION = "pipeline inspection"
+WHAT_IF = "what-if replay"
 
 _PROFILE_MODES = ("auto", "off")
 
@@ -44,7 +58,15 @@ class PipelineTuner(keras.callbacks.Callback):
         verbose: 1 prints a short summary at the end of fit, 0 is silent.
         profile: when to capture a TF Profiler window: "auto" (when the step
             clock finds the job input-bound), "off", or a `(start_step,
-            stop_step)` pair of training steps.
+            stop_step)` pair of training steps (counted over the whole fit). A
+            window closes at the latest at the end of its epoch; its evidence
+            is `tuner.report.profile`.
+        profile_steps: training steps in an "auto" window (default 15).
+        what_if: after training, time the model's step on a few cached,
+            replayed batches (input free) and report the most an input
+            change can gain (`tuner.report.what_if`): True for 20 replayed
+            steps, or a number of steps. The model's weights, optimizer and
+            metric state are restored afterwards; training is not changed.
         buffer_steps: how many recent steps keep individual timings; totals
             and the input fraction stay exact beyond it.
 
@@ -63,8 +85,12 @@ class PipelineTuner(keras.callbacks.Callback):
         verbose: int = 1,
         profile: Union[str, Tuple[int, int]] = "auto",
         buffer_steps: int = 10_000,
+        profile_steps: Optional[int] = None,
+        what_if: Union[bool, int] = False,
     ):
         super().__init__()
+        self.what_if_steps = what_if_replay.checked_steps(what_if)
+        self._what_if = None
         self.log_dir = _checked_log_dir(log_dir)
         if verbose not in (0, 1, 2) or isinstance(verbose, bool):
             raise ValueError(f"`verbose` must be 0, 1 or 2, got {verbose!r}.")
@@ -73,6 +99,10 @@ class PipelineTuner(keras.callbacks.Callback):
         self.buffer_steps = buffer_steps
         self.clock = StepClock(buffer_steps)
         self.guard = FeatureGuard()
+        self._window = ProfilerWindow(self.profile, profile_steps, self.log_dir, self.guard)
+        self._tensorboard = (
+            TensorBoardSink(self.log_dir, self.guard) if self.log_dir is not None else None
+        )
         self._notes = []
         self._measurement = "in-step"
         self._swapped = {}
@@ -80,6 +110,8 @@ class PipelineTuner(keras.callbacks.Callback):
         self._first_call = {}
         self._whole_step_start = None
         self._validating_epoch = 0
+        self._loop_timer: Optional[LoopTimer] = None
+        self._findings = []
 
     # Keras hooks.
 
@@ -88,9 +120,16 @@ class PipelineTuner(keras.callbacks.Callback):
         self._notes = []
         self._measurement = "in-step"
         self._first_call = {TRAIN: True, VALIDATION: True}
+        self._what_if = None
+        self._window.begin_fit()
         if self.guard.enabled(STEP_CLOCK):
             with self.guard(STEP_CLOCK):
                 self._swap_in(TRAIN)
+        self._findings = []
+        if self.guard.enabled(INSPECTION):
+            with self.guard(INSPECTION):
+                # Once per fit, before the first step: never inside a timed step.
+                self._findings = fit_input.inspect_fit_input(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.clock.begin_epoch(epoch, TRAIN)
@@ -98,10 +137,18 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         with self.guard(STEP_CLOCK):
             self.clock.end_epoch(TRAIN, epoch)
+        self._window.end_epoch()
+        self._write_epoch_outputs()
+
+    def _write_epoch_outputs(self) -> None:
         # Written every epoch so that a crash loses at most the current epoch.
-        self._write_report_file(self.report)
+        report = self.report
+        self._write_report_file(report)
+        if self._tensorboard is not None:
+            self._tensorboard.epoch_ended(self.clock, report)
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._window.before_step(batch, self._swapped.get(TRAIN), self.clock)
         self._arm(TRAIN)
 
     def _arm(self, kind: str) -> None:
@@ -114,8 +161,14 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self._measurement == "whole-step" and self._whole_step_start is not None:
             self._record_whole_step(TRAIN)
+        self._window.after_step(batch)
+        if self._tensorboard is not None:
+            self._tensorboard.step_ended(
+                self.clock, getattr(self.model, "steps_per_execution", 1) or 1
+            )
 
     def on_test_begin(self, logs=None):
+        self._window.close(EPOCH_ENDED)
         self._validating_epoch = self.clock.epoch
         if not self._first_call:
             # evaluate() called on its own, outside fit.
@@ -139,6 +192,14 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._restore_all()
+        self._window.end_fit()
+        if self.what_if_steps and self.guard.enabled(WHAT_IF):
+            with self.guard(WHAT_IF):
+                # After training and with Keras' own functions back: the replay
+                # restores the model's state, so training is not changed.
+                self._what_if = what_if_replay.replay_after_fit(
+                    self.model, self.what_if_steps, self.clock.stats(TRAIN)
+                )
         self.finish()
 
     def finish(self) -> Report:
@@ -151,6 +212,11 @@ class PipelineTuner(keras.callbacks.Callback):
         """
         report = self.report
         self._write_report_file(report)
+        if self._tensorboard is not None:
+            self._tensorboard.finish(self.clock, report)
+            if self.guard.enabled(STEP_TRACE):
+                with self.guard(STEP_TRACE):
+                    write_trace(self.clock, self.log_dir)
         if self.verbose and self.guard.enabled(SUMMARY):
             with self.guard(SUMMARY):
                 from keras_pipeline_tuner.terminal_summary import print_summary
@@ -164,9 +230,12 @@ class PipelineTuner(keras.callbacks.Callback):
     def report(self) -> Report:
         """The `Report` of the latest fit, built from what was measured so far."""
         tf = tensorflow()
+        measurement, notes = self._measurement, list(self._notes)
+        if self._loop_timer is not None:
+            # Also hands the custom loop's latest steps to the clock.
+            measurement, notes = self._loop_timer.describe(measurement, notes)
         validation = self.clock.stats(VALIDATION)
         train = self.clock.stats(TRAIN)
-        notes = list(self._notes)
         notes += [
             f"{feature} was turned off after a failure: {reason}"
             for feature, reason in self.guard.failures.items()
@@ -176,22 +245,102 @@ class PipelineTuner(keras.callbacks.Callback):
                 "No training step was measured: the dataset gave no batch, or fit has not "
                 "run a step yet."
             )
-        return Report(
+        report = Report(
             verdict=train.verdict,
             input_fraction=train.input_fraction,
             train=train,
             validation=validation if validation.steps else None,
             epochs=list(self.clock.epochs),
             first_steps=dict(self.clock.first_steps),
-            measurement=self._measurement,
+            measurement=measurement,
             steps_per_execution=int(getattr(self.model, "steps_per_execution", 1) or 1),
-            notes=notes,
+            notes=notes + self._window.notes,
+            profile=self._window.evidence,
+            findings=list(self._findings),
+            what_if=self._what_if,
             environment={
                 "tensorflow": tf.__version__,
                 "keras": keras.__version__,
                 "python": sys.version.split()[0],
             },
         )
+        if self.guard.enabled(ADVICE):
+            with self.guard(ADVICE):
+                report.recommendations = advise(
+                    report.train, report.profile, report.findings, what_if=report.what_if
+                )
+        return report
+
+    # Custom training loops (the logic is in custom_loop.LoopTimer).
+
+    def instrument(self, fn: Optional[Callable] = None, *, kind: str = TRAIN) -> Callable:
+        """Decorates a custom loop's train step so that every call is timed.
+
+        Stack it above or below `@tf.function`. Compute ends when the step's
+        outputs are ready; input wait is the time since the previous call
+        returned, or exactly the batch fetch when the loop uses `iterate()`.
+
+        Args:
+            fn: the step function (Python or `tf.function`).
+            kind: "train", or "validation" for a validation loop's step.
+
+        Returns:
+            The wrapped function: same name, docstring and return values.
+
+        Example:
+
+        ```python
+        @tuner.instrument
+        @tf.function
+        def train_step(x, y):
+            ...
+        ```
+        """
+        return self._custom_loop().instrument(fn, kind)
+
+    def iterate(self, dataset: Iterable, *, kind: str = TRAIN) -> TimedIterator:
+        """Wraps a custom loop's dataset so that each batch fetch is timed exactly.
+
+        Args:
+            dataset: a `tf.data.Dataset`, an iterator or any iterable of batches.
+            kind: "train" or "validation".
+
+        Returns:
+            An iterable of the same batches; each pass over it is one epoch.
+
+        Example:
+
+        ```python
+        for x, y in tuner.iterate(train_ds):
+            train_step(x, y)
+        ```
+        """
+        return self._custom_loop().iterate(dataset, kind)
+
+    def end_epoch(self) -> None:
+        """Marks the end of an epoch in a custom loop that does not use `iterate()`."""
+        self._custom_loop().end_epoch()
+
+    def close(self) -> Report:
+        """Ends a custom loop's run: writes the report and prints the summary.
+
+        Returns:
+            The final `Report`.
+        """
+        return self._custom_loop().close()
+
+    def __enter__(self) -> "PipelineTuner":
+        self._custom_loop().open()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> bool:
+        self.close()
+        return False
+
+    def _custom_loop(self) -> LoopTimer:
+        if self._loop_timer is None:
+            self._loop_timer = LoopTimer(self)
+        return self._loop_timer
 
     # Swapping Keras' functions.
 
@@ -235,6 +384,7 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _on_step_error(self, error: Optional[BaseException]) -> None:
         self._restore_all()
+        self._window.close(FIT_ENDED)
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
             self._write_report_file(self.report)

@@ -6,10 +6,14 @@ import json
 import typing
 from typing import Any, Dict, List, Optional
 
+from keras_pipeline_tuner.advisor import Recommendation
+from keras_pipeline_tuner.findings import Finding
+from keras_pipeline_tuner.profile_evidence import ProfileEvidence
 from keras_pipeline_tuner.step_clock import EpochBreakdown
 from keras_pipeline_tuner.step_clock import FirstStep
 from keras_pipeline_tuner.step_stats import StepStats
 from keras_pipeline_tuner.step_stats import Verdict
+from keras_pipeline_tuner.what_if_replay import WhatIfResult
 
 REPORT_FILENAME = "report.json"
 SCHEMA_VERSION = 1
@@ -29,11 +33,20 @@ class Report:
         epochs: per-epoch `EpochBreakdown`s, training and validation.
         first_steps: the first step of each kind, reported apart (it traces).
         measurement: "in-step" (wait and compute split inside the step) or
-            "whole-step" (only the total per step, see `notes`).
+            "whole-step" (only the total per step, see `notes`); for custom
+            loops "decorator", "iterator" or "decorator+iterator" (what timed
+            the steps), or "not timed" (a loop compiled into one graph).
         steps_per_execution: the model's `steps_per_execution`.
-        recommendations: ranked advice (filled by the advisor).
+        recommendations: ranked `Recommendation`s of the advisor, most
+            important first.
         notes: plain-language caveats about what was or was not measured.
         environment: versions of the libraries the run used.
+        profile: `ProfileEvidence` of the TF Profiler window, if one was
+            captured and converted.
+        findings: `Finding`s of the pipeline inspection (`kpt.inspect`) of the
+            data fit iterated.
+        what_if: `WhatIfResult` of the what-if replay (`PipelineTuner(
+            what_if=True)`): the step time with input free, measured.
 
     Example:
 
@@ -50,9 +63,12 @@ class Report:
     first_steps: Dict[str, FirstStep] = dataclasses.field(default_factory=dict)
     measurement: str = "in-step"
     steps_per_execution: int = 1
-    recommendations: List[Any] = dataclasses.field(default_factory=list)
+    recommendations: List[Recommendation] = dataclasses.field(default_factory=list)
     notes: List[str] = dataclasses.field(default_factory=list)
     environment: Dict[str, str] = dataclasses.field(default_factory=dict)
+    profile: Optional[ProfileEvidence] = None
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+    what_if: Optional[WhatIfResult] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

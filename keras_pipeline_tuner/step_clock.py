@@ -240,6 +240,20 @@ class StepClock:
         """
         return self._select(kind)
 
+    def step_numbers(self, kind: str = TRAIN) -> np.ndarray:
+        """The run-wide number of each retained step of `kind`, in `steps()` order.
+
+        Args:
+            kind: "train" or "validation".
+
+        Returns:
+            An int64 array; the first step (reported apart) is step 0, so the
+            retained steps end at the number of steps recorded.
+        """
+        retained = int(np.count_nonzero(self._kind[: self._size] == _KINDS.index(kind)))
+        total = self._totals[kind].steps
+        return np.arange(total - retained + 1, total + 1, dtype=np.int64)
+
     @property
     def retained_steps(self) -> int:
         """How many per-step rows the ring holds now (at most `capacity`)."""

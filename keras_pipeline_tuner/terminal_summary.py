@@ -3,9 +3,13 @@
 from typing import IO, Optional
 
 from rich.console import Console
+from rich.padding import Padding
+from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from keras_pipeline_tuner.advisor import Recommendation
+from keras_pipeline_tuner.advisor import describe_gain
 from keras_pipeline_tuner.report import Report
 from keras_pipeline_tuner.step_stats import Distribution
 from keras_pipeline_tuner.step_stats import Verdict
@@ -16,6 +20,7 @@ _VERDICT_STYLE = {
     Verdict.NOT_INPUT_BOUND: "bold green",
     Verdict.UNKNOWN: "bold",
 }
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
 
 
 def verdict_line(report: Report) -> str:
@@ -35,13 +40,17 @@ def verdict_line(report: Report) -> str:
     )
 
 
-def print_summary(report: Report, file: Optional[IO[str]] = None) -> None:
+def print_summary(
+    report: Report, file: Optional[IO[str]] = None, details: bool = False
+) -> None:
     """Prints the verdict and the step timings as a few lines and a small table.
 
     Args:
         report: the `Report` to show.
         file: where to write; standard output by default. Colour is used only
             when it is a terminal.
+        details: show every recommendation with its reason, code and
+            evidence, instead of the top three in one line each.
 
     Example:
 
@@ -72,14 +81,28 @@ def print_summary(report: Report, file: Optional[IO[str]] = None) -> None:
             "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
         )
     console.print(table)
+    if report.train.host_gap.median_ms:
+        console.print(
+            f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
+        )
     first = report.first_steps.get("train")
     if first is not None:
+        tracing = (
+            "tracing included"
+            if first.tracing_ms is None
+            else f"tracing {first.tracing_ms:.0f} ms"
+        )
         console.print(
-            f"First step {first.wall_ms:.0f} ms (tracing {first.tracing_ms or 0:.0f} ms), "
+            f"First step {first.wall_ms:.0f} ms ({tracing}), "
             "reported apart. Medians shown; per-epoch figures in the report."
         )
-    for recommendation in report.recommendations[:3]:
-        console.print(f"- {getattr(recommendation, 'title', recommendation)}")
+    if report.profile is not None:
+        console.print(report.profile.summary())
+    if details:
+        _print_recommendations(report, console)
+    else:
+        for rank, recommendation in enumerate(report.recommendations[:3], 1):
+            console.print(recommendation_line(rank, recommendation))
     for note in report.notes:
         console.print(f"Note: {note}", style="dim")
 
@@ -88,3 +111,45 @@ def _median(distribution: Distribution) -> str:
     if distribution.median_ms is None:
         return "-"
     return f"{distribution.median_ms:.2f}"
+
+
+def recommendation_line(rank: int, recommendation: Recommendation) -> Text:
+    """One recommendation in one line: rank, title and expected gain.
+
+    Args:
+        rank: its place in the report, from 1.
+        recommendation: the `Recommendation`.
+
+    Returns:
+        The line as rich `Text`.
+    """
+    return Text.assemble(
+        f"{rank}. ",
+        (recommendation.title, _SEVERITY_STYLE.get(recommendation.severity, "")),
+        (f"  [{describe_gain(recommendation.expected_gain)}]", "dim"),
+    )
+
+
+def _print_recommendations(report: Report, console: Console) -> None:
+    console.print()
+    console.print(Text("Recommendations", style="bold"))
+    if not report.recommendations:
+        console.print("None: no evidence points at a change.")
+    for rank, recommendation in enumerate(report.recommendations, 1):
+        console.print(recommendation_line(rank, recommendation))
+        body = Table.grid(padding=(0, 1))
+        body.add_column(style="dim", no_wrap=True)
+        body.add_column()
+        if recommendation.reason:
+            body.add_row("why", Text(recommendation.reason))
+        if recommendation.fix:
+            body.add_row(
+                "fix", Syntax(recommendation.fix, "python", theme="ansi_dark", word_wrap=True)
+            )
+        gain = recommendation.expected_gain
+        if gain is not None and gain.statement:
+            body.add_row("gain", Text(gain.statement))
+        for item in recommendation.evidence:
+            # Text, not markup: stage names and reasons may hold brackets.
+            body.add_row("evidence", Text(f"{item.source}: {item.detail}"))
+        console.print(Padding(body, (0, 0, 1, 3)))

@@ -97,9 +97,10 @@ class TimedFunction:
 
         self.original = original
         self.armed = False
-        # Set by the profiler window: returns a context manager that marks one
-        # step for the TF Profiler's step detection, or None.
-        self.trace_step: Optional[Callable[[], object]] = None
+        # Set by the profiler window: called with the call's iterator (whose
+        # dataset names the profiled stages), returns a context manager that
+        # marks one step for the TF Profiler's step detection, or None.
+        self.trace_step: Optional[Callable[[object], object]] = None
         self._on_rows = on_rows
         self._on_error = on_error
         self._iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
@@ -188,7 +189,7 @@ class TimedFunction:
         called_at = time.time()
         began = time.perf_counter()
         try:
-            marker = self.trace_step() if self.trace_step is not None else None
+            marker = self.trace_step(iterator) if self.trace_step is not None else None
             if marker is None:
                 outputs, rows = self._timed_steps(iterator)
             else:

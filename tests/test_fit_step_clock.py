@@ -72,14 +72,17 @@ def test_prefetch_hides_the_source_behind_a_slower_step(steps_per_execution):
 
 @pytest.mark.parametrize("steps_per_execution", [1, 4])
 def test_cached_data_and_heavier_model_is_not_input_bound(steps_per_execution):
+    # On a busy machine a step can now and then wait for a free thread for about
+    # one step time; 60 steps keep a few such hiccups below the 5 % threshold.
     report, _ = fit_with_tuner(
-        tiny_model(0.010, steps_per_execution=steps_per_execution),
-        cached_source(64).batch(4),
+        tiny_model(COMPUTE_DELAY_S, steps_per_execution=steps_per_execution),
+        cached_source(120).batch(4),
         validation=cached_source(16).batch(4),
     )
     assert report.verdict == kpt.Verdict.NOT_INPUT_BOUND
     assert report.input_fraction < 0.05
-    assert report.train.compute.median_ms > 9
+    assert report.train.input_wait.median_ms < 1
+    assert report.train.compute.median_ms > 0.028 * 1e3
     assert report.validation.verdict == kpt.Verdict.NOT_INPUT_BOUND
 
 

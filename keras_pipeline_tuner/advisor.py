@@ -1,0 +1,663 @@
+"""The advisor: joins the evidence into one ranked list of recommendations.
+
+Three kinds of evidence reach it, each from its own module:
+
+- the step clock's `StepStats`: how long steps wait for input and compute;
+- the profiler window's `ProfileEvidence`: which tf.data stage holds the
+  input time;
+- the pipeline inspection's `Finding`s: where the pipeline departs from the
+  tf.data performance guide, with the code to write instead;
+- optionally, a what-if replay's `WhatIfResult`: the step time with input free.
+
+Every recommendation names the evidence it rests on, and states its expected
+gain from measurement. The step clock gives compute time, and if input were
+free a step would take about its compute time, so no input-pipeline change can
+make steps faster than `step / compute` (or, measured more directly, than the
+replayed step with input free): that is the upper bound stated. A stage
+the profiler timed can at most remove its own share of the input wait, which
+bounds the gain of changing that stage more tightly.
+
+Rules, in rank order:
+
+1. A job that is not input-bound gets "the input pipeline is not the
+   bottleneck", and apart from that only errors (findings that mean the model
+   sees wrong data): no speed advice.
+2. Otherwise, a finding about the stage the profiler names as the bottleneck
+   ranks first; when no finding is about that stage, the bottleneck itself is
+   recommended, with the change that usually speeds up a stage of its kind.
+3. Then errors, then the other findings: warnings before infos, larger gains first.
+4. An input-bound job whose bottleneck no profile named is also told how to
+   find it, with the gain at stake.
+"""
+
+import dataclasses
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Iterable, List, Optional
+
+from keras_pipeline_tuner.step_stats import StepStats
+from keras_pipeline_tuner.step_stats import Verdict
+
+if TYPE_CHECKING:
+    from keras_pipeline_tuner.findings import Finding
+    from keras_pipeline_tuner.profile_evidence import ProfileEvidence
+    from keras_pipeline_tuner.what_if_replay import WhatIfResult
+
+STEP_CLOCK = "step clock"
+PROFILER = "profiler"
+LINT = "pipeline inspection"
+REPLAY = "what-if replay"
+
+MEASURED = "measured"
+ESTIMATED = "estimated"
+
+NOT_THE_BOTTLENECK = "input-not-bottleneck"
+BOTTLENECK_STAGE = "bottleneck-stage"
+FIND_THE_BOTTLENECK = "input-bound"
+
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+# Findings whose fix runs the stage on parallel threads, and stage kinds whose
+# usual fix does.
+_PARALLELISING = frozenset(
+    {
+        "sequential-map",
+        "sequential-interleave",
+        "sequential-file-read",
+        "fixed-parallelism",
+        "py-function-in-map",
+        "py-dataset-workers",
+    }
+)
+_PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
+_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+_STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
+
+# What usually speeds up a stage of each kind, for a bottleneck no finding
+# explains. Keys are the transformation as `stage_names` labels it.
+_STAGE_FIXES = {
+    "map": (
+        "Run the map on parallel threads (a Python function inside it, via "
+        "tf.py_function, stays bound by the GIL: prefer TensorFlow ops).",
+        "ds = ds.map({function}, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "interleave": (
+        "Read the interleaved inputs in parallel.",
+        "ds = ds.interleave({function}, cycle_length=tf.data.AUTOTUNE,\n"
+        "                   num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "from_generator": (
+        "The Python generator produces elements one at a time, holding the GIL. "
+        "Yield only cheap items (file names, indices) and do the work in a parallel map.",
+        "ds = tf.data.Dataset.from_generator(list_items, output_signature=...)\n"
+        "ds = ds.map(load_item, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "TFRecordDataset": (
+        "Read several files at once.",
+        "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
+        "    tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "TextLineDataset": (
+        "Read several files at once.",
+        "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
+        "    tf.data.TextLineDataset, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "filter": (
+        "Filter on parallel threads, or filter before expensive work.",
+        "ds = ds.filter({function})  # before the expensive map",
+    ),
+    "batch": (
+        "Batch in parallel, and batch before cheap per-element maps (vectorise them).",
+        "ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+}
+# Titles say what to do; the inspection's ids say what is wrong.
+_TITLES = {
+    "missing-prefetch": "Prefetch at the end of the pipeline",
+    "sequential-map": "Parallelise {stage}",
+    "fixed-parallelism": "Let tf.data tune the parallelism of {stage}",
+    "sequential-interleave": "Parallelise {stage}",
+    "sequential-file-read": "Read the files of {stage} in parallel",
+    "py-function-in-map": "Run the Python function of {stage} in parallel, or in TensorFlow ops",
+    "cache-after-random": "Cache before the random augmentation in {stage}",
+    "cache-after-shuffle": "Cache before shuffling, not after ({stage})",
+    "cache-missing": "Cache the deterministic work of {stage}",
+    "vectorize-map": "Batch before {stage} and map whole batches",
+    "shuffle-after-batch": "Shuffle examples before batching ({stage})",
+    "memory-order": "Put buffers before {stage}, which grows elements",
+    "autotune-disabled": "Turn tf.data autotuning back on",
+    "py-dataset-workers": "Load the batches of {stage} on several workers",
+    "py-dataset-threads": "Load the batches of {stage} in processes, not threads",
+    "python-generator": "Replace the Python generator {stage} with a PyDataset or tf.data",
+    "keras-array-input": "Keep in-memory arrays: Keras builds their pipeline",
+}
+_GENERIC_FIX = (
+    "If this stage's output is the same every epoch and fits in memory or on disk, "
+    "cache after it; otherwise make its work cheaper or run it in parallel.",
+    "ds = ds.cache()  # right after {stage}, before any random transformation",
+)
+
+
+@dataclasses.dataclass
+class Evidence:
+    """One measured or observed fact a recommendation rests on.
+
+    Attributes:
+        source: where it comes from: "step clock", "profiler" or
+            "pipeline inspection".
+        detail: the fact, in one sentence with its numbers.
+    """
+
+    source: str
+    detail: str
+
+
+@dataclasses.dataclass
+class ExpectedGain:
+    """How much faster training steps could get, and how that was worked out.
+
+    Attributes:
+        speedup: upper bound of step time now over step time after the change
+            (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
+        step_ms: mean training step time now.
+        step_ms_after: mean step time the bound corresponds to.
+        basis: "measured" when the bound follows from timings of this run (the
+            step clock, the profiler), "estimated" when it also assumes that
+            the change removes the wait it is about.
+        statement: the reasoning, in a sentence with its numbers.
+        likely_speedup: what the change itself should bring, where that can be
+            worked out (e.g. a stage spread over the machine's CPU cores).
+    """
+
+    speedup: Optional[float] = None
+    step_ms: Optional[float] = None
+    step_ms_after: Optional[float] = None
+    basis: str = MEASURED
+    statement: str = ""
+    likely_speedup: Optional[float] = None
+
+
+@dataclasses.dataclass
+class Recommendation:
+    """One change to make, with why and what it should bring.
+
+    Attributes:
+        id: a stable identifier: a finding's id (e.g. "sequential-map") or one of
+            the advisor's own ("input-not-bottleneck", "bottleneck-stage",
+            "input-bound").
+        title: what to do, in one line.
+        severity: "error" (the model sees wrong data), "warning" (the pipeline
+            slows training) or "info".
+        evidence: the `Evidence` it rests on, at least one.
+        fix: the code to write, or an empty string when nothing is to change.
+        expected_gain: the `ExpectedGain`; `None` for changes about correctness.
+        stage: the tf.data stage it is about, e.g. "map(load_image)".
+        reason: why it matters.
+
+    Example:
+
+    ```python
+    top = tuner.report.recommendations[0]
+    print(top.title, top.expected_gain.speedup)
+    print(top.fix)
+    ```
+    """
+
+    id: str
+    title: str
+    severity: str
+    evidence: List[Evidence] = dataclasses.field(default_factory=list)
+    fix: str = ""
+    expected_gain: Optional[ExpectedGain] = None
+    stage: Optional[str] = None
+    reason: str = ""
+
+
+def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
+    """The most any input-pipeline change can bring: steps as fast as compute.
+
+    Args:
+        stats: `StepStats` of the training steps.
+
+    Returns:
+        The measured `ExpectedGain` (`speedup` is step time over compute time),
+        or `None` when the input wait was not measured.
+
+    Example:
+
+    >>> import numpy as np
+    >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
+    >>> round(free_input_gain(stats).speedup, 1)
+    4.0
+    """
+    fraction = stats.input_fraction
+    if fraction is None or stats.step.mean_ms is None:
+        return None
+    step_ms = stats.step.mean_ms
+    compute_ms = stats.compute.mean_ms
+    if compute_ms is None:
+        compute_ms = step_ms * (1.0 - fraction)
+    # The exact input fraction (over all steps, not only the retained ones)
+    # gives the bound: step / compute = 1 / (1 - fraction).
+    speedup = 1.0 / (1.0 - fraction) if fraction < 1.0 else None
+    if speedup is None or compute_ms <= 0 or not math.isfinite(speedup):
+        return ExpectedGain(
+            None,
+            step_ms,
+            None,
+            MEASURED,
+            f"Steps spend {fraction * 100:.1f} % of their {step_ms:.2f} ms waiting for "
+            "input and almost nothing computing: free input would make them many times "
+            "faster.",
+        )
+    return ExpectedGain(
+        speedup,
+        step_ms,
+        compute_ms,
+        MEASURED,
+        f"If input were free a step would take about its compute time, {compute_ms:.2f} ms "
+        f"instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
+    )
+
+
+def describe_gain(gain: Optional[ExpectedGain]) -> str:
+    """A short phrase for an expected gain, e.g. "up to 3.90x faster (measured)".
+
+    Args:
+        gain: the `ExpectedGain`, or `None` (a change about correctness).
+
+    Returns:
+        The phrase.
+
+    Example:
+
+    >>> describe_gain(ExpectedGain(speedup=2.0, basis="estimated"))
+    'up to 2.00x faster (estimated)'
+    """
+    if gain is None:
+        return "correctness, not speed"
+    if gain.speedup is None:
+        if gain.step_ms is None:
+            return "gain not measured"
+        return f"many times faster ({gain.basis})"
+    if gain.likely_speedup is not None:
+        return (
+            f"about {gain.likely_speedup:.2f}x faster "
+            f"(at most {gain.speedup:.2f}x, {gain.basis})"
+        )
+    return f"up to {gain.speedup:.2f}x faster ({gain.basis})"
+
+
+def advise(
+    stats: StepStats,
+    profile: Optional["ProfileEvidence"] = None,
+    findings: Iterable["Finding"] = (),
+    cpu_count: Optional[int] = None,
+    what_if: Optional["WhatIfResult"] = None,
+) -> List[Recommendation]:
+    """Ranks what to change, from the evidence gathered for one run.
+
+    Args:
+        stats: `StepStats` of the training steps (the step clock).
+        profile: `ProfileEvidence` of a TF Profiler window, if one was captured.
+        findings: `Finding`s of the pipeline inspection, if it ran.
+        cpu_count: CPU cores a parallelised stage can use, for the likely gain
+            of running it in parallel; this machine's by default.
+        what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
+            with input free, measured, replaces the step clock's compute time
+            as the floor no input-pipeline change goes below.
+
+    Returns:
+        `Recommendation`s, most important first. Never one without evidence.
+
+    Example:
+
+    ```python
+    for recommendation in advise(report.train, report.profile, report.findings):
+        print(recommendation.title, describe_gain(recommendation.expected_gain))
+    ```
+    """
+    run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if)
+    findings = list(findings or ())
+    if run.verdict == Verdict.NOT_INPUT_BOUND:
+        return [_not_the_bottleneck(run)] + [
+            _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
+        ]
+
+    bottleneck = profile.bottleneck if profile is not None else None
+    at_bottleneck, errors, others = [], [], []
+    for finding in findings:
+        if bottleneck and _is_bottleneck(profile, finding.stage, _node(finding)):
+            at_bottleneck.append(_from_finding(run, finding))
+        elif _severity(finding) == "error":
+            errors.append(_from_finding(run, finding))
+        else:
+            others.append(_from_finding(run, finding))
+
+    input_bound = run.verdict in _INPUT_BOUND
+    ranked = sorted(at_bottleneck, key=_rank_key)
+    if bottleneck and not at_bottleneck and input_bound:
+        ranked.append(_bottleneck_stage(run))
+    ranked += errors + sorted(others, key=_rank_key)
+    if input_bound and not bottleneck:
+        # Findings say what departs from the guide, not what the steps wait for.
+        ranked.append(_find_the_bottleneck(run))
+    return ranked
+
+
+class _Run:
+    """The evidence of one run, and what every rule derives from it."""
+
+    def __init__(self, stats: StepStats, profile, cpu_count: int, what_if=None):
+        self.stats = stats
+        self.profile = profile
+        self.cpu_count = cpu_count
+        self.bound = free_input_gain(stats)
+        self.clock_evidence = _clock_evidence(stats)
+        replayed = _replayed_gain(what_if)
+        if replayed is not None:
+            self.bound = replayed
+            self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
+        self.verdict = stats.verdict
+        if self.verdict == Verdict.UNKNOWN and profile is not None:
+            # The step was timed as a whole; the profiler window still split it.
+            self.verdict = profile.verdict
+
+
+# Rules.
+
+
+def _not_the_bottleneck(run: _Run) -> Recommendation:
+    stats = run.stats
+    fraction = stats.input_fraction
+    evidence = list(run.clock_evidence)
+    if fraction is None:
+        fraction = run.profile.input_fraction
+        evidence.append(
+            Evidence(PROFILER, f"input is {fraction * 100:.1f} % of step time in the window.")
+        )
+    compute = stats.compute.median_ms
+    return Recommendation(
+        id=NOT_THE_BOTTLENECK,
+        title="The input pipeline is not the bottleneck: speed up the model's compute instead",
+        severity="info",
+        evidence=evidence,
+        fix="",
+        expected_gain=run.bound,
+        reason=(
+            f"Steps wait for input only {fraction * 100:.1f} % of the time"
+            + (f" and compute for {compute:.2f} ms (median)" if compute is not None else "")
+            + ". Changing the input pipeline cannot make training noticeably faster; "
+            "look at the model, the batch size or mixed precision."
+        ),
+    )
+
+
+def _find_the_bottleneck(run: _Run) -> Recommendation:
+    return Recommendation(
+        id=FIND_THE_BOTTLENECK,
+        title="Training waits for its input: find the slow stage",
+        severity="warning",
+        evidence=run.clock_evidence,
+        fix=(
+            "# which stage the steps wait for: a profiler window while training\n"
+            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=\"auto\")\n"
+            "# where the pipeline departs from the tf.data guide\n"
+            "print(kpt.inspect(train_ds))"
+        ),
+        expected_gain=run.bound,
+        reason=(
+            "The step clock shows the wait, but no profiler window named the stage that "
+            "causes it (none was captured, or it found no tf.data stage at work)."
+        ),
+    )
+
+
+def _bottleneck_stage(run: _Run) -> Recommendation:
+    stage = run.profile.bottleneck
+    kind, function = _parse_stage(stage)
+    reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
+    parallel = kind in _PARALLEL_KINDS
+    return Recommendation(
+        id=BOTTLENECK_STAGE,
+        title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
+        severity="warning",
+        evidence=_profile_evidence(run.profile, stage, run.profile.bottleneck_node)
+        + run.clock_evidence,
+        fix=fix.format(function=function or "fn", stage=stage),
+        expected_gain=_stage_gain(run, stage, parallel, run.profile.bottleneck_node),
+        stage=stage,
+        reason=reason,
+    )
+
+
+def _from_finding(run: _Run, finding) -> Recommendation:
+    details = f"{finding.id} at {finding.stage}"
+    if finding.op:
+        details += f" ({finding.op})"
+    evidence = [Evidence(LINT, details + ".")]
+    gain = None
+    # An error is about what the model sees: no speed is claimed for fixing it.
+    if _severity(finding) != "error":
+        if run.profile is not None:
+            evidence += _profile_evidence(run.profile, finding.stage, _node(finding))
+        evidence += run.clock_evidence
+        if finding.id == "missing-prefetch":
+            gain = _overlap_gain(run.stats)
+        else:
+            gain = _stage_gain(
+                run, finding.stage, finding.id in _PARALLELISING, _node(finding)
+            )
+    return Recommendation(
+        id=finding.id,
+        title=_title(finding),
+        severity=_severity(finding),
+        evidence=evidence,
+        fix=finding.fix,
+        expected_gain=gain,
+        stage=finding.stage,
+        reason=finding.reason,
+    )
+
+
+# Expected gains.
+
+
+def _stage_gain(
+    run: _Run, stage: str, parallelises: bool, node: Optional[str] = None
+) -> Optional[ExpectedGain]:
+    bound, stats = run.bound, run.stats
+    if bound is None:
+        return _unmeasured()
+    timed = _stage_time(run.profile, stage, node) if run.profile is not None else None
+    if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
+        return dataclasses.replace(
+            bound,
+            basis=ESTIMATED,
+            statement=bound.statement
+            + " This change gets there only if this stage is what the input waits for "
+            "(no profile timed it).",
+        )
+    wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
+    stage_ms = timed.self_share * wait_ms
+    # Making the stage free removes at most its share of the wait, and a step
+    # never gets faster than its compute.
+    after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
+    if after <= 0:
+        return bound
+    gain = ExpectedGain(
+        step_ms / after,
+        step_ms,
+        after,
+        MEASURED,
+        f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
+        f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
+        f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
+    )
+    if parallelises and run.cpu_count > 1:
+        # Run on every core, the stage's work is divided by at most the cores.
+        likely = max(after, step_ms - stage_ms * (1 - 1 / run.cpu_count))
+        gain.likely_speedup = step_ms / likely
+        gain.statement += (
+            f" Spread over the {run.cpu_count} CPU cores here it would take about "
+            f"{likely:.2f} ms: about {gain.likely_speedup:.2f}x faster."
+        )
+    return gain
+
+
+def _replayed_gain(what_if) -> Optional[ExpectedGain]:
+    if what_if is None or what_if.speedup_if_input_free is None:
+        return None
+    step_ms, free_ms = what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms
+    if step_ms is None or free_ms is None:
+        return None
+    # Timing noise can make the replay a little slower than training.
+    speedup = max(1.0, what_if.speedup_if_input_free)
+    return ExpectedGain(
+        speedup,
+        step_ms,
+        min(free_ms, step_ms),
+        MEASURED,
+        f"Replayed from cached batches (input free), the training step took "
+        f"{free_ms:.2f} ms instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
+    )
+
+
+def _unmeasured() -> ExpectedGain:
+    return ExpectedGain(
+        basis=ESTIMATED,
+        statement="The input wait was not measured, so the gain cannot be bounded.",
+    )
+
+
+def _overlap_gain(stats) -> ExpectedGain:
+    wait, compute, step = stats.input_wait.mean_ms, stats.compute.mean_ms, stats.step.mean_ms
+    if wait is None or compute is None or step is None or max(wait, compute) <= 0:
+        return _unmeasured()
+    # With a prefetch buffer the next batch is prepared while the step computes,
+    # so a step takes the longer of the two instead of their sum.
+    after = max(wait, compute)
+    speedup = step / after
+    return ExpectedGain(
+        speedup,
+        step,
+        after,
+        ESTIMATED,
+        f"Prefetching overlaps preparing the next batch ({wait:.2f} ms) with computing "
+        f"this one ({compute:.2f} ms): a step would take about {after:.2f} ms instead of "
+        f"{step:.2f} ms, up to {speedup:.2f}x faster.",
+    )
+
+
+# Evidence.
+
+
+def _clock_evidence(stats: StepStats) -> List[Evidence]:
+    if stats.input_fraction is None:
+        return [
+            Evidence(
+                STEP_CLOCK,
+                f"{stats.steps} steps timed as a whole: input wait not separated from compute.",
+            )
+        ]
+    return [
+        Evidence(
+            STEP_CLOCK,
+            f"{stats.input_fraction * 100:.1f} % of training step time waits for input "
+            f"over {stats.steps} steps (median wait {_ms(stats.input_wait.median_ms)} ms, "
+            f"compute {_ms(stats.compute.median_ms)} ms, step {_ms(stats.step.median_ms)} ms).",
+        )
+    ]
+
+
+def _profile_evidence(profile, stage, node=None) -> List[Evidence]:
+    timed = _stage_time(profile, stage, node)
+    if timed is None:
+        return []
+    named = _is_bottleneck(profile, stage, node)
+    detail = (
+        f"{timed.stage} holds {timed.self_share * 100:.0f} % of the input pipeline's time "
+        f"({timed.self_ms:.1f} ms own time in steps {profile.first_step}-"
+        f"{profile.stop_step - 1})"
+    )
+    if named:
+        detail += ": the bottleneck stage"
+    if profile.input_fraction is not None:
+        detail += f"; input is {profile.input_fraction * 100:.1f} % of step time in the window"
+    return [Evidence(PROFILER, detail + ".")]
+
+
+def _stage_time(profile, stage, node=None):
+    for iterator in profile.iterators:
+        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node):
+            return iterator
+    return None
+
+
+def _is_bottleneck(profile, stage, node=None) -> bool:
+    if not profile.bottleneck:
+        return False
+    return _same(profile.bottleneck, profile.bottleneck_node, stage, node)
+
+
+def _same(stage_a, node_a, stage_b, node_b) -> bool:
+    # Graph nodes tell apart two stages written alike (two `map(f)`); labels
+    # are all there is when either side did not read the graph.
+    if node_a and node_b:
+        return node_a == node_b
+    return _same_stage(stage_a, stage_b)
+
+
+def _node(finding) -> Optional[str]:
+    return finding.node or None
+
+
+# Small helpers.
+
+
+def _parse_stage(stage: Optional[str]):
+    match = _STAGE.match(stage or "")
+    if not match:
+        return "", None
+    return match.group(1), (match.group(2) or None)
+
+
+def _same_stage(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two stage labels name the same transformation.
+
+    The profiler and the inspection both label stages as code, e.g.
+    "map(load_image)"; the inspection may add arguments
+    ("map(load_image, num_parallel_calls=4)"), which do not change the stage.
+    """
+    if not a or not b:
+        return False
+    if a.strip() == b.strip():
+        return True
+    kind_a, function_a = _parse_stage(a)
+    kind_b, function_b = _parse_stage(b)
+    return bool(kind_a) and kind_a == kind_b and function_a is not None and function_a == function_b
+
+
+def _severity(item) -> str:
+    return str(getattr(item.severity, "value", item.severity))
+
+
+def _rank_key(recommendation: Recommendation):
+    gain = recommendation.expected_gain or ExpectedGain()
+    return (
+        _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
+        -(gain.likely_speedup or 0.0),
+        -(gain.speedup or 0.0),
+    )
+
+
+def _title(finding) -> str:
+    template = _TITLES.get(finding.id)
+    if template is not None:
+        return template.format(stage=finding.stage)
+    words = finding.id.replace("-", " ")
+    return f"{words[:1].upper()}{words[1:]} at {finding.stage}"
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -1,0 +1,139 @@
+"""Timing datasets side by side, so that their ratio survives a noisy machine.
+
+On a shared machine one pass of a pipeline can take twice as long as the next
+for reasons that have nothing to do with the pipeline. Two pipelines are only
+compared fairly when they are timed alternately in the same run (each round in
+a different order, so neither always runs first), with Python's garbage
+collector off while a pass runs (a full collection with TensorFlow loaded takes
+hundreds of milliseconds at random moments), and judged by the median of the
+per-round ratios.
+"""
+
+import dataclasses
+import gc
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+
+@dataclasses.dataclass
+class PassPlan:
+    """What one timed pass over a dataset consists of.
+
+    Attributes:
+        epochs: epochs per pass.
+        num_batches: batches per epoch; `None` for whole epochs. As in
+            `model.fit`, whole epochs each get a new iterator, while epochs
+            of `num_batches` (`steps_per_epoch`) continue one iterator, and
+            start another only when it runs out.
+        consumer_step_s: seconds the simulated training step sleeps after
+            each batch; `None` or 0 for the dataset alone.
+    """
+
+    epochs: int = 2
+    num_batches: Optional[int] = None
+    consumer_step_s: Optional[float] = None
+
+
+def time_pass(dataset, plan: PassPlan) -> float:
+    """Times one pass over a dataset as a training loop would consume it.
+
+    Args:
+        dataset: the `tf.data.Dataset`.
+        plan: the `PassPlan`.
+
+    Returns:
+        The wall time of the pass in seconds, from the first iterator's
+        creation to the end of the last epoch (its iterator destroyed).
+    """
+    step = plan.consumer_step_s or 0.0
+    began = time.perf_counter()
+    iterator = None
+    for _ in range(plan.epochs):
+        fresh = iterator is None or plan.num_batches is None
+        if fresh:
+            iterator = iter(dataset)
+        taken = 0
+        while plan.num_batches is None or taken < plan.num_batches:
+            try:
+                next(iterator)
+            except StopIteration:
+                if plan.num_batches is None or fresh:
+                    break
+                iterator, fresh = iter(dataset), True
+                continue
+            fresh = False
+            taken += 1
+            if step:
+                time.sleep(step)
+        if plan.num_batches is None:
+            # Destroying an iterator can take a while (autotuning threads
+            # stop); it is part of what an epoch costs, so it is timed.
+            iterator = None
+    del iterator
+    return time.perf_counter() - began
+
+
+def side_by_side(
+    factories: Dict[str, Callable[[], object]],
+    plan: PassPlan,
+    rounds: int,
+    deadline: Optional[float] = None,
+) -> Dict[str, List[float]]:
+    """Times several datasets in alternating passes.
+
+    Each round times every dataset once, in an order rotated from the previous
+    round's; each pass uses a fresh dataset from its factory (built before the
+    clock starts), so caches start empty as they would in a new training run.
+
+    Args:
+        factories: name -> callable returning a fresh `tf.data.Dataset`.
+        plan: the `PassPlan` of every pass.
+        rounds: how many rounds at most.
+        deadline: a `time.perf_counter()` value after which no new round
+            starts (at least one round always runs).
+
+    Returns:
+        name -> list of pass times in seconds, one per round run.
+    """
+    names = list(factories)
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    enabled = gc.isenabled()
+    try:
+        for index in range(rounds):
+            if index and deadline is not None and time.perf_counter() > deadline:
+                break
+            gc.collect()
+            gc.disable()
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                dataset = factories[name]()
+                times[name].append(time_pass(dataset, plan))
+                del dataset
+            if enabled:
+                gc.enable()
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median of per-round ratios `numerators[i] / denominators[i]`.
+
+    Args:
+        numerators: pass times of one dataset, one per round.
+        denominators: pass times of the other, from the same rounds.
+
+    Returns:
+        The median ratio.
+
+    Example:
+
+    >>> median_ratio([1.0, 2.0, 1.1], [2.0, 2.0, 2.0])
+    0.55
+    """
+    ratios = [a / b for a, b in zip(numerators, denominators) if b > 0]
+    if not ratios:
+        raise ValueError("No round has a positive time to divide by.")
+    return statistics.median(ratios)
