@@ -1,9 +1,10 @@
 """Overhead of PipelineTuner's step clock: fit with the tuner over plain fit.
 
 Runs plain fits and fits with the tuner alternately in one process on the same
-model and in-memory data (so only the clock's cost differs), with Python's GC off
-during each fit, and prints the median wall time of each and their ratio, for a
-model of about 1 ms per step and one of about 10 ms per step.
+model and in-memory data (so only the tuner's cost differs), with Python's GC off
+during each fit, and prints the median ratio of wall times, for a model of about
+1 ms per step and one of about 10 ms per step; the tuner with its defaults, and
+with a log_dir (TensorBoard outputs and report files written as well).
 
     python bench/overhead.py [--rounds 7]
 """
@@ -12,6 +13,7 @@ import argparse
 import gc
 import os
 import statistics
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -51,24 +53,36 @@ def timed_fit(model, dataset, callbacks):
         gc.enable()
 
 
-def measure(name, width, batch, steps, rounds):
+def measure(name, width, batch, steps, rounds, log_dir):
     model, dataset = make_case(width, batch, steps)
-    tuner = kpt.PipelineTuner(verbose=0, profile="off")
-    # Warm up both paths: tracing is reported apart, not part of the overhead.
+    tuners = {
+        # The always-on part: the step clock, the lint and the advice.
+        "clock": kpt.PipelineTuner(verbose=0, profile="off"),
+        # Everything on: TensorBoard scalars, text, timeline image, report files,
+        # and the "auto" profiler window, which opens (once per fit) when the
+        # clock finds the job input-bound.
+        "defaults+log_dir": kpt.PipelineTuner(log_dir=log_dir, verbose=0),
+    }
+    # Warm up every path: tracing is reported apart, not part of the overhead.
     timed_fit(model, dataset, [])
-    timed_fit(model, dataset, [tuner])
-    plain, tuned = [], []
+    for tuner in tuners.values():
+        timed_fit(model, dataset, [tuner])
+    plain, tuned = [], {key: [] for key in tuners}
     for _ in range(rounds):
         plain.append(timed_fit(model, dataset, []))
-        tuned.append(timed_fit(model, dataset, [tuner]))
-    ratios = [t / p for p, t in zip(plain, tuned)]
+        for key, tuner in tuners.items():
+            tuned[key].append(timed_fit(model, dataset, [tuner]))
     step_ms = statistics.median(plain) / steps * 1e3
-    print(
-        f"{name:<10} {step_ms:7.2f} ms/step  plain {statistics.median(plain):.3f} s  "
-        f"tuner {statistics.median(tuned):.3f} s  ratio median {statistics.median(ratios):.4f} "
-        f"(min {min(ratios):.4f}, max {max(ratios):.4f}), {steps} steps x {rounds} rounds"
-    )
-    return statistics.median(ratios)
+    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds")
+    for key, times in tuned.items():
+        ratios = [t / p for p, t in zip(plain, times)]
+        report = tuners[key].report
+        window = "a profiler window" if report.profile is not None else "no profiler window"
+        print(
+            f"  tuner ({key:<16}) / plain: median {statistics.median(ratios):.4f} "
+            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); "
+            f"{report.verdict.value}, {window}"
+        )
 
 
 def main():
@@ -76,8 +90,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     print("fit with PipelineTuner / plain fit, alternated, GC off during fit")
-    measure("~1 ms", width=128, batch=64, steps=300, rounds=args.rounds)
-    measure("~10 ms", width=1024, batch=256, steps=60, rounds=args.rounds)
+    with tempfile.TemporaryDirectory() as log_dir:
+        measure("~1 ms model", 128, 64, 300, args.rounds, os.path.join(log_dir, "small"))
+        measure("~10 ms model", 1024, 256, 60, args.rounds, os.path.join(log_dir, "large"))
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ _TITLES = {
     "fixed-parallelism": "Let tf.data tune the parallelism of {stage}",
     "sequential-interleave": "Parallelise {stage}",
     "sequential-file-read": "Read the files of {stage} in parallel",
-    "py-function-in-map": "Run the Python function of {stage} in parallel, or in TensorFlow ops",
+    "py-function-in-map": "Replace the Python function of {stage} with TensorFlow ops",
     "cache-after-random": "Cache before the random augmentation in {stage}",
     "cache-after-shuffle": "Cache before shuffling, not after ({stage})",
     "cache-missing": "Cache the deterministic work of {stage}",

@@ -37,6 +37,7 @@ ADVICE = "advice"
 STEP_TRACE = "step timeline trace"
 INSPECTION = "pipeline inspection"
 WHAT_IF = "what-if replay"
+REPORT = "report"
 
 _PROFILE_MODES = ("auto", "off")
 
@@ -51,6 +52,9 @@ class PipelineTuner(keras.callbacks.Callback):
     Keras' own functions are put back at the end of fit, after an exception
     inside a step, or, for an interruption elsewhere, at their next use. At the end
     of fit it prints a verdict and writes `report.json` to `log_dir`.
+
+    Custom training loops use `@tuner.instrument` on their train step, optionally
+    `tuner.iterate(dataset)`, and `tuner.close()` (or `with tuner:`) at the end.
 
     Args:
         log_dir: directory for `report.json` (and TensorBoard logs); `None`
@@ -132,7 +136,9 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._findings = fit_input.inspect_fit_input(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.clock.begin_epoch(epoch, TRAIN)
+        if self.guard.enabled(STEP_CLOCK):
+            with self.guard(STEP_CLOCK):
+                self.clock.begin_epoch(epoch, TRAIN)
 
     def on_epoch_end(self, epoch, logs=None):
         with self.guard(STEP_CLOCK):
@@ -142,7 +148,9 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _write_epoch_outputs(self) -> None:
         # Written every epoch so that a crash loses at most the current epoch.
-        report = self.report
+        report = self._built_report()
+        if report is None:
+            return
         self._write_report_file(report)
         if self._tensorboard is not None:
             self._tensorboard.epoch_ended(self.clock, report)
@@ -173,9 +181,9 @@ class PipelineTuner(keras.callbacks.Callback):
         if not self._first_call:
             # evaluate() called on its own, outside fit.
             self._first_call = {TRAIN: True, VALIDATION: True}
-        self.clock.begin_epoch(self._validating_epoch, VALIDATION)
         if self.guard.enabled(STEP_CLOCK):
             with self.guard(STEP_CLOCK):
+                self.clock.begin_epoch(self._validating_epoch, VALIDATION)
                 self._swap_in(VALIDATION)
 
     def on_test_batch_begin(self, batch, logs=None):
@@ -193,7 +201,13 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._restore_all()
         self._window.end_fit()
-        if self.what_if_steps and self.guard.enabled(WHAT_IF):
+        if self.what_if_steps and not self.guard.enabled(STEP_CLOCK):
+            # The replay is compared with the clock's steps: there are none.
+            self._notes.append(
+                "The what-if replay did not run: it compares with the step clock's "
+                "timings, and the step clock was turned off."
+            )
+        elif self.what_if_steps and self.guard.enabled(WHAT_IF):
             with self.guard(WHAT_IF):
                 # After training and with Keras' own functions back: the replay
                 # restores the model's state, so training is not changed.
@@ -210,7 +224,10 @@ class PipelineTuner(keras.callbacks.Callback):
         Returns:
             The final `Report`.
         """
-        report = self.report
+        report = self._built_report()
+        if report is None:
+            return Report(notes=self._failure_notes())
+        failures = len(self.guard.failures)
         self._write_report_file(report)
         if self._tensorboard is not None:
             self._tensorboard.finish(self.clock, report)
@@ -222,7 +239,25 @@ class PipelineTuner(keras.callbacks.Callback):
                 from keras_pipeline_tuner.terminal_summary import print_summary
 
                 print_summary(report)
+        if len(self.guard.failures) != failures:
+            # An output failed after the file was written: the file says so too.
+            report.notes = report.notes + self._failure_notes()[failures:]
+            self._write_report_file(report)
         return report
+
+    def _built_report(self) -> Optional[Report]:
+        # Building the report reads every feature's state: a failure there must
+        # not end the user's fit either.
+        if self.guard.enabled(REPORT):
+            with self.guard(REPORT):
+                return self.report
+        return None
+
+    def _failure_notes(self) -> list:
+        return [
+            f"{feature} was turned off after a failure: {reason}"
+            for feature, reason in self.guard.failures.items()
+        ]
 
     # Results.
 
@@ -236,10 +271,7 @@ class PipelineTuner(keras.callbacks.Callback):
             measurement, notes = self._loop_timer.describe(measurement, notes)
         validation = self.clock.stats(VALIDATION)
         train = self.clock.stats(TRAIN)
-        notes += [
-            f"{feature} was turned off after a failure: {reason}"
-            for feature, reason in self.guard.failures.items()
-        ]
+        notes += self._failure_notes()
         if not train.steps and TRAIN not in self.clock.first_steps:
             notes.append(
                 "No training step was measured: the dataset gave no batch, or fit has not "
@@ -387,7 +419,9 @@ class PipelineTuner(keras.callbacks.Callback):
         self._window.close(FIT_ENDED)
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
-            self._write_report_file(self.report)
+            report = self._built_report()
+            if report is not None:
+                self._write_report_file(report)
 
     def _write_report_file(self, report: Report) -> None:
         if self.log_dir is not None and self.guard.enabled(REPORT_FILE):

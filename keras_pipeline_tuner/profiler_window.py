@@ -320,7 +320,7 @@ class ProfilerWindow:
             window_s=capture.window_s,
             start_s=capture.start_s,
             stop_s=capture.stop_s,
-            file_bytes=os.path.getsize(capture.xplane_path),
+            file_bytes=_file_bytes(capture.xplane_path),
         )
         if capture.temporary:
             evidence.notes.append(
@@ -449,6 +449,15 @@ def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
     if not captures:
         raise RuntimeError(f"the TF Profiler wrote no .xplane.pb into {run_dir}")
     return run_dir, captures[0], temporary
+
+
+def _file_bytes(path: str) -> int:
+    # Outside the guard: a capture deleted with its log dir is reported by the
+    # conversion, inside the guard, not here.
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _log_dir_of(run_dir: str) -> str:

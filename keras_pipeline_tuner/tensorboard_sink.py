@@ -257,7 +257,12 @@ class TensorBoardSink:
 
     def _profile(self, report: Report):
         profile = report.profile
-        if profile is None or not profile.xplane_path or not os.path.exists(profile.xplane_path):
+        if (
+            profile is None
+            or not profile.source  # not converted: the capture may be unreadable
+            or not profile.xplane_path
+            or not os.path.exists(profile.xplane_path)
+        ):
             return (), ""
         rows = self._profile_rows.get(profile.xplane_path)
         if rows is None:

@@ -88,7 +88,7 @@ def print_summary(
     first = report.first_steps.get("train")
     if first is not None:
         tracing = (
-            "tracing included"
+            "tracing not measured apart"
             if first.tracing_ms is None
             else f"tracing {first.tracing_ms:.0f} ms"
         )

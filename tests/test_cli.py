@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,4 +61,7 @@ def test_demo_quick(tmp_path):
     assert "Naive pipeline: highly input-bound" in done.stdout
     assert "Speed-up:" in done.stdout
     assert f"tensorboard --logdir {log_dir}" in done.stdout
-    assert (log_dir / "naive" / "report.json").is_file()
+    for name in ("naive", "tuned"):
+        assert (log_dir / name / "report.json").is_file()
+        assert list((log_dir / name).rglob("*tfevents*")), f"no event file under {name}"
+    assert re.search(r"^Tuned: .*num_parallel_calls=AUTOTUNE", done.stdout, re.MULTILINE)

@@ -29,3 +29,32 @@ def test_custom_loop_example_prints_the_verdict(tmp_path):
     # The example's pipeline decodes in Python, one example at a time.
     assert verdict.group(1) == "highly input-bound"
     assert (tmp_path / "logs" / "custom_loop" / "report.json").is_file()
+
+
+def test_fit_callback_example_prints_the_verdict(tmp_path):
+    result = run_example("fit_callback.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Verdict: highly input-bound" in result.stdout
+    assert (tmp_path / "logs" / "fit_callback" / "report.json").is_file()
+
+
+def test_inspect_only_example_lists_the_mistakes(tmp_path):
+    result = run_example("inspect_only.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids = re.search(r"^Finding ids: (.+)$", result.stdout, re.MULTILINE).group(1).split(", ")
+    assert {"cache-after-random", "sequential-map", "py-function-in-map"} <= set(ids)
+
+
+def test_image_pipeline_example_has_no_warning(tmp_path):
+    result = run_example("image_pipeline.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Warnings or errors: 0" in result.stdout
+    assert re.search(r"^Epoch 3: \d+% of step time is input wait", result.stdout, re.MULTILINE)
+
+
+def test_tune_pipeline_example_keeps_the_elements(tmp_path):
+    result = run_example("tune_pipeline.py", tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "map(parse, num_parallel_calls=AUTOTUNE)" in result.stdout
+    assert "Same elements in the same order: True" in result.stdout
+    assert re.search(r"^Speed-up: \d+\.\d\dx per pass", result.stdout, re.MULTILINE)

@@ -1,0 +1,221 @@
+"""Faults injected into each of the tuner's features during a real fit.
+
+Whatever fails inside the tuner, training must end with the history and the
+weights of a run without the tuner, with one clear warning per failed feature,
+while the other features keep working. The faults are raised by the tuner's own
+collaborators (our modules), or made for real (a corrupted capture); TensorFlow,
+Keras, TensorBoard and xprof run unmodified.
+"""
+
+import glob
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner import pipeline_lint
+from keras_pipeline_tuner import pipeline_tuner
+from keras_pipeline_tuner import profile_evidence
+from keras_pipeline_tuner import profiler_window
+from keras_pipeline_tuner import report_markdown
+from keras_pipeline_tuner import tensorboard_sink
+from keras_pipeline_tuner import terminal_summary
+from keras_pipeline_tuner import timeline_image
+from keras_pipeline_tuner import what_if_replay
+from keras_pipeline_tuner.step_clock import StepClock
+from tests.training_data import cached_source
+from tests.training_data import tiny_model
+
+EPOCHS = 2
+STEPS_PER_EPOCH = 12
+PROFILE = (2, 6)
+
+
+class InjectedFault(RuntimeError):
+    """The fault a test makes one of the tuner's collaborators raise."""
+
+
+def _raise(*args, **kwargs):
+    raise InjectedFault("injected for the test")
+
+
+def train(callbacks=(), seed=3):
+    """Trains a tiny model on a fixed pipeline; returns history and weights."""
+    keras.utils.set_random_seed(seed)
+    model = tiny_model()
+    history = model.fit(
+        cached_source(4 * STEPS_PER_EPOCH).batch(4),
+        validation_data=cached_source(8).batch(4),
+        epochs=EPOCHS,
+        callbacks=list(callbacks),
+        verbose=0,
+    )
+    return history.history, model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def plain_run():
+    return train()
+
+
+def assert_training_intact(run, plain_run):
+    history, weights = run
+    plain_history, plain_weights = plain_run
+    assert history == plain_history
+    for plain, tuned in zip(plain_weights, weights):
+        np.testing.assert_array_equal(plain, tuned)
+
+
+def tuner_warnings(caplog):
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "keras_pipeline_tuner" and record.levelno >= logging.WARNING
+    ]
+
+
+# Feature name in the warning: what to break (module or class, attribute).
+FAULTS = {
+    # At the end of the first epoch, so that steps were recorded (and scalars written).
+    pipeline_tuner.STEP_CLOCK: (StepClock, "end_epoch"),
+    profiler_window.FEATURE: (profiler_window, "_publish"),
+    pipeline_tuner.INSPECTION: (pipeline_lint, "inspect"),
+    pipeline_tuner.ADVICE: (pipeline_tuner, "advise"),
+    pipeline_tuner.REPORT_FILE: (pipeline_tuner, "write_report"),
+    pipeline_tuner.STEP_TRACE: (pipeline_tuner, "write_trace"),
+    pipeline_tuner.SUMMARY: (terminal_summary, "print_summary"),
+    pipeline_tuner.WHAT_IF: (what_if_replay, "replay_after_fit"),
+    tensorboard_sink.SCALARS: (tensorboard_sink.TensorBoardSink, "_write_scalar_rows"),
+    tensorboard_sink.TEXT: (report_markdown, "render_markdown"),
+    tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
+}
+
+
+def make_tuner(log_dir):
+    return kpt.PipelineTuner(log_dir=log_dir, verbose=1, profile=PROFILE, what_if=4)
+
+
+def test_every_feature_failing_at_once_leaves_training_intact(
+    tmp_path, monkeypatch, caplog, capsys, plain_run
+):
+    for owner, attribute in FAULTS.values():
+        monkeypatch.setattr(owner, attribute, _raise)
+    monkeypatch.setattr(profile_evidence, "analyze_capture", _raise)
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    for feature in FAULTS:
+        naming = [message for message in warnings if f"{feature} turned off" in message]
+        assert len(naming) == 1, (feature, warnings)
+    assert len(warnings) == len(FAULTS), warnings
+    assert all("InjectedFault" in message for message in warnings)
+    # The report in memory still says which features were lost and why.
+    report = tuner.report
+    for feature in FAULTS:
+        assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
+    assert capsys.readouterr().out == ""
+
+
+SINGLE_FAULTS = [(feature, *broken) for feature, broken in FAULTS.items()] + [
+    # On every step, from the first one.
+    (pipeline_tuner.STEP_CLOCK, StepClock, "record"),
+]
+
+
+@pytest.mark.parametrize(
+    "feature, owner, attribute",
+    SINGLE_FAULTS,
+    ids=[f"{feature}-{attribute}" for feature, _, attribute in SINGLE_FAULTS],
+)
+def test_one_feature_failing_leaves_the_rest_working(
+    feature, owner, attribute, tmp_path, monkeypatch, caplog, plain_run
+):
+    monkeypatch.setattr(owner, attribute, _raise)
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert f"{feature} turned off" in warnings[0]
+    assert "InjectedFault: injected for the test" in warnings[0]
+    assert "Training continues" in warnings[0]
+
+    report = tuner.report
+    assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
+    if feature != pipeline_tuner.STEP_CLOCK:
+        assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+        assert report.validation.steps > 0
+    if feature != pipeline_tuner.REPORT_FILE:
+        stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
+        assert any(note.startswith(f"{feature} was turned off") for note in stored.notes)
+    if feature not in (profiler_window.FEATURE, pipeline_tuner.STEP_CLOCK):
+        assert report.profile is not None and report.profile.steps, report.notes
+    if feature != pipeline_tuner.INSPECTION:
+        assert report.findings
+    if feature != pipeline_tuner.WHAT_IF:
+        assert report.what_if is not None
+    if feature != pipeline_tuner.STEP_TRACE:
+        assert (tmp_path / "step_timeline.trace.json").is_file()
+    if feature not in (tensorboard_sink.SCALARS, tensorboard_sink.TEXT, tensorboard_sink.TIMELINE):
+        assert glob.glob(os.path.join(tmp_path, "pipeline_tuner", "*tfevents*"))
+
+
+def test_a_corrupt_capture_turns_off_the_profile_only(tmp_path, caplog, plain_run):
+    """The capture is overwritten on disk before xprof converts it: a real failure."""
+
+    class CorruptCaptures(keras.callbacks.Callback):
+        # Runs before the tuner's on_epoch_end, where the capture is converted.
+        def on_epoch_end(self, epoch, logs=None):
+            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
+                with open(path, "wb") as file:
+                    file.write(b"\x00\xffnot a profile" * 1000)
+
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([CorruptCaptures(), tuner])
+    assert_training_intact(run, plain_run)
+    report = tuner.report
+    assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+    assert report.profile is not None
+    # Either xprof refuses the file (one warning, the feature off) or it finds no steps.
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) <= 1, warnings
+    if warnings:
+        assert f"{profiler_window.FEATURE} turned off" in warnings[0]
+    else:
+        assert not report.profile.steps
+    kpt.Report.from_json((tmp_path / "report.json").read_text())
+
+
+def test_a_capture_deleted_before_conversion(tmp_path, caplog, plain_run):
+    class DeleteCaptures(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
+                os.remove(path)
+
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([DeleteCaptures(), tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert f"{profiler_window.FEATURE} turned off" in warnings[0]
+    assert tuner.report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+
+
+def test_report_building_failing_leaves_training_intact(tmp_path, monkeypatch, caplog, plain_run):
+    # The report is built from the clock's statistics at every epoch end.
+    monkeypatch.setattr(StepClock, "stats", _raise)
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=1, profile="off")
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert 1 <= len(warnings) <= 2, warnings
+    assert len(set(warnings)) == len(warnings)
