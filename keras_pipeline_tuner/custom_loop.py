@@ -179,9 +179,7 @@ class LoopTimer:
                 return timer._graph_call(fn, kind, args, kwargs)
             return timer._eager_call(fn, kind, tracing_count, args, kwargs)
 
-        # Our bookkeeping must run as plain Python when the wrapper is traced;
-        # the user's function is converted explicitly in `_graph_call`.
-        instrumented = tf.autograph.experimental.do_not_convert(instrumented)
+        instrumented = _left_to_python(instrumented)
         instrumented.tuner = self.tuner
         return instrumented
 
@@ -726,6 +724,21 @@ def _checked_kind(kind: str, where: str) -> str:
             "kind='validation' for the steps of a validation loop."
         )
     return kind
+
+
+def _left_to_python(wrapper: Callable) -> Callable:
+    """Keeps AutoGraph out of the tuner's own code when a step is traced.
+
+    An AutoGraph "artifact" is called as it is, under the caller's conversion
+    status, so `_graph_call` can still convert the user's step exactly when the
+    enclosing `tf.function` converts code; `do_not_convert` would turn conversion
+    off for the user's step as well.
+    """
+    try:
+        from tensorflow.python.autograph.impl.api import autograph_artifact
+    except ImportError:
+        return tensorflow().autograph.experimental.do_not_convert(wrapper)
+    return autograph_artifact(wrapper)
 
 
 def _untimeable_reason(tf) -> Optional[str]:

@@ -15,6 +15,7 @@ The slowest stage is picked from the iterator self times, leaving out
 asynchronous iterators whose self time is only waiting for their input.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -395,14 +396,35 @@ def trace_steps(events: Sequence[dict]) -> List[ProfiledStep]:
 # Conversion.
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    # xprof's C++ logs "No UnifiedProfileProcessor registered for tool:
+    # trace_viewer" on every legacy conversion, an error line that is not one;
+    # TF_CPP_MIN_LOG_LEVEL does not reach it. The conversion runs between steps,
+    # so hiding file descriptor 2 for its duration hides nothing of training.
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _tool_json(xplane_path: str, tool: str):
     from xprof.convert import raw_to_tool_data
 
     # The legacy "trace_viewer" returns the whole trace as JSON and, unlike
     # "trace_viewer@", writes no cache files into the user's run folder.
-    data, _ = raw_to_tool_data.xspace_to_tool_data(
-        [xplane_path], tool, {"use_saved_result": False}
-    )
+    with _native_stderr_silenced():
+        data, _ = raw_to_tool_data.xspace_to_tool_data(
+            [xplane_path], tool, {"use_saved_result": False}
+        )
     if data is None:
         raise RuntimeError(f"xprof could not convert {xplane_path} with {tool!r}")
     return json.loads(data)

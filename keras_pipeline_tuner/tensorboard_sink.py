@@ -44,6 +44,7 @@ SCALAR_TAGS = tuple(
 WHOLE_STEP_TAG = f"{TAG_PREFIX}/step_ms"
 REPORT_TAG = f"{TAG_PREFIX}/report"
 TIMELINE_TAG = f"{TAG_PREFIX}/timeline"
+TIMELINE_FILENAME = "timeline.png"
 
 SCALARS = "TensorBoard scalars"
 TEXT = "TensorBoard report text"
@@ -210,6 +211,10 @@ class TensorBoardSink:
                 timeline_image.step_rows(steps), title, profiled, profile_title
             )
             tf = tensorflow()
+            # Also a plain file, for a look without TensorBoard (and for docs).
+            tf.io.gfile.makedirs(self.run_dir)
+            with tf.io.gfile.GFile(os.path.join(self.run_dir, TIMELINE_FILENAME), "wb") as file:
+                file.write(png)
             image = tf.expand_dims(tf.io.decode_png(png, channels=4), 0)
             with self._summaries():
                 tf.summary.image(

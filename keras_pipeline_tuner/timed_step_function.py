@@ -195,10 +195,11 @@ class TimedFunction:
             else:
                 with marker:
                     outputs, rows = self._timed_steps(iterator)
+            # Inside the `try`: Ctrl-C often lands here, just after the step.
+            self._on_rows(rows, time.perf_counter() - began, called_at)
         except BaseException as error:
             # OutOfRangeError is the normal end of an epoch, not a failure.
             if not isinstance(error, tensorflow().errors.OutOfRangeError):
                 self._on_error(error)
             raise
-        self._on_rows(rows, time.perf_counter() - began, called_at)
         return outputs

@@ -6,6 +6,7 @@ run's pattern (which steps wait, how long epochs take to start) can be zoomed
 into step by step. The file uses the Trace Event Format's JSON object form.
 """
 
+import contextlib
 import json
 import os
 from typing import Any, Dict, List
@@ -72,9 +73,15 @@ def write_trace(clock: StepClock, log_dir: str) -> str:
     os.makedirs(log_dir, exist_ok=True)
     path = os.path.join(log_dir, TRACE_FILENAME)
     partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as file:
-        json.dump(chrome_trace(clock), file, separators=(",", ":"))
-    os.replace(partial, path)
+    try:
+        with open(partial, "w", encoding="utf-8") as file:
+            json.dump(chrome_trace(clock), file, separators=(",", ":"))
+        os.replace(partial, path)
+    except BaseException:
+        # A full disk must not be filled further by a half-written file.
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+        raise
     return path
 
 

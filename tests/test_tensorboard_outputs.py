@@ -115,6 +115,9 @@ def test_images_tab_holds_a_timeline_of_waits_and_compute(input_bound, compute_b
     wait, compute = timeline_image.WAIT_COLOUR, timeline_image.COMPUTE_COLOUR
     assert colour_share(waiting, wait) > 3 * colour_share(waiting, compute)
     assert colour_share(computing, compute) > 3 * colour_share(computing, wait)
+    # The latest timeline is also a plain PNG file in the run.
+    png = (input_bound.log_dir / tensorboard_sink.RUN / tensorboard_sink.TIMELINE_FILENAME)
+    np.testing.assert_array_equal(tf.io.decode_png(png.read_bytes(), channels=3).numpy(), waiting)
 
 
 def test_keras_tensorboard_callback_keeps_its_own_runs(input_bound):
