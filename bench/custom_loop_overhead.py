@@ -99,6 +99,22 @@ def timed_epoch(tuner, step, batches) -> float:
         gc.enable()
 
 
+def alternate(train_step, dataset, rounds: int) -> dict:
+    """Wall time of each epoch of each variant, the variants taking turns."""
+    loops = make_loops(train_step, dataset)
+    # Warm up every variant: tracing is reported apart, not part of the overhead.
+    for loop in loops.values():
+        timed_epoch(*loop)
+    times = {variant: [] for variant in VARIANTS}
+    for _ in range(rounds):
+        for variant in VARIANTS:
+            times[variant].append(timed_epoch(*loops[variant]))
+    for tuner, _, _ in loops.values():
+        if tuner is not None:
+            tuner.close()
+    return times
+
+
 def sync_cost_us(calls: int = 2000) -> float:
     sync = tf.test.experimental.sync_devices
     sync()
@@ -111,13 +127,8 @@ def sync_cost_us(calls: int = 2000) -> float:
 def per_call_cost_us(rounds: int, steps: int = 2000) -> dict:
     dataset = tf.data.Dataset.range(steps).map(lambda i: (tf.cast(i, tf.float32), 0.0)).cache()
     list(dataset)  # fill the cache
-    loops = make_loops(lambda x, y: x + y, dataset)
-    for loop in loops.values():
-        timed_epoch(*loop)
-    fastest = {variant: min(timed_epoch(*loops[variant]) for _ in range(rounds)) for variant in VARIANTS}
-    for tuner, _, _ in loops.values():
-        if tuner is not None:
-            tuner.close()
+    times = alternate(lambda x, y: x + y, dataset, rounds)
+    fastest = {variant: min(times[variant]) for variant in VARIANTS}
     return {
         variant: (fastest[variant] - fastest["plain"]) / steps * 1e6 for variant in VARIANTS[1:]
     }
@@ -128,17 +139,7 @@ def measure(name, width, batch, steps, rounds):
     began = time.perf_counter()
     kpt.inspect(dataset)
     lint_s = time.perf_counter() - began
-    loops = make_loops(train_step, dataset)
-    # Warm up every variant: tracing is reported apart, not part of the overhead.
-    for loop in loops.values():
-        timed_epoch(*loop)
-    times = {variant: [] for variant in VARIANTS}
-    for _ in range(rounds):
-        for variant in VARIANTS:
-            times[variant].append(timed_epoch(*loops[variant]))
-    for tuner, _, _ in loops.values():
-        if tuner is not None:
-            tuner.close()
+    times = alternate(train_step, dataset, rounds)
     plain = times["plain"]
     print(
         f"{name}: {statistics.median(plain) / steps * 1e3:.3f} ms/step plain, "

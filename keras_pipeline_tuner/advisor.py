@@ -28,6 +28,11 @@ Rules, in rank order:
 3. Then errors, then the other findings: warnings before infos, larger gains first.
 4. An input-bound job whose bottleneck no profile named is also told how to
    find it, with the gain at stake.
+
+Two rules for jobs that outgrow one host live in `scale_out_advice`: a
+multi-worker job is judged by its straggler, named first; and when every stage
+already runs in parallel on saturated CPUs, moving the pipeline to the tf.data
+service ranks after the errors.
 """
 
 import dataclasses
@@ -40,9 +45,11 @@ from keras_pipeline_tuner.step_stats import StepStats
 from keras_pipeline_tuner.step_stats import Verdict
 
 if TYPE_CHECKING:
+    from keras_pipeline_tuner.cpu_usage import CpuUsage
     from keras_pipeline_tuner.findings import Finding
     from keras_pipeline_tuner.profile_evidence import ProfileEvidence
     from keras_pipeline_tuner.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.worker_reports import MultiWorkerSummary
 
 STEP_CLOCK = "step clock"
 PROFILER = "profiler"
@@ -130,6 +137,7 @@ _TITLES = {
     "py-dataset-threads": "Load the batches of {stage} in processes, not threads",
     "python-generator": "Replace the Python generator {stage} with a PyDataset or tf.data",
     "keras-array-input": "Keep in-memory arrays: Keras builds their pipeline",
+    "data-service": "Give the tf.data service more workers, or workers with idle CPUs",
 }
 _GENERIC_FIX = (
     "If this stage's output is the same every epoch and fits in memory or on disk, "
@@ -294,6 +302,8 @@ def advise(
     findings: Iterable["Finding"] = (),
     cpu_count: Optional[int] = None,
     what_if: Optional["WhatIfResult"] = None,
+    cpu: Optional["CpuUsage"] = None,
+    workers: Optional["MultiWorkerSummary"] = None,
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -306,6 +316,10 @@ def advise(
         what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
             with input free, measured, replaces the step clock's compute time
             as the floor no input-pipeline change goes below.
+        cpu: `CpuUsage` of the run: with every stage already parallel, saturated
+            CPUs make the tf.data service the advice (see `scale_out_advice`).
+        workers: the chief's `MultiWorkerSummary` of a multi-worker run: the job
+            is judged by its straggler, which is named first.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -317,6 +331,11 @@ def advise(
         print(recommendation.title, describe_gain(recommendation.expected_gain))
     ```
     """
+    from keras_pipeline_tuner import scale_out_advice
+
+    # Findings from `kpt.inspect` carry the pipeline they were read from.
+    pipeline = getattr(findings, "pipeline", None)
+    stats = scale_out_advice.job_stats(stats, workers)
     run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if)
     findings = list(findings or ())
     if run.verdict == Verdict.NOT_INPUT_BOUND:
@@ -338,11 +357,13 @@ def advise(
     ranked = sorted(at_bottleneck, key=_rank_key)
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
-    ranked += errors + sorted(others, key=_rank_key)
+    offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
+    ranked += errors + ([offload] if offload else []) + sorted(others, key=_rank_key)
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
-    return ranked
+    straggler = scale_out_advice.straggler_recommendation(workers)
+    return ([straggler] if straggler else []) + ranked
 
 
 class _Run:

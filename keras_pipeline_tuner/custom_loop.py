@@ -50,6 +50,17 @@ _KINDS = (TRAIN, VALIDATION)
 # 20 us a call, whatever the number of rows.
 _ROWS_PER_RECORD = 64
 _LOOP_GRAPHS = ("WhileBodyFuncGraph", "WhileCondFuncGraph")
+# Ops by which a traced step takes batches from a dataset itself.
+_FETCH_OPS = frozenset(
+    (
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "IteratorGetNextAsOptional",
+        "MultiDeviceIteratorGetNextFromShard",
+        "ReduceDataset",
+        "DatasetToSingleElement",
+    )
+)
 _DATASET_FUNCTION_MODULES = "tensorflow.python.data."
 _WHAT_STILL_WORKS = (
     "What still works: a TF Profiler capture around a few calls "
@@ -72,6 +83,18 @@ class _KindState:
     decorated_steps: int = 0
     fetches: int = 0
     whole_steps: int = 0
+
+
+@dataclasses.dataclass
+class _Step:
+    """One decorated step function."""
+
+    fn: Callable
+    kind: str
+    # `experimental_get_tracing_count` of a `tf.function`, else None.
+    tracing_count: Optional[Callable[[], int]]
+    # Found in its traced graph: it fetches its batches itself.
+    fetches_inside: bool = False
 
 
 @dataclasses.dataclass
@@ -162,7 +185,7 @@ class LoopTimer:
             )
         tf = tensorflow()
         timer = self
-        tracing_count = getattr(fn, "experimental_get_tracing_count", None)
+        step = _Step(fn, kind, getattr(fn, "experimental_get_tracing_count", None))
         self._tf = tf
         self._fetching_types = (
             tf.data.Dataset,
@@ -177,7 +200,7 @@ class LoopTimer:
                 return fn(*args, **kwargs)
             if not tf.executing_eagerly():
                 return timer._graph_call(fn, kind, args, kwargs)
-            return timer._eager_call(fn, kind, tracing_count, args, kwargs)
+            return timer._eager_call(step, args, kwargs)
 
         instrumented = _left_to_python(instrumented)
         instrumented.tuner = self.tuner
@@ -264,11 +287,13 @@ class LoopTimer:
 
     # Timed calls.
 
-    def _eager_call(self, fn, kind, tracing_count, args, kwargs):
+    def _eager_call(self, step: _Step, args, kwargs):
+        fn, kind, tracing_count = step.fn, step.kind, step.tracing_count
         if self._depth:
             # A call nested in another instrumented call is part of that step.
             return fn(*args, **kwargs)
-        whole_step = self._fetches_inside(args, kwargs)
+        if self._accelerated is None:
+            self._find_accelerators()
         traces = tracing_count() if tracing_count is not None else 0
         self._depth += 1
         called_at = time.time()
@@ -283,10 +308,27 @@ class LoopTimer:
             raise
         end = time.time()
         self._depth -= 1
-        retraced = tracing_count is not None and tracing_count() != traces
-        self._step_done(kind, called_at, end, whole_step, retraced)
+        traced = tracing_count is not None and tracing_count() != traces
+        if traced and not step.fetches_inside:
+            self._read_trace(step, args, kwargs)
+        whole_step = step.fetches_inside or self._fetches_inside(args, kwargs)
+        # Reading a trace is the tuner's work, not the next step's input wait.
+        returned = time.time() if traced else end
+        self._step_done(kind, called_at, end, whole_step, traced, returned)
         self._after_steps()
         return outputs
+
+    def _read_trace(self, step: _Step, args, kwargs) -> None:
+        """Finds out whether a freshly traced step fetches its batches itself."""
+        if not self._guard.enabled(FEATURE):
+            return
+        with self._guard(FEATURE):
+            # The call just traced it: this finds the trace, it does not trace again.
+            graph = step.fn.get_concrete_function(*args, **kwargs).graph.as_graph_def()
+            ops = {node.op for node in graph.node}
+            for function in graph.library.function:
+                ops.update(node.op for node in function.node_def)
+            step.fetches_inside = bool(ops & _FETCH_OPS)
 
     def _graph_call(self, fn, kind, args, kwargs):
         tf = tensorflow()
@@ -345,15 +387,20 @@ class LoopTimer:
             return
         with self._guard(FEATURE):
             if self._measuring():
-                self._step_done(kind, float(start), float(end), whole_step, False)
+                end = float(end)
+                self._step_done(kind, float(start), end, whole_step, False, end)
+
+    def _find_accelerators(self) -> None:
+        # Asked at the first call, once the user has configured the devices.
+        if not self._guard.enabled(FEATURE):
+            return
+        with self._guard(FEATURE):
+            devices = self._tf.config.list_logical_devices()
+            self._accelerated = any(device.device_type != "CPU" for device in devices)
 
     def _wait_for_outputs(self) -> None:
         """Returns when the step's outputs are ready, not merely dispatched."""
         tf = self._tf
-        if self._accelerated is None:
-            # Asked at the first call, when the user has configured the devices.
-            devices = tf.config.list_logical_devices()
-            self._accelerated = any(device.device_type != "CPU" for device in devices)
         # On CPU with synchronous execution (TF's default) a call returns when its
         # kernels have run; accelerators' streams and asynchronous execution do not.
         if self._accelerated or not tf.config.experimental.get_synchronous_execution():
@@ -366,19 +413,15 @@ class LoopTimer:
 
     def _after_steps(self) -> None:
         """Hands finished steps and epochs to the tuner's outputs, as `fit` does."""
-        if not (self._unreported_steps or self._unreported_epochs):
+        if self._clock is None or self._closed or not self._guard.enabled(FEATURE):
             return
-        if not self._guard.enabled(FEATURE):
-            return
+        # The outputs build the report, which takes the lock: never held here.
         with self._guard(FEATURE):
             steps, epochs = self._unreported_steps, self._unreported_epochs
             self._unreported_steps = self._unreported_epochs = 0
-            sink = self.tuner._tensorboard
-            if steps and sink is not None:
-                sink.step_ended(self._clock, steps)
             if epochs:
-                # Builds the report, which takes the lock: never called holding it.
                 self.tuner._write_epoch_outputs()
+            self.tuner._loop_steps_ended(steps)
 
     def _inspect(self, iterable, kind: str) -> None:
         """Lints the training dataset once per run, before its first batch, as `fit` does."""
@@ -420,8 +463,7 @@ class LoopTimer:
         return self.tuner.clock is self._clock
 
     def _start_run(self) -> None:
-        self.tuner.clock = StepClock(self.tuner.buffer_steps)
-        self.tuner._notes = []
+        self.tuner._begin_loop_run()
         self._clock = self.tuner.clock
         self._finished = False
         self._states = {kind: _KindState() for kind in _KINDS}
@@ -432,9 +474,8 @@ class LoopTimer:
         self._unreported_steps = self._unreported_epochs = 0
         self._inspected = False
         self._rows = {kind: [] for kind in _KINDS}
-        self.tuner._findings = []
 
-    def _step_done(self, kind, call_start, end, whole_step, retraced) -> None:
+    def _step_done(self, kind, call_start, end, whole_step, retraced, returned) -> None:
         if not self._guard.enabled(FEATURE):
             return
         with self._guard(FEATURE), self._lock:
@@ -457,6 +498,7 @@ class LoopTimer:
                 self._retraces += 1
             state.decorated_steps += 1
             self._record(kind, state, row)
+            state.previous_end = returned
 
     def _step_failed(self, kind: str) -> None:
         if not self._guard.enabled(FEATURE):
@@ -605,10 +647,11 @@ class LoopTimer:
             )
         elif measurement == WHOLE_STEP:
             notes.append(
-                "The decorated step receives a tf.data dataset or iterator and fetches "
-                "its batches itself, so input wait is not separated from compute: only "
-                "the time of each call is measured. Pass the batches instead: "
-                "`for x, y in tuner.iterate(dataset): train_step(x, y)`."
+                "The decorated step fetches its batches itself (it is given a dataset or "
+                "iterator, or iterates one inside its graph), so input wait is not "
+                "separated from compute: only the time of each call is measured, and a "
+                "call that runs a whole loop counts as one step. Pass it the batches "
+                "instead: `for x, y in tuner.iterate(dataset): train_step(x, y)`."
             )
         if self._retraces:
             notes.append(

@@ -110,6 +110,11 @@ _ASYNCHRONOUS = {
     "LegacyParallelInterleaveDatasetV2",
     "ParallelBatchDataset",
     "ParallelFilterDataset",
+    # The tf.data service read keeps requests to the service's workers in flight.
+    "DataServiceDataset",
+    "DataServiceDatasetV2",
+    "DataServiceDatasetV3",
+    "DataServiceDatasetV4",
 }
 
 # Parameters shown without their name when they come first, as users write them.
@@ -136,6 +141,7 @@ _LABEL_PARAMS = {
     "range": ("start", "stop", "step"),
     "cache": ("filename",),
     "PyDataset": ("workers", "use_multiprocessing"),
+    "distribute": ("processing_mode", "service", "job_name"),
 }
 
 _PY_FUNCTION_OPS = {"EagerPyFunc", "PyFunc", "PyFuncStateless"}
@@ -617,6 +623,9 @@ class _GraphReader:
                 ordered.append(stages[name])
         pipeline = Pipeline(stages=ordered, options=self._options(ordered))
         _collapse_sources(pipeline)
+        from keras_pipeline_tuner.data_service import fold_service_stages
+
+        fold_service_stages(pipeline)
         return pipeline
 
     # Nodes.

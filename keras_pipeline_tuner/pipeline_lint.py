@@ -19,6 +19,7 @@ from keras_pipeline_tuner.pipeline_graph import Stage
 from keras_pipeline_tuner.pipeline_graph import StageFunction
 from keras_pipeline_tuner.pipeline_graph import read_pipeline
 from keras_pipeline_tuner.tf_import import tensorflow
+from keras_pipeline_tuner import data_service
 
 # Every id a finding can have, with what it is about.
 CATALOGUE = {
@@ -39,6 +40,7 @@ CATALOGUE = {
     "py-dataset-threads": "a Keras PyDataset uses threads, which share the GIL",
     "python-generator": "fit reads a Python generator on one thread",
     "keras-array-input": "fit builds the pipeline itself from in-memory arrays",
+    "data-service": "the pipeline reads from the tf.data service, whose workers run its start",
 }
 
 _MAP_KINDS = ("map", "map_and_batch")
@@ -654,6 +656,7 @@ _RULES: List[Callable[[Pipeline], Iterable[Finding]]] = [
     _fixed_parallelism,
     _autotune_disabled,
     _missing_prefetch,
+    data_service.service_findings,
 ]
 
 

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from keras_pipeline_tuner.advisor import advise
+from keras_pipeline_tuner.cpu_usage import CpuMeter
 from keras_pipeline_tuner.custom_loop import LoopTimer
 from keras_pipeline_tuner.custom_loop import TimedIterator
 from keras_pipeline_tuner.feature_guard import FeatureGuard
@@ -24,12 +25,14 @@ from keras_pipeline_tuner.report import Report
 from keras_pipeline_tuner.step_clock import TRAIN
 from keras_pipeline_tuner.step_clock import VALIDATION
 from keras_pipeline_tuner.step_clock import StepClock
+from keras_pipeline_tuner.tensorboard_sink import RUN
 from keras_pipeline_tuner.tensorboard_sink import TensorBoardSink
 from keras_pipeline_tuner.tf_import import tensorflow
 from keras_pipeline_tuner.trace_export import write_trace
 from keras_pipeline_tuner import fit_input
 from keras_pipeline_tuner import timed_step_function
 from keras_pipeline_tuner import what_if_replay
+from keras_pipeline_tuner import worker_reports
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -41,11 +44,13 @@ STEP_TRACE = "step timeline trace"
 INSPECTION = "pipeline inspection"
 WHAT_IF = "what-if replay"
 REPORT = "report"
+WORKER_SUMMARY = "worker summary"
+WORKER_COMPARISON = "worker comparison"
+CPU_USAGE = "CPU usage"
 
 _PROFILE_MODES = ("auto", "off")
 # Seconds between writes of report.json and the TensorBoard scalars within an
-# epoch, so that a crash loses at most this much; longer if a write costs more
-# than 1 % of it (about 3 ms each on 2 CPU cores).
+# epoch, so that a crash loses at most this much (a write costs about 3 ms).
 CHECKPOINT_S = 5.0
 # Tuners whose fit is running, written at interpreter exit: a script ended by an
 # exception between steps (e.g. Ctrl-C) keeps the report up to that point.
@@ -59,9 +64,13 @@ class PipelineTuner(keras.callbacks.Callback):
     `model.train_function` (and `test_function` during validation) for an
     equivalent compiled function that timestamps the batch fetch and the step, so
     every step's input wait and compute are measured, with no measurable cost.
-    Keras' own functions are put back at the end of fit, after an exception
-    inside a step, or, for an interruption elsewhere, at their next use. At the end
-    of fit it prints a verdict and writes `report.json` to `log_dir`.
+    The replacement is on the model only while a step runs: however fit is
+    interrupted, Keras' own functions are left in place. At the end of fit it
+    prints a verdict and writes `report.json` to `log_dir`; the file is also
+    written every epoch, every few seconds within an epoch, when a step fails and
+    at interpreter exit, so an interrupted run keeps what was measured. A failure
+    inside any of the tuner's features logs one warning, turns that feature off
+    and leaves training untouched.
 
     Custom training loops use `@tuner.instrument` on their train step, optionally
     `tuner.iterate(dataset)`, and `tuner.close()` (or `with tuner:`) at the end.
@@ -83,6 +92,15 @@ class PipelineTuner(keras.callbacks.Callback):
             metric state are restored afterwards; training is not changed.
         buffer_steps: how many recent steps keep individual timings; totals
             and the input fraction stay exact beyond it.
+        tensorboard_workers: under `tf.distribute.MultiWorkerMirroredStrategy`,
+            which workers write TensorBoard summaries: "chief" (the default) or
+            "all" (each other worker into `<log_dir>/workers/<task>/`).
+            Whichever is chosen, every worker writes a summary of its
+            measurements to `<log_dir>/workers/<task>/`, where the chief's
+            report compares them and names the straggler
+            (`tuner.report.workers`); give every worker the same `log_dir`.
+        worker_timeout_s: how long the chief waits at the end of fit for the
+            other workers' summaries before reporting without them.
 
     Example:
 
@@ -101,13 +119,22 @@ class PipelineTuner(keras.callbacks.Callback):
         buffer_steps: int = 10_000,
         profile_steps: Optional[int] = None,
         what_if: Union[bool, int] = False,
+        tensorboard_workers: str = "chief",
+        worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S,
     ):
         super().__init__()
         self.what_if_steps = what_if_replay.checked_steps(what_if)
         self._what_if = None
         self.log_dir = _checked_log_dir(log_dir)
+        self.tensorboard_workers = worker_reports.checked_tensorboard_workers(
+            tensorboard_workers
+        )
+        self.worker_timeout_s = worker_reports.checked_timeout(worker_timeout_s)
         if verbose not in (0, 1, 2) or isinstance(verbose, bool):
-            raise ValueError(f"`verbose` must be 0, 1 or 2, got {verbose!r}.")
+            raise ValueError(
+                f"`verbose` must be 0, 1 or 2, got {verbose!r}. Pass verbose=0 to "
+                "silence the end-of-fit summary, or verbose=1 to print it."
+            )
         self.verbose = verbose
         self.profile = _checked_profile(profile)
         self.buffer_steps = buffer_steps
@@ -124,8 +151,15 @@ class PipelineTuner(keras.callbacks.Callback):
         self._first_call = {}
         self._whole_step_start = None
         self._validating_epoch = 0
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._loop_timer: Optional[LoopTimer] = None
         self._findings = []
+        self._cpu = CpuMeter()
+        # Under MultiWorkerMirroredStrategy: this worker's exchange of summaries
+        # with the chief, and where its outputs go (see `_begin_workers`).
+        self._workers: Optional[worker_reports.WorkerExchange] = None
+        self._worker_view: Optional[worker_reports.MultiWorkerSummary] = None
+        self._output_dir = self.log_dir
 
     # Keras hooks.
 
@@ -137,8 +171,10 @@ class PipelineTuner(keras.callbacks.Callback):
         self._what_if = None
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         _RUNNING.add(self)
+        self._restart_cpu_meter()
+        self._begin_workers(self.model.distribute_strategy)
         self._window.begin_fit()
-        if self.guard.enabled(STEP_CLOCK):
+        if self.guard.enabled(STEP_CLOCK) or self._workers is not None:
             with self.guard(STEP_CLOCK):
                 self._swap_in(TRAIN)
         self._findings = []
@@ -160,6 +196,8 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _write_epoch_outputs(self) -> None:
         # Written every epoch so that a crash loses at most the current epoch.
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        self._exchange_worker_summaries(final=False)
         report = self._built_report()
         if report is None:
             return
@@ -201,15 +239,13 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _checkpoint(self) -> None:
         # Within long epochs: report.json and the scalars so far, on disk.
-        began = time.monotonic()
         report = self._built_report()
         if report is not None:
             self._write_report_file(report)
         if self._tensorboard is not None:
             self._tensorboard.write_scalars(self.clock)
             self._tensorboard.flush()
-        now = time.monotonic()
-        self._next_checkpoint = now + max(CHECKPOINT_S, 100 * (now - began))
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
 
     def on_test_begin(self, logs=None):
         self._window.close(EPOCH_ENDED)
@@ -217,7 +253,7 @@ class PipelineTuner(keras.callbacks.Callback):
         if not self._first_call:
             # evaluate() called on its own, outside fit.
             self._first_call = {TRAIN: True, VALIDATION: True}
-        if self.guard.enabled(STEP_CLOCK):
+        if self.guard.enabled(STEP_CLOCK) or self._workers is not None:
             with self.guard(STEP_CLOCK):
                 self.clock.begin_epoch(self._validating_epoch, VALIDATION)
                 self._swap_in(VALIDATION)
@@ -244,6 +280,12 @@ class PipelineTuner(keras.callbacks.Callback):
                 "The what-if replay did not run: it compares with the step clock's "
                 "timings, and the step clock was turned off."
             )
+        elif self.what_if_steps and self._workers is not None:
+            self._notes.append(
+                "The what-if replay did not run: under MultiWorkerMirroredStrategy its "
+                "steps would run the all-reduce, which stalls unless every worker replays "
+                "the same steps."
+            )
         elif self.what_if_steps and self.guard.enabled(WHAT_IF):
             with self.guard(WHAT_IF):
                 # After training and with Keras' own functions back: the replay
@@ -261,6 +303,11 @@ class PipelineTuner(keras.callbacks.Callback):
         Returns:
             The final `Report`.
         """
+        _RUNNING.discard(self)
+        if self.guard.enabled(CPU_USAGE):
+            with self.guard(CPU_USAGE):
+                self._cpu.stop()
+        self._exchange_worker_summaries(final=True)
         report = self._built_report()
         if report is None:
             return Report(notes=self._failure_notes())
@@ -270,7 +317,7 @@ class PipelineTuner(keras.callbacks.Callback):
             self._tensorboard.finish(self.clock, report)
             if self.guard.enabled(STEP_TRACE):
                 with self.guard(STEP_TRACE):
-                    write_trace(self.clock, self.log_dir)
+                    write_trace(self.clock, self._output_dir)
         if self.verbose and self.guard.enabled(SUMMARY):
             with self.guard(SUMMARY):
                 from keras_pipeline_tuner.terminal_summary import print_summary
@@ -309,6 +356,10 @@ class PipelineTuner(keras.callbacks.Callback):
         validation = self.clock.stats(VALIDATION)
         train = self.clock.stats(TRAIN)
         notes += self._failure_notes()
+        if self._worker_view is not None:
+            missing = worker_reports.missing_note(self._worker_view, self.log_dir)
+            if missing is not None and self._worker_view.waited_s is not None:
+                notes.append(missing)
         if not train.steps and TRAIN not in self.clock.first_steps:
             notes.append(
                 "No training step was measured: the dataset gave no batch, or fit has not "
@@ -327,6 +378,8 @@ class PipelineTuner(keras.callbacks.Callback):
             profile=self._window.evidence,
             findings=list(self._findings),
             what_if=self._what_if,
+            workers=self._worker_view,
+            cpu=self._cpu_usage(),
             environment={
                 "tensorflow": tf.__version__,
                 "keras": keras.__version__,
@@ -336,7 +389,13 @@ class PipelineTuner(keras.callbacks.Callback):
         if self.guard.enabled(ADVICE):
             with self.guard(ADVICE):
                 report.recommendations = advise(
-                    report.train, report.profile, report.findings, what_if=report.what_if
+                    report.train,
+                    report.profile,
+                    # With the pipeline they were found in, when inspected here.
+                    self._findings,
+                    what_if=report.what_if,
+                    cpu=report.cpu,
+                    workers=report.workers,
                 )
         return report
 
@@ -396,6 +455,7 @@ class PipelineTuner(keras.callbacks.Callback):
         Returns:
             The final `Report`.
         """
+        _RUNNING.discard(self)
         return self._custom_loop().close()
 
     def __enter__(self) -> "PipelineTuner":
@@ -410,6 +470,41 @@ class PipelineTuner(keras.callbacks.Callback):
         if self._loop_timer is None:
             self._loop_timer = LoopTimer(self)
         return self._loop_timer
+
+    def _restart_cpu_meter(self) -> None:
+        if self.guard.enabled(CPU_USAGE):
+            with self.guard(CPU_USAGE):
+                self._cpu.restart()
+
+    def _cpu_usage(self):
+        # Guarded apart: a failed reading must not take the whole report with it.
+        if self.guard.enabled(CPU_USAGE):
+            with self.guard(CPU_USAGE):
+                return self._cpu.usage()
+        return None
+
+    def _begin_loop_run(self) -> None:
+        # A custom loop's run starts as a fit does in `on_train_begin`.
+        self.clock = StepClock(self.buffer_steps)
+        self._notes = []
+        self._findings = []
+        self._what_if = None
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        _RUNNING.add(self)
+        self._restart_cpu_meter()
+        # As for fit, under MultiWorkerMirroredStrategy (in scope, or TF_CONFIG).
+        identity = None
+        if self.guard.enabled(WORKER_SUMMARY):
+            with self.guard(WORKER_SUMMARY):
+                identity = worker_reports.identity_from_environment()
+        self._join_workers(identity)
+
+    def _loop_steps_ended(self, steps: int) -> None:
+        # Between a custom loop's steps, as `on_train_batch_end` for fit.
+        if steps and self._tensorboard is not None:
+            self._tensorboard.step_ended(self.clock, steps)
+        if time.monotonic() >= self._next_checkpoint:
+            self._checkpoint()
 
     # Swapping Keras' functions.
 
@@ -456,14 +551,13 @@ class PipelineTuner(keras.callbacks.Callback):
         self._window.close(FIT_ENDED)
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
-            report = self._built_report()
-            if report is not None:
-                self._write_report_file(report)
+            _RUNNING.discard(self)
+            self._checkpoint()
 
     def _write_report_file(self, report: Report) -> None:
-        if self.log_dir is not None and self.guard.enabled(REPORT_FILE):
+        if self._output_dir is not None and self.guard.enabled(REPORT_FILE):
             with self.guard(REPORT_FILE):
-                write_report(report, self.log_dir)
+                write_report(report, self._output_dir)
 
     def _fall_back(self, reason: str) -> None:
         if self._measurement != "whole-step":
@@ -475,6 +569,71 @@ class PipelineTuner(keras.callbacks.Callback):
             self._notes.append(note)
         self._measurement = "whole-step"
 
+    # Multi-worker training.
+
+    def _begin_workers(self, strategy) -> None:
+        """Finds this worker's place in a multi-worker cluster, if any."""
+        identity = None
+        if self.guard.enabled(WORKER_SUMMARY):
+            with self.guard(WORKER_SUMMARY):
+                identity = worker_reports.identity_of(strategy)
+        self._join_workers(identity)
+
+    def _join_workers(self, identity: Optional[worker_reports.WorkerIdentity]) -> None:
+        """Sets up the exchange with the chief, and where this worker writes.
+
+        The chief writes into `log_dir`; another worker into its own folder under
+        `log_dir/workers/`, and TensorBoard summaries only if
+        `tensorboard_workers="all"`.
+        """
+        self._workers, self._worker_view = None, None
+        if identity is not None:
+            self._workers = worker_reports.WorkerExchange(
+                identity, self.log_dir, self.worker_timeout_s
+            )
+            if self.guard.enabled(WORKER_SUMMARY):
+                with self.guard(WORKER_SUMMARY):
+                    self._workers.begin_fit()
+        workers = self._workers
+        self._output_dir = workers.output_dir() if workers is not None else self.log_dir
+        self._window.log_dir = self._output_dir
+        if self._output_dir is None or not (
+            workers is None or workers.identity.is_chief or self.tensorboard_workers == "all"
+        ):
+            self._tensorboard = None
+        elif self._tensorboard is None or self._tensorboard.run_dir != os.path.join(
+            self._output_dir, RUN
+        ):
+            self._tensorboard = TensorBoardSink(self._output_dir, self.guard)
+
+    def _exchange_worker_summaries(self, final: bool) -> None:
+        """Writes this worker's summary; the chief also reads the others'.
+
+        At the end of fit the chief waits at most `worker_timeout_s` for them.
+        Nothing here talks to the other workers directly, so a worker whose
+        tuner fails makes the chief wait that long at most.
+        """
+        workers = self._workers
+        if workers is None:
+            return
+        own = None
+        if self.guard.enabled(WORKER_SUMMARY):
+            with self.guard(WORKER_SUMMARY):
+                own = worker_reports.WorkerSummary(
+                    task=workers.identity.task,
+                    host=worker_reports.this_host(),
+                    chief=workers.identity.is_chief,
+                    final=final,
+                    epochs=sum(1 for epoch in self.clock.epochs if epoch.kind == TRAIN),
+                    train=self.clock.stats(TRAIN),
+                    cpu=self._cpu_usage(),
+                    notes=self._failure_notes(),
+                )
+                workers.publish(own)
+        if own is not None and self.guard.enabled(WORKER_COMPARISON):
+            with self.guard(WORKER_COMPARISON):
+                self._worker_view = workers.collect(own, final=final)
+
     # Recording.
 
     def _on_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
@@ -485,9 +644,16 @@ class PipelineTuner(keras.callbacks.Callback):
             if self._first_call.get(kind, False):
                 self._first_call[kind] = False
                 self.clock.record_first_step(kind, wall_s, rows, called_at)
+                if kind == TRAIN:
+                    # CPU use is judged over the steps, as the input wait is:
+                    # tracing the first one keeps a single core busy.
+                    self._restart_cpu_meter()
             else:
                 self.clock.record(kind, rows, called_at)
-        if not self.guard.enabled(STEP_CLOCK):
+        if not self.guard.enabled(STEP_CLOCK) and self._workers is None:
+            # Under MultiWorkerMirroredStrategy the timed function stays: Keras'
+            # own, traced on this worker only, would wait in all-reduces that the
+            # other workers, still on theirs, never join.
             self._restore_all()
 
     def _record_whole_step(self, kind: str) -> None:
@@ -497,6 +663,13 @@ class PipelineTuner(keras.callbacks.Callback):
 
 
 _ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
+
+
+@atexit.register
+def _write_running_reports() -> None:
+    for tuner in list(_RUNNING):
+        _RUNNING.discard(tuner)
+        tuner._checkpoint()  # pylint: disable=protected-access
 
 
 def write_report(report: Report, log_dir: str) -> str:
@@ -529,12 +702,29 @@ def _checked_log_dir(log_dir) -> Optional[str]:
         return None
     if not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(
-            f"`log_dir` must be a path (str or os.PathLike), got {type(log_dir).__name__}."
+            f"`log_dir` must be a path (str or os.PathLike), got {type(log_dir).__name__}. "
+            "Pass a directory path, e.g. log_dir='logs/run1', or None to keep the "
+            "report in memory only."
         )
     log_dir = os.fspath(log_dir)
-    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+    if not log_dir:
         raise ValueError(
-            f"`log_dir` {log_dir!r} is a file, not a directory. Pass a directory path, "
+            "`log_dir` is an empty string. Pass a directory path, e.g. "
+            "log_dir='logs/run1', or None to keep the report in memory only."
+        )
+    # The nearest part of the path that exists must be a directory, or nothing
+    # can ever be written there.
+    existing = os.path.abspath(log_dir)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = (
+            "is a file"
+            if existing == os.path.abspath(log_dir)
+            else f"is under {existing!r}, which is a file"
+        )
+        raise ValueError(
+            f"`log_dir` {log_dir!r} {where}, not a directory. Pass a directory path, "
             "e.g. log_dir='logs/run1'."
         )
     return log_dir

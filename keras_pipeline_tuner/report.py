@@ -3,10 +3,12 @@
 import dataclasses
 import enum
 import json
+import math
 import typing
 from typing import Any, Dict, List, Optional
 
 from keras_pipeline_tuner.advisor import Recommendation
+from keras_pipeline_tuner.cpu_usage import CpuUsage
 from keras_pipeline_tuner.findings import Finding
 from keras_pipeline_tuner.profile_evidence import ProfileEvidence
 from keras_pipeline_tuner.step_clock import EpochBreakdown
@@ -14,6 +16,7 @@ from keras_pipeline_tuner.step_clock import FirstStep
 from keras_pipeline_tuner.step_stats import StepStats
 from keras_pipeline_tuner.step_stats import Verdict
 from keras_pipeline_tuner.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.worker_reports import MultiWorkerSummary
 
 REPORT_FILENAME = "report.json"
 SCHEMA_VERSION = 1
@@ -47,6 +50,11 @@ class Report:
             data fit iterated.
         what_if: `WhatIfResult` of the what-if replay (`PipelineTuner(
             what_if=True)`): the step time with input free, measured.
+        workers: `MultiWorkerSummary` of a multi-worker run: in the chief's
+            report, every worker's figures and the straggler. The fields above
+            are this worker's own measurements; the recommendations judge the
+            job, that is the straggler.
+        cpu: `CpuUsage` of the host over the training steps so far.
 
     Example:
 
@@ -69,6 +77,8 @@ class Report:
     profile: Optional[ProfileEvidence] = None
     findings: List[Finding] = dataclasses.field(default_factory=list)
     what_if: Optional[WhatIfResult] = None
+    workers: Optional[MultiWorkerSummary] = None
+    cpu: Optional[CpuUsage] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.
@@ -96,13 +106,20 @@ class Report:
             ValueError: if the text is not a report (names the field at fault).
         """
         try:
-            data = json.loads(text)
+            # `to_json` never writes NaN or Infinity.
+            data = json.loads(text, parse_constant=_reject_constant)
         except json.JSONDecodeError as error:
             raise ValueError(f"Not a report: invalid JSON ({error}).") from error
+        except RecursionError as error:
+            raise ValueError("Not a report: the JSON is nested too deeply.") from error
         if not isinstance(data, dict):
             raise ValueError("Not a report: the JSON is not an object.")
         data.pop("schema_version", None)
         return from_dict(cls, data, "report")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"Not a report: {name} is not a number a report holds.")
 
 
 def _encode(value):
@@ -154,7 +171,14 @@ def from_dict(cls, data: Any, where: str):
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for field in dataclasses.fields(cls):
-            if field.name in data:
+            required = (
+                field.init
+                and field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            )
+            if required and field.name not in data:
+                raise ValueError(f"Bad report: {where}.{field.name} is missing.")
+            if field.init and field.name in data:
                 kwargs[field.name] = from_dict(
                     hints[field.name], data[field.name], f"{where}.{field.name}"
                 )
@@ -162,7 +186,13 @@ def from_dict(cls, data: Any, where: str):
     if cls is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise ValueError(f"Bad report: {where} should be a number.")
-        return float(data)
+        try:
+            number = float(data)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ValueError(f"Bad report: {where} should be a finite number.")
+        return number
     if cls in (int, str, bool):
         if not isinstance(data, cls) or (cls is int and isinstance(data, bool)):
             raise ValueError(f"Bad report: {where} should be of type {cls.__name__}.")

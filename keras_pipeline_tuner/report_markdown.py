@@ -1,11 +1,13 @@
 """The report as markdown, for TensorBoard's Text tab.
 
 TensorBoard renders text summaries as markdown with tables and fenced code
-blocks, and shows any HTML in them as plain text; user-provided text (stage
-names, notes) is escaped so that an underscore in a function name does not
-turn the rest of a line into italics.
+blocks, and lets some HTML through (e.g. images that load a URL); user-provided
+text (stage names, notes, anything read back from a report file) is escaped so
+that it shows as typed: an underscore in a function name does not turn the rest
+of a line into italics, and `<img src=...>` is text, not an image.
 """
 
+import html
 import re
 from typing import List, Optional
 
@@ -48,6 +50,8 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
     if heading:
         lines[-1] += f" Report {escape(heading)}."
     lines += [""] + _timings_table(report)
+    if report.workers is not None:
+        lines += _workers(report.workers)
     bound = free_input_gain(report.train)
     if bound is not None and bound.statement:
         lines += ["", escape(bound.statement)]
@@ -65,7 +69,7 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
 
 
 def escape(text: str) -> str:
-    """Escapes markdown's special characters in plain text.
+    """Escapes markdown's special characters and HTML in plain text.
 
     Args:
         text: text that should show as typed.
@@ -78,7 +82,22 @@ def escape(text: str) -> str:
     >>> escape("map(load_image)")
     'map(load\\\\_image)'
     """
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+
+
+def _code_span(text: str) -> str:
+    # Delimited by more backticks than the text holds, so it cannot close early.
+    text = " ".join(text.splitlines())  # a table row is one line
+    ticks = "`" * (_longest_backtick_run(text) + 1)
+    return f"{ticks} {text} {ticks}" if len(ticks) > 1 else f"`{text}`"
+
+
+def _fence(code: str) -> str:
+    return "`" * max(3, _longest_backtick_run(code) + 1)
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def _timings_table(report: Report) -> List[str]:
@@ -108,13 +127,15 @@ def _recommendation(rank: int, recommendation: Recommendation) -> List[str]:
     lines = [
         f"#### {rank}. {escape(recommendation.title)}",
         "",
-        f"*{recommendation.severity}*, {escape(describe_gain(recommendation.expected_gain))}",
+        f"*{escape(recommendation.severity)}*, "
+        f"{escape(describe_gain(recommendation.expected_gain))}",
         "",
     ]
     if recommendation.reason:
         lines += [escape(recommendation.reason), ""]
     if recommendation.fix:
-        lines += ["```python", recommendation.fix, "```", ""]
+        fence = _fence(recommendation.fix)
+        lines += [f"{fence}python", recommendation.fix, fence, ""]
     gain = recommendation.expected_gain
     if gain is not None and gain.statement:
         lines += [f"Expected gain: {escape(gain.statement)}", ""]
@@ -132,7 +153,7 @@ def _profile(report: Report) -> List[str]:
     if profile.conclusion:
         lines += [escape(profile.conclusion), ""]
     if profile.bottleneck:
-        lines += [f"Bottleneck stage: `{profile.bottleneck}`", ""]
+        lines += [f"Bottleneck stage: {_code_span(profile.bottleneck)}", ""]
     if profile.iterators:
         lines += [
             "| stage | own time ms | share | elements |",
@@ -141,11 +162,30 @@ def _profile(report: Report) -> List[str]:
         for iterator in profile.iterators[:_PROFILE_ROWS]:
             waiting = " (waits)" if iterator.waiting else ""
             lines.append(
-                f"| `{iterator.stage}`{waiting} | {iterator.self_ms:.1f} | "
+                f"| {_code_span(iterator.stage)}{waiting} | {iterator.self_ms:.1f} | "
                 f"{iterator.self_share * 100:.0f} % | {iterator.calls} |"
             )
         lines.append("")
     lines.append("The full capture is in TensorBoard's Profile tab.")
+    return lines
+
+
+def _workers(view) -> List[str]:
+    from keras_pipeline_tuner.worker_reports import WORKER_COLUMNS
+    from keras_pipeline_tuner.worker_reports import worker_rows
+
+    if view.task != view.chief:
+        return ["", escape(f"This is {view.task}; the chief ({view.chief}) compares the workers.")]
+    lines = [
+        "",
+        "### Workers",
+        "",
+        "| " + " | ".join(WORKER_COLUMNS) + " |",
+        "| --- | --- |" + " ---: |" * (len(WORKER_COLUMNS) - 3) + " --- |",
+    ]
+    for row in worker_rows(view):
+        lines.append("| " + " | ".join(escape(cell) for cell in row) + " |")
+    lines += ["", "Means per step. " + escape(view.straggler_reason)]
     return lines
 
 

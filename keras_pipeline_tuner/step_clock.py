@@ -104,7 +104,7 @@ class StepClock:
     """
 
     def __init__(self, capacity: int = 10_000):
-        if not isinstance(capacity, int) or capacity < 1:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(
                 f"`buffer_steps` must be a positive integer, got {capacity!r}. "
                 "Pass e.g. buffer_steps=10000."

@@ -1,6 +1,9 @@
 """The short summary printed at the end of fit and by `keras-pipeline-tuner report`."""
 
-from typing import IO, Optional
+import dataclasses
+import enum
+import re
+from typing import IO, Any, Optional
 
 from rich.console import Console
 from rich.padding import Padding
@@ -21,6 +24,9 @@ _VERDICT_STYLE = {
     Verdict.UNKNOWN: "bold",
 }
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
+# Control characters other than tab and newline: escape sequences in a report
+# read from disk would restyle, retitle or clear the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def verdict_line(report: Report) -> str:
@@ -59,6 +65,7 @@ def print_summary(
     ```
     """
     console = Console(file=file, highlight=False, soft_wrap=True)
+    report = visible(report)
     console.print(
         Text.assemble(
             ("Input pipeline: ", "bold"),
@@ -96,15 +103,45 @@ def print_summary(
             f"First step {first.wall_ms:.0f} ms ({tracing}), "
             "reported apart. Medians shown; per-epoch figures in the report."
         )
+    if report.workers is not None:
+        _print_workers(report.workers, console)
     if report.profile is not None:
-        console.print(report.profile.summary())
+        # Text, not markup: stage names may hold brackets.
+        console.print(Text(report.profile.summary()))
     if details:
         _print_recommendations(report, console)
     else:
         for rank, recommendation in enumerate(report.recommendations[:3], 1):
             console.print(recommendation_line(rank, recommendation))
     for note in report.notes:
-        console.print(f"Note: {note}", style="dim")
+        console.print(Text(f"Note: {note}", style="dim"))
+
+
+def visible(value: Any) -> Any:
+    """A copy of `value` whose strings show control characters as escapes.
+
+    Args:
+        value: a `Report`, or any part of one.
+
+    Returns:
+        The same structure, with e.g. ESC shown as the four characters `\\x1b`.
+    """
+    if isinstance(value, enum.Enum):  # before str: Verdict is a str enum
+        return value
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode(), value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            field.name: visible(getattr(value, field.name))
+            for field in dataclasses.fields(value)
+            if field.init
+        }
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, list):
+        return [visible(item) for item in value]
+    if isinstance(value, dict):
+        return {visible(key): visible(item) for key, item in value.items()}
+    return value
 
 
 def _median(distribution: Distribution) -> str:
@@ -153,3 +190,21 @@ def _print_recommendations(report: Report, console: Console) -> None:
             # Text, not markup: stage names and reasons may hold brackets.
             body.add_row("evidence", Text(f"{item.source}: {item.detail}"))
         console.print(Padding(body, (0, 0, 1, 3)))
+
+
+def _print_workers(view, console: Console) -> None:
+    from keras_pipeline_tuner.worker_reports import WORKER_COLUMNS
+    from keras_pipeline_tuner.worker_reports import worker_rows
+
+    if view.task != view.chief:
+        console.print(f"This is {view.task}; the chief ({view.chief}) compares the workers.")
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for index, column in enumerate(WORKER_COLUMNS):
+        numeric = 2 <= index < len(WORKER_COLUMNS) - 1
+        table.add_column(column, justify="right" if numeric else "left")
+    for row in worker_rows(view):
+        table.add_row(*row)
+    console.print(table)
+    # Text, not markup: the reason quotes task names.
+    console.print(Text("Means per step. " + view.straggler_reason))

@@ -145,28 +145,43 @@ def test_compute_bound_step(timing, stacking):
     report = measure(COMPUTE_BOUND, timing, stacking)
     check_common(report, timing)
     # Ground truth: 2 ms per batch behind a prefetch, 30 ms of compute.
-    assert report.train.input_wait.median_ms < 3
+    assert report.train.input_wait.median_ms < 5
     assert COMPUTE_BOUND.compute_delay_s * 1e3 - 1 < report.train.compute.median_ms < 60
-    assert report.input_fraction < 0.1
+    assert report.input_fraction < 0.15
     assert report.verdict != kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
-@pytest.mark.parametrize("scenario", [SLOW_SOURCE, COMPUTE_BOUND], ids=lambda s: s.name)
-def test_custom_loop_and_fit_agree(scenario):
+AGREEMENT_CASES = {
+    # Highly input-bound: a slow Python source, no prefetch.
+    "slow source": (lambda: SLOW_SOURCE.dataset(), 0.0),
+    # Not input-bound: cached batches behind a prefetch, 40 ms of compute.
+    "compute-bound": (lambda: cached_source(STEPS * BATCH).batch(BATCH).prefetch(2), 0.040),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AGREEMENT_CASES))
+def test_custom_loop_and_fit_agree(case):
+    dataset_fn, compute_delay_s = AGREEMENT_CASES[case]
     gc.disable()
     try:
         fit_tuner = kpt.PipelineTuner(verbose=0, profile="off")
-        tiny_model(scenario.compute_delay_s).fit(
-            scenario.dataset(), epochs=1, callbacks=[fit_tuner], verbose=0
-        )
+        tiny_model(compute_delay_s).fit(dataset_fn(), epochs=1, callbacks=[fit_tuner], verbose=0)
+        loop_tuner = kpt.PipelineTuner(verbose=0, profile="off")
+        step = loop_tuner.instrument(tf.function(train_step_for(tiny_model(compute_delay_s))))
+        for x, y in loop_tuner.iterate(dataset_fn()):
+            step(x, y)
     finally:
         gc.enable()
-    fit_report = fit_tuner.report
-    loop_report = measure(scenario, "decorator+iterator", TF_FUNCTION_INSIDE)
+    fit_report, loop_report = fit_tuner.report, loop_tuner.close()
     assert fit_report.measurement == "in-step"
-    assert loop_report.verdict == fit_report.verdict
+    assert loop_report.measurement == "decorator+iterator"
+    expected = {
+        "slow source": kpt.Verdict.HIGHLY_INPUT_BOUND,
+        "compute-bound": kpt.Verdict.NOT_INPUT_BOUND,
+    }[case]
+    assert loop_report.verdict == fit_report.verdict == expected
     assert abs(loop_report.input_fraction - fit_report.input_fraction) < 0.15
-    assert loop_report.train.steps == fit_report.train.steps
+    assert loop_report.train.steps == fit_report.train.steps == STEPS - 1
     assert abs(loop_report.train.compute.median_ms - fit_report.train.compute.median_ms) < 10
 
 
@@ -546,6 +561,27 @@ def test_context_manager_closes_and_writes_even_when_the_loop_fails(tmp_path):
     assert saved.train.steps == 2
 
 
+def test_report_is_written_at_exit_when_the_loop_never_closes(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import tensorflow as tf
+        import keras_pipeline_tuner as kpt
+
+        tuner = kpt.PipelineTuner(log_dir={str(tmp_path)!r}, verbose=0, profile="off")
+        step = tuner.instrument(tf.function(lambda x: x * 2.0))
+        for value in range(5):
+            step(tf.constant(float(value)))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = kpt.Report.from_json((tmp_path / "report.json").read_text())
+    assert saved.train.steps == 4
+    assert saved.measurement == "decorator"
+
+
 def test_steps_after_close_are_not_measured(caplog):
     tuner = kpt.PipelineTuner(verbose=0, profile="off")
     step = tuner.instrument(lambda x: x + 1)
@@ -590,6 +626,29 @@ def test_step_given_an_iterator_is_measured_as_whole_steps():
     assert report.input_fraction is None
     assert report.verdict == kpt.Verdict.UNKNOWN
     assert report.train.step.median_ms > 20
+    assert any("fetches its batches itself" in note for note in report.notes)
+
+
+def test_step_iterating_inside_its_graph_is_measured_as_whole_steps():
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+    dataset = SLOW_SOURCE.dataset(3)
+
+    @tuner.instrument
+    @tf.function
+    def train_epoch():
+        total = tf.constant(0.0)
+        for x, y in dataset:
+            total += tf.reduce_sum(x)
+        return total
+
+    totals = [float(train_epoch()) for _ in range(3)]
+    report = tuner.close()
+    assert totals[0] == totals[1] == totals[2] > 0
+    assert report.measurement == "whole-step"
+    assert report.verdict == kpt.Verdict.UNKNOWN
+    assert report.train.steps == 2
+    # Each call is one pass: 3 batches of 30 ms.
+    assert report.train.step.median_ms > 60
     assert any("fetches its batches itself" in note for note in report.notes)
 
 

@@ -58,3 +58,31 @@ def test_tune_pipeline_example_keeps_the_elements(tmp_path):
     assert "map(parse, num_parallel_calls=AUTOTUNE)" in result.stdout
     assert "Same elements in the same order: True" in result.stdout
     assert re.search(r"^Speed-up: \d+\.\d\dx per pass", result.stdout, re.MULTILINE)
+
+
+def test_data_service_example_trains_on_a_local_service(tmp_path):
+    import private_network
+    from keras_pipeline_tuner.report import Report
+
+    # A dispatcher and two workers in the example's process; they listen on every
+    # interface, so the example runs where loopback is the only one.
+    private_network.require()
+    env = dict(os.environ, KPT_EXAMPLE_QUICK="1", TF_CPP_MIN_LOG_LEVEL="2")
+    result = private_network.run_isolated(
+        [sys.executable, str(EXAMPLES / "data_service.py")], timeout=300, cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Dispatcher at grpc://localhost:" in result.stdout
+    report = Report.from_json(
+        (tmp_path / "logs" / "data_service" / "service" / "report.json").read_text()
+    )
+    # Training on the service's batches completed, every step timed inside it.
+    assert report.train.steps > 0 and "train" in report.first_steps
+    assert report.measurement == "in-step" and report.input_fraction is not None
+    # The report names the service read as written, without tf.data's own
+    # uncompressing map.
+    stages = {finding.id: finding.stage for finding in report.findings}
+    assert stages["data-service"].startswith("distribute(processing_mode='distributed_epoch'")
+    assert "job_name='train'" in stages["data-service"]
+    inspected = re.search(r"^The pipeline as the tuner reads it: (.+)$", result.stdout, re.M)
+    assert inspected.group(1).startswith("distribute(") and "uncompress" not in inspected.group(1)

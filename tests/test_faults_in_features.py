@@ -12,7 +12,6 @@ import logging
 import os
 
 import keras
-import numpy as np
 import pytest
 
 import keras_pipeline_tuner as kpt
@@ -25,56 +24,21 @@ from keras_pipeline_tuner import tensorboard_sink
 from keras_pipeline_tuner import terminal_summary
 from keras_pipeline_tuner import timeline_image
 from keras_pipeline_tuner import what_if_replay
+from keras_pipeline_tuner.cpu_usage import CpuMeter
 from keras_pipeline_tuner.step_clock import StepClock
-from tests.training_data import cached_source
-from tests.training_data import tiny_model
+from tests.fault_injection import EPOCHS
+from tests.fault_injection import STEPS_PER_EPOCH
+from tests.fault_injection import assert_training_intact
+from tests.fault_injection import raise_injected
+from tests.fault_injection import train
+from tests.fault_injection import tuner_warnings
 
-EPOCHS = 2
-STEPS_PER_EPOCH = 12
 PROFILE = (2, 6)
-
-
-class InjectedFault(RuntimeError):
-    """The fault a test makes one of the tuner's collaborators raise."""
-
-
-def _raise(*args, **kwargs):
-    raise InjectedFault("injected for the test")
-
-
-def train(callbacks=(), seed=3):
-    """Trains a tiny model on a fixed pipeline; returns history and weights."""
-    keras.utils.set_random_seed(seed)
-    model = tiny_model()
-    history = model.fit(
-        cached_source(4 * STEPS_PER_EPOCH).batch(4),
-        validation_data=cached_source(8).batch(4),
-        epochs=EPOCHS,
-        callbacks=list(callbacks),
-        verbose=0,
-    )
-    return history.history, model.get_weights()
 
 
 @pytest.fixture(scope="module")
 def plain_run():
     return train()
-
-
-def assert_training_intact(run, plain_run):
-    history, weights = run
-    plain_history, plain_weights = plain_run
-    assert history == plain_history
-    for plain, tuned in zip(plain_weights, weights):
-        np.testing.assert_array_equal(plain, tuned)
-
-
-def tuner_warnings(caplog):
-    return [
-        record.getMessage()
-        for record in caplog.records
-        if record.name == "keras_pipeline_tuner" and record.levelno >= logging.WARNING
-    ]
 
 
 # Feature name in the warning: what to break (module or class, attribute).
@@ -91,6 +55,7 @@ FAULTS = {
     tensorboard_sink.SCALARS: (tensorboard_sink.TensorBoardSink, "_write_scalar_rows"),
     tensorboard_sink.TEXT: (report_markdown, "render_markdown"),
     tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
+    pipeline_tuner.CPU_USAGE: (CpuMeter, "usage"),
 }
 
 
@@ -101,10 +66,12 @@ def make_tuner(log_dir):
 def test_every_feature_failing_at_once_leaves_training_intact(
     tmp_path, monkeypatch, caplog, capsys, plain_run
 ):
-    for owner, attribute in FAULTS.values():
-        monkeypatch.setattr(owner, attribute, _raise)
-    monkeypatch.setattr(profile_evidence, "analyze_capture", _raise)
     tuner = make_tuner(tmp_path)
+    # Broken once the tuner exists: the faults happen during fit.
+    for owner, attribute in FAULTS.values():
+        monkeypatch.setattr(owner, attribute, raise_injected)
+    monkeypatch.setattr(profile_evidence, "analyze_capture", raise_injected)
+    monkeypatch.setattr(CpuMeter, "restart", raise_injected)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])
     assert_training_intact(run, plain_run)
@@ -128,6 +95,8 @@ def test_every_feature_failing_at_once_leaves_training_intact(
 SINGLE_FAULTS = [(feature, *broken) for feature, broken in FAULTS.items()] + [
     # On every step, from the first one.
     (pipeline_tuner.STEP_CLOCK, StepClock, "record"),
+    # At the start of fit.
+    (pipeline_tuner.CPU_USAGE, CpuMeter, "restart"),
 ]
 
 
@@ -139,8 +108,8 @@ SINGLE_FAULTS = [(feature, *broken) for feature, broken in FAULTS.items()] + [
 def test_one_feature_failing_leaves_the_rest_working(
     feature, owner, attribute, tmp_path, monkeypatch, caplog, plain_run
 ):
-    monkeypatch.setattr(owner, attribute, _raise)
     tuner = make_tuner(tmp_path)
+    monkeypatch.setattr(owner, attribute, raise_injected)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])
     assert_training_intact(run, plain_run)
@@ -218,7 +187,7 @@ def test_a_capture_deleted_before_conversion(tmp_path, caplog, plain_run):
 
 def test_report_building_failing_leaves_training_intact(tmp_path, monkeypatch, caplog, plain_run):
     # The report is built from the clock's statistics at every epoch end.
-    monkeypatch.setattr(StepClock, "stats", _raise)
+    monkeypatch.setattr(StepClock, "stats", raise_injected)
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=1, profile="off")
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])

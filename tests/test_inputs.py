@@ -120,3 +120,83 @@ def test_zero_length_dataset_is_stated_not_raised():
     assert report.verdict is kpt.Verdict.UNKNOWN
     assert any("No training step was measured" in note for note in report.notes)
     kpt.Report.from_json(report.to_json())
+
+
+# Pipelines with ops the lint has no rule for, built as users build them.
+def _ignore_errors():
+    x = X.copy()
+    x[::5] = np.inf  # every fifth element fails check_numerics and is dropped
+    checked = tf.data.Dataset.from_tensor_slices((x, Y)).map(
+        lambda x, y: (tf.debugging.check_numerics(x, "bad record"), y)
+    )
+    return checked.ignore_errors().batch(4)
+
+
+def _choose_from_datasets():
+    plain = tf.data.Dataset.from_tensor_slices((X, Y)).batch(4)
+    doubled = tf.data.Dataset.from_tensor_slices((X * 2, Y)).batch(4)
+    choice = tf.data.Dataset.range(2).repeat(4)
+    return tf.data.Dataset.choose_from_datasets([plain, doubled], choice)
+
+
+def _snapshot(tmp_path):
+    return tf.data.Dataset.from_tensor_slices((X, Y)).batch(4).snapshot(str(tmp_path / "snap"))
+
+
+def _raw_ops_stage():
+    # A stage made with tf.raw_ops, which no tf.data method builds.
+    batched = tf.data.Dataset.from_tensor_slices((X, Y)).batch(4)
+    variant = tf.raw_ops.SleepDataset(
+        input_dataset=batched._variant_tensor,  # pylint: disable=protected-access
+        sleep_microseconds=tf.constant(100, tf.int64),
+        output_types=[tf.float32, tf.float32],
+        output_shapes=[[None, 8], [None, 1]],
+    )
+    return tf.data.experimental.from_variant(variant, batched.element_spec)
+
+
+def _py_function_source_of_unknown_shape():
+    def load(index):
+        return np.full(8, float(index.numpy()), np.float32), np.ones(1, np.float32)
+
+    indices = tf.data.Dataset.range(32)
+    return indices.map(lambda i: tf.py_function(load, [i], [tf.float32, tf.float32])).batch(4)
+
+
+class EnsuresShapes(RaggedSum):
+    """The Dense model above; its train_step gives the batches the shapes the pipeline does not."""
+
+    def train_step(self, data):
+        x, y = data
+        shaped = (tf.ensure_shape(x, (None, 8)), tf.ensure_shape(y, (None, 1)))
+        return keras.Model.train_step(self, shaped)  # Keras' own, not RaggedSum's
+
+
+@pytest.mark.parametrize(
+    "make, steps",
+    [
+        (lambda tmp_path: _ignore_errors(), 13),
+        (lambda tmp_path: _choose_from_datasets(), 15),
+        (_snapshot, 15),
+        (lambda tmp_path: _raw_ops_stage(), 15),
+        (lambda tmp_path: _py_function_source_of_unknown_shape(), 15),
+    ],
+    ids=["ignore_errors", "choose_from_datasets", "snapshot", "raw_ops", "py_function-shape"],
+)
+def test_pipelines_with_ops_the_lint_does_not_know(make, steps, tmp_path, caplog):
+    dataset = make(tmp_path)
+    kpt.inspect(dataset)
+    model = EnsuresShapes()
+    model.compile("sgd", "mse")
+    tuner = kpt.PipelineTuner(log_dir=tmp_path / "logs", verbose=0, profile=(1, 4))
+    with caplog.at_level("WARNING", logger="keras_pipeline_tuner"):
+        history = model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert not [r for r in caplog.records if r.name == "keras_pipeline_tuner"], caplog.text
+    report = tuner.report
+    assert report.measurement == "in-step"
+    assert report.train.steps == steps
+    assert report.input_fraction is not None
+    assert report.profile is not None and report.profile.steps, report.notes
+    stored = kpt.Report.from_json((tmp_path / "logs" / "report.json").read_text())
+    assert stored.train.steps == steps

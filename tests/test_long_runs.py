@@ -6,8 +6,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner import tensorboard_sink
+from tests.fault_injection import run_script
 from tests.training_data import tiny_model
 
 
@@ -62,3 +65,48 @@ def test_report_file_is_written_when_a_step_fails(tmp_path):
         tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     stored = json.loads((tmp_path / "report.json").read_text())
     assert stored["train"]["steps"] == 3
+
+
+def test_a_killed_process_keeps_the_summaries_of_the_last_seconds(tmp_path):
+    """SIGKILL mid-epoch (no Python cleanup at all): what is on disk is what counts."""
+    script = """
+        import signal, time
+        import keras
+        import keras_pipeline_tuner as kpt
+        from keras_pipeline_tuner import pipeline_tuner
+        from tests.training_data import cached_source, tiny_model
+
+        # Checkpoints every 0.2 s instead of every few seconds, to keep the test short.
+        pipeline_tuner.CHECKPOINT_S = 0.2
+
+        class SlowThenKill(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self.epoch = epoch
+
+            def on_train_batch_end(self, batch, logs=None):
+                if self.epoch == 3:
+                    time.sleep(0.025)  # the loop's own work: wall time passes
+                    if batch == 30:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+        tuner = kpt.PipelineTuner(log_dir=sys.argv[1], verbose=0, profile="off")
+        tiny_model().fit(
+            cached_source(160).batch(4), epochs=5, callbacks=[tuner, SlowThenKill()], verbose=0
+        )
+        """
+    done = run_script(script, tmp_path)
+    assert done.returncode == -9, done.stderr[-3000:]
+    keep_all = {event_accumulator.TENSORS: 0}
+    events = event_accumulator.EventAccumulator(
+        str(tmp_path / tensorboard_sink.RUN), size_guidance=keep_all
+    )
+    events.Reload()
+    steps = {event.step for event in events.Tensors(tensorboard_sink.SCALAR_TAGS[0])}
+    # Every step of the three epochs done (the first step of the run reported apart).
+    assert set(range(1, 3 * 40)) <= steps
+    # And of the killed epoch, all but the last few tenths of a second (~0.03 s a step).
+    killed_at = 3 * 40 + 30
+    assert max(steps) >= killed_at - 20, max(steps)
+    stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
+    assert [e.epoch for e in stored.epochs if e.kind == "train"] == [0, 1, 2]
+    assert stored.train.steps >= killed_at - 20

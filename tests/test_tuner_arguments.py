@@ -43,3 +43,85 @@ def test_buffer_steps():
 def test_valid_arguments():
     tuner = kpt.PipelineTuner(log_dir=None, verbose=0, profile=(2, 6), buffer_steps=100)
     assert tuner.profile == (2, 6)
+
+
+def test_log_dir_under_a_file(tmp_path):
+    path = tmp_path / "file.txt"
+    path.write_text("x")
+    with pytest.raises(ValueError, match=r"log_dir.*is under .*file\.txt.*which is a file.*e\.g\."):
+        kpt.PipelineTuner(log_dir=path / "run1" / "logs")
+
+
+def test_log_dir_that_is_empty():
+    with pytest.raises(ValueError, match="log_dir.*empty.*e.g. log_dir="):
+        kpt.PipelineTuner(log_dir="")
+
+
+def test_log_dir_not_created_yet_is_fine(tmp_path):
+    tuner = kpt.PipelineTuner(log_dir=tmp_path / "not" / "yet")
+    assert tuner.log_dir == str(tmp_path / "not" / "yet")
+    assert not (tmp_path / "not").exists()
+
+
+# Every constructor argument: a bad value names the argument and says what to pass.
+@pytest.mark.parametrize(
+    "kwargs, error, fix",
+    [
+        ({"log_dir": 3}, TypeError, "log_dir='logs/run1'"),
+        ({"log_dir": b"logs"}, TypeError, "log_dir='logs/run1'"),
+        ({"verbose": 3}, ValueError, "verbose=0"),
+        ({"profile": (5, 2)}, ValueError, "e.g. (10, 30)"),
+        ({"profile": "on"}, ValueError, "'auto', 'off'"),
+        ({"buffer_steps": 0}, ValueError, "buffer_steps=10000"),
+        ({"buffer_steps": True}, ValueError, "buffer_steps=10000"),
+        ({"buffer_steps": 2.5}, ValueError, "buffer_steps=10000"),
+        ({"buffer_steps": "100"}, ValueError, "buffer_steps=10000"),
+        ({"profile_steps": 0}, ValueError, "profile_steps=15"),
+        ({"profile_steps": -5}, ValueError, "profile_steps=15"),
+        ({"profile_steps": True}, ValueError, "profile_steps=15"),
+        ({"profile_steps": 7.5}, ValueError, "profile_steps=15"),
+        ({"profile": (2, 8), "profile_steps": 5}, ValueError, "Drop `profile_steps`"),
+        ({"what_if": 0}, ValueError, "what_if=True"),
+        ({"what_if": -3}, ValueError, "what_if=True"),
+        ({"what_if": 2.5}, ValueError, "what_if=True"),
+        ({"what_if": "yes"}, ValueError, "what_if=True"),
+        ({"what_if": None}, ValueError, "what_if=True"),
+        ({"tensorboard_workers": "some"}, ValueError, "'chief'"),
+        ({"tensorboard_workers": None}, ValueError, "'all'"),
+        ({"worker_timeout_s": -1}, ValueError, "worker_timeout_s=30"),
+        ({"worker_timeout_s": float("nan")}, ValueError, "worker_timeout_s=30"),
+        ({"worker_timeout_s": True}, ValueError, "worker_timeout_s=30"),
+        ({"worker_timeout_s": "30"}, ValueError, "worker_timeout_s=30"),
+    ],
+    ids=lambda value: repr(value)[:40],
+)
+def test_every_argument_names_itself_and_the_fix(kwargs, error, fix):
+    with pytest.raises(error) as raised:
+        kpt.PipelineTuner(**kwargs)
+    message = str(raised.value)
+    assert any(f"`{name}`" in message for name in kwargs), message
+    assert fix in message
+
+
+@pytest.mark.parametrize("option", ["profil", "logdir", "profile_step", "whatif"])
+def test_unknown_options_are_refused_by_name(option):
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
+        kpt.PipelineTuner(**{option: 1})
+
+
+def test_every_argument_of_the_constructor_is_covered():
+    import inspect
+
+    parameters = set(inspect.signature(kpt.PipelineTuner.__init__).parameters) - {"self"}
+    checked = {
+        "log_dir",
+        "verbose",
+        "profile",
+        "buffer_steps",
+        "profile_steps",
+        "what_if",
+        "tensorboard_workers",
+        "worker_timeout_s",
+    }
+    # A new argument needs its bad values in the table above.
+    assert parameters == checked

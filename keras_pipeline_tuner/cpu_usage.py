@@ -1,0 +1,168 @@
+"""How busy the CPUs were while training ran.
+
+A pipeline that waits for input although its stages already run in parallel
+needs more CPUs, not more threads: whether the CPUs were saturated decides
+between the two. Two figures are measured over the run, both without extra
+dependencies and at the cost of reading a few counters at its start and end:
+
+- the process: its user and system CPU time (`os.times()`, all its threads,
+  tf.data's included) over the wall time, in cores;
+- the host: the share of time the CPUs this process may run on were busy, from
+  the kernel's counters in `/proc/stat` (Linux; every process counts, so other
+  jobs on the host show too). Elsewhere only the process figure exists.
+
+A container's CPU quota (cgroups) is not read: on a host where the quota is
+below the CPUs the process may run on, both figures understate how saturated
+the quota is.
+"""
+
+import dataclasses
+import os
+import time
+from typing import Dict, Optional, Tuple
+
+_PROC_STAT = "/proc/stat"
+# Fields of a /proc/stat cpu line that are idle time: idle and iowait.
+_IDLE_FIELDS = (3, 4)
+# Busy share from which the CPUs count as saturated.
+BUSY_FRACTION = 0.8
+
+
+@dataclasses.dataclass
+class CpuUsage:
+    """CPU use over a span of training.
+
+    Attributes:
+        wall_s: the span's wall time in seconds.
+        cpu_count: the CPUs this process may run on.
+        process_cores: CPU time this process used over the wall time: the
+            average number of cores it kept busy (all its threads).
+        host_busy: share of the time those CPUs were busy, counting every
+            process on the host; `None` where the kernel's counters cannot be
+            read (not Linux).
+
+    Example:
+
+    >>> CpuUsage(wall_s=10.0, cpu_count=2, process_cores=1.9).busy
+    0.95
+    """
+
+    wall_s: float
+    cpu_count: int
+    process_cores: float
+    host_busy: Optional[float] = None
+
+    @property
+    def busy(self) -> float:
+        """The share of the CPUs that was busy: the host's, else this process's."""
+        if self.host_busy is not None:
+            return self.host_busy
+        return min(self.process_cores / max(self.cpu_count, 1), 1.0)
+
+    @property
+    def saturated(self) -> bool:
+        """Whether the CPUs were busy at least `BUSY_FRACTION` of the time."""
+        return self.busy >= BUSY_FRACTION
+
+    def describe(self) -> str:
+        """The figures in one sentence, e.g. for a recommendation's evidence."""
+        text = (
+            f"this process kept {self.process_cores:.1f} of the {self.cpu_count} CPU "
+            f"cores busy on average over {self.wall_s:.1f} s"
+        )
+        if self.host_busy is not None:
+            text += f"; those cores were {self.host_busy * 100:.0f} % busy (all processes)"
+        return text
+
+
+class CpuMeter:
+    """Measures `CpuUsage` from a starting point to now.
+
+    Example:
+
+    ```python
+    meter = CpuMeter()
+    ...                           # training
+    meter.stop()
+    usage = meter.usage()         # from the start (or restart) to the stop
+    ```
+    """
+
+    def __init__(self):
+        self._cpus = _allowed_cpus()
+        self.restart()
+
+    def restart(self) -> None:
+        """Starts measuring from now."""
+        self._started = time.monotonic()
+        self._process_s = _process_cpu_s()
+        self._host = _host_counters(self._cpus)
+        self._stopped: Optional[CpuUsage] = None
+
+    def stop(self) -> None:
+        """Ends the span: `usage()` returns the usage up to now from then on."""
+        self._stopped = self.usage()
+
+    def usage(self) -> Optional[CpuUsage]:
+        """The usage from the start to now, or to the stop.
+
+        Returns:
+            The `CpuUsage`, or `None` before any time has passed.
+        """
+        if self._stopped is not None:
+            return self._stopped
+        wall = time.monotonic() - self._started
+        if wall <= 0:
+            return None
+        host_busy = None
+        host = _host_counters(self._cpus)
+        if host is not None and self._host is not None:
+            busy = host[0] - self._host[0]
+            total = host[1] - self._host[1]
+            if total > 0:
+                host_busy = min(max(busy / total, 0.0), 1.0)
+        return CpuUsage(
+            wall_s=wall,
+            cpu_count=len(self._cpus) or (os.cpu_count() or 1),
+            process_cores=max(_process_cpu_s() - self._process_s, 0.0) / wall,
+            host_busy=host_busy,
+        )
+
+
+def _allowed_cpus() -> Tuple[int, ...]:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return tuple(range(os.cpu_count() or 1))
+
+
+def _process_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _host_counters(cpus: Tuple[int, ...]) -> Optional[Tuple[int, int]]:
+    """Busy and total clock ticks of `cpus` since boot, from /proc/stat."""
+    try:
+        with open(_PROC_STAT, encoding="ascii") as file:
+            lines = file.readlines()
+    except OSError:
+        return None
+    per_cpu: Dict[int, Tuple[int, int]] = {}
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        try:
+            ticks = [int(value) for value in rest.split()]
+            index = int(name[3:])
+        except ValueError:
+            continue
+        # guest time is already counted in user time.
+        total = sum(ticks[:8])
+        idle = sum(ticks[field] for field in _IDLE_FIELDS if field < len(ticks))
+        per_cpu[index] = (total - idle, total)
+    chosen = [per_cpu[cpu] for cpu in cpus if cpu in per_cpu]
+    if not chosen:
+        return None
+    return sum(busy for busy, _ in chosen), sum(total for _, total in chosen)
