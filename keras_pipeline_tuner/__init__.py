@@ -12,6 +12,7 @@ print(tuner.report.verdict)
 """
 
 from keras_pipeline_tuner.advisor import Recommendation
+from keras_pipeline_tuner.cpu_usage import CpuUsage
 from keras_pipeline_tuner.profile_evidence import ProfileEvidence
 from keras_pipeline_tuner.report import Report
 from keras_pipeline_tuner.step_clock import EpochBreakdown
@@ -20,6 +21,8 @@ from keras_pipeline_tuner.step_clock import StepClock
 from keras_pipeline_tuner.step_stats import Distribution
 from keras_pipeline_tuner.step_stats import StepStats
 from keras_pipeline_tuner.step_stats import Verdict
+from keras_pipeline_tuner.worker_reports import MultiWorkerSummary
+from keras_pipeline_tuner.worker_reports import WorkerSummary
 
 __version__ = "0.1.0"
 
@@ -62,11 +65,13 @@ def __getattr__(name):
 
 
 __all__ = [
+    "CpuUsage",
     "Distribution",
     "EpochBreakdown",
     "Finding",
     "Findings",
     "FirstStep",
+    "MultiWorkerSummary",
     "PipelineTuner",
     "ProfileEvidence",
     "Recommendation",
@@ -74,6 +79,7 @@ __all__ = [
     "StepClock",
     "StepStats",
     "Verdict",
+    "WorkerSummary",
     "inspect",
     "instrument",
     *_MEASUREMENT_NAMES,

@@ -10,10 +10,8 @@ in it. This module shows that read as the `distribute(...)` stage the user
 wrote, and says what the inspection can and cannot see.
 """
 
-from typing import Iterable, List
+from typing import List
 
-from keras_pipeline_tuner.findings import Finding
-from keras_pipeline_tuner.findings import Severity
 from keras_pipeline_tuner.pipeline_graph import Pipeline
 from keras_pipeline_tuner.pipeline_graph import Stage
 
@@ -75,37 +73,23 @@ def service_stages(pipeline: Pipeline) -> List[Stage]:
     return [stage for stage in pipeline.stages if stage.kind == KIND]
 
 
-def service_findings(pipeline: Pipeline) -> Iterable[Finding]:
-    """An "info" finding for each read from the tf.data service.
+def service_reason(stage: Stage) -> str:
+    """Why a read from the tf.data service matters, for the "data-service" finding."""
+    return (
+        f"{stage.label} reads its elements from the tf.data service: the "
+        "transformations before distribute() run on the service's workers, not "
+        "in this process, so this inspection sees only what comes after it. The "
+        "input wait measured here is the wait for the service's elements; when it "
+        "is high, the service needs more workers (or workers with idle CPUs), "
+        f"not a change here. Guide: {GUIDE_URL}"
+    )
 
-    Args:
-        pipeline: the `Pipeline`, as `pipeline_graph.read_pipeline` reads it.
 
-    Yields:
-        `Finding`s with id "data-service".
-    """
-    for stage in service_stages(pipeline):
-        yield Finding(
-            id=FINDING_ID,
-            severity=Severity.INFO,
-            stage=stage.label,
-            node=stage.node,
-            op=stage.op,
-            function=None,
-            reason=(
-                f"{stage.label} reads its elements from the tf.data service: the "
-                "transformations before distribute() run on the service's workers, not "
-                "in this process, so this inspection sees only what comes after it. The "
-                "input wait measured here is the wait for the service's elements; when it "
-                "is high, the service needs more workers (or workers with idle CPUs), "
-                f"not a change here. Guide: {GUIDE_URL}"
-            ),
-            fix=(
-                "Inspect the pipeline the service runs where you build it, before "
-                "distributing it:\nprint(kpt.inspect(ds))\n"
-                "ds = ds.apply(tf.data.experimental.service.distribute(...))"
-            ),
-        )
+SERVICE_FIX = (
+    "Inspect the pipeline the service runs where you build it, before "
+    "distributing it:\nprint(kpt.inspect(ds))\n"
+    "ds = ds.apply(tf.data.experimental.service.distribute(...))"
+)
 
 
 def _service_params(params):

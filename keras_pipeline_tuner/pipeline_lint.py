@@ -642,6 +642,17 @@ def _autotune_disabled(pipeline: Pipeline) -> Iterable[Finding]:
     )
 
 
+def _data_service(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in data_service.service_stages(pipeline):
+        yield _finding(
+            data_service.FINDING_ID,
+            Severity.INFO,
+            stage,
+            data_service.service_reason(stage),
+            data_service.SERVICE_FIX,
+        )
+
+
 _RULES: List[Callable[[Pipeline], Iterable[Finding]]] = [
     _cache_after_random,
     _cache_after_shuffle,
@@ -656,7 +667,7 @@ _RULES: List[Callable[[Pipeline], Iterable[Finding]]] = [
     _fixed_parallelism,
     _autotune_disabled,
     _missing_prefetch,
-    data_service.service_findings,
+    _data_service,
 ]
 
 

@@ -1,7 +1,6 @@
 """`PipelineTuner`: the Keras callback that measures input wait on every step."""
 
 import atexit
-import contextlib
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from keras_pipeline_tuner.cpu_usage import CpuMeter
 from keras_pipeline_tuner.custom_loop import LoopTimer
 from keras_pipeline_tuner.custom_loop import TimedIterator
 from keras_pipeline_tuner.feature_guard import FeatureGuard
+from keras_pipeline_tuner.log_files import write_atomically
 from keras_pipeline_tuner.profiler_window import EPOCH_ENDED
 from keras_pipeline_tuner.profiler_window import FIT_ENDED
 from keras_pipeline_tuner.profiler_window import ProfilerWindow
@@ -682,19 +682,7 @@ def write_report(report: Report, log_dir: str) -> str:
     Returns:
         The path written.
     """
-    os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, REPORT_FILENAME)
-    partial = path + ".partial"
-    try:
-        with open(partial, "w", encoding="utf-8") as file:
-            file.write(report.to_json())
-        os.replace(partial, path)
-    except BaseException:
-        # A full disk must not be filled further by a half-written file.
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
-    return path
+    return write_atomically(log_dir, REPORT_FILENAME, report.to_json())
 
 
 def _checked_log_dir(log_dir) -> Optional[str]:

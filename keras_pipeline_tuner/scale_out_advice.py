@@ -19,6 +19,7 @@ rules do not use:
 import dataclasses
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
+from keras_pipeline_tuner.advisor import _PARALLELISING
 from keras_pipeline_tuner.advisor import ESTIMATED
 from keras_pipeline_tuner.advisor import LINT
 from keras_pipeline_tuner.advisor import Evidence
@@ -27,8 +28,10 @@ from keras_pipeline_tuner.advisor import Recommendation
 from keras_pipeline_tuner.advisor import free_input_gain
 from keras_pipeline_tuner.data_service import GUIDE_URL
 from keras_pipeline_tuner.data_service import service_stages
+from keras_pipeline_tuner.pipeline_graph import READER_KINDS
 from keras_pipeline_tuner.step_stats import StepStats
 from keras_pipeline_tuner.step_stats import Verdict
+from keras_pipeline_tuner.worker_reports import task_folder
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.cpu_usage import CpuUsage
@@ -42,21 +45,11 @@ STRAGGLER = "input-straggler"
 OFFLOAD = "data-service-offload"
 
 _INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
-# Stage kinds that run a function or read files: the work parallelism spreads.
+# Stage kinds that run a function: the work parallelism spreads.
 _WORK_KINDS = ("map", "map_and_batch", "interleave", "filter")
-_READER_KINDS = ("TFRecordDataset", "TextLineDataset", "FixedLengthRecordDataset")
-# Findings that say a stage could still run on more threads.
-_STILL_SEQUENTIAL = frozenset(
-    {
-        "sequential-map",
-        "sequential-interleave",
-        "sequential-file-read",
-        "fixed-parallelism",
-        "py-function-in-map",
-        "py-dataset-workers",
-        "python-generator",
-    }
-)
+# Findings that say a stage could still run on more threads: those whose fix
+# parallelises, and a Python generator.
+_STILL_SEQUENTIAL = _PARALLELISING | {"python-generator"}
 OFFLOAD_FIX = (
     "# On each host with idle CPUs, a service worker (and one dispatcher somewhere):\n"
     "#   tf.data.experimental.service.WorkerServer(\n"
@@ -131,6 +124,8 @@ def straggler_recommendation(
         fix=(
             f"# What differs on {straggler.task}{host} from the other workers?\n"
             "# Its shard of the data, its storage, other jobs on its CPUs.\n"
+            "# Its own report, with its profiler window if one was captured:\n"
+            f"#   keras-pipeline-tuner report LOG_DIR/workers/{task_folder(straggler.task)}\n"
             "# The pipeline's recommendations below apply to every worker."
         ),
         expected_gain=free_input_gain(straggler.train),
@@ -223,7 +218,7 @@ def _parallel_work(pipeline: "Pipeline", cpu_count: int) -> List:
         function = stage.function
         if stage.kind == "from_generator" or (function is not None and function.py_function_ops):
             return []
-        reads_files = stage.kind in _READER_KINDS and (stage.files or 0) > 1
+        reads_files = stage.kind in READER_KINDS and (stage.files or 0) > 1
         if not reads_files and (
             stage.kind not in _WORK_KINDS or function is None or function.trivial
         ):

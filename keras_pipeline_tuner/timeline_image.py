@@ -14,7 +14,7 @@ pyplot, so no global figure state is touched and no display is needed.
 
 import dataclasses
 import io
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 

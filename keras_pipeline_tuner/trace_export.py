@@ -6,13 +6,12 @@ run's pattern (which steps wait, how long epochs take to start) can be zoomed
 into step by step. The file uses the Trace Event Format's JSON object form.
 """
 
-import contextlib
 import json
-import os
 from typing import Any, Dict, List
 
 import numpy as np
 
+from keras_pipeline_tuner.log_files import write_atomically
 from keras_pipeline_tuner.step_clock import TRAIN
 from keras_pipeline_tuner.step_clock import VALIDATION
 from keras_pipeline_tuner.step_clock import StepClock
@@ -70,19 +69,8 @@ def write_trace(clock: StepClock, log_dir: str) -> str:
     Returns:
         The path written (`<log_dir>/step_timeline.trace.json`).
     """
-    os.makedirs(log_dir, exist_ok=True)
-    path = os.path.join(log_dir, TRACE_FILENAME)
-    partial = path + ".partial"
-    try:
-        with open(partial, "w", encoding="utf-8") as file:
-            json.dump(chrome_trace(clock), file, separators=(",", ":"))
-        os.replace(partial, path)
-    except BaseException:
-        # A full disk must not be filled further by a half-written file.
-        with contextlib.suppress(OSError):
-            os.remove(partial)
-        raise
-    return path
+    text = json.dumps(chrome_trace(clock), separators=(",", ":"))
+    return write_atomically(log_dir, TRACE_FILENAME, text)
 
 
 def _step_events(selected, numbers, origin: float, track: int) -> List[Dict[str, Any]]:

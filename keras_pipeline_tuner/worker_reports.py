@@ -176,7 +176,8 @@ def identity_from_environment() -> Optional[WorkerIdentity]:
     """This worker's place in the cluster, for a custom training loop.
 
     Uses the strategy in scope if it is a `MultiWorkerMirroredStrategy`, else the
-    `TF_CONFIG` environment variable that strategy reads.
+    `TF_CONFIG` environment variable that strategy reads (unless it names a
+    parameter-server cluster, whose workers do not run the loop).
 
     Returns:
         The `WorkerIdentity`, or `None` outside a multi-worker cluster.
@@ -389,10 +390,11 @@ class WorkerExchange:
     Example:
 
     ```python
-    exchange = WorkerExchange(identity_of(model.distribute_strategy), "logs/run1")
+    identity = identity_of(model.distribute_strategy)
+    exchange = WorkerExchange(identity, "logs/run1", timeout_s=30)
     exchange.begin_fit()
-    exchange.publish(summary)                 # every worker, each epoch
-    view = exchange.collect(summary, final=True)   # the chief, at the end
+    exchange.publish(summary)                       # every worker, each epoch
+    view = exchange.collect(summary, final=True)    # at the end of fit
     ```
     """
 

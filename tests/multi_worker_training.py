@@ -35,12 +35,10 @@ def launch(args) -> None:
     began = time.monotonic()
     try:
         for task in range(2):
-            env = dict(
-                os.environ,
-                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": task}}),
-                TF_CPP_MIN_LOG_LEVEL="2",
-            )
-            log = open(os.path.join(args.log_dir, f"stderr_{task}.txt"), "w+")
+            config = {"cluster": cluster, "task": {"type": "worker", "index": task}}
+            env = dict(os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="2")
+            # Beside the log dir, not in it: the tuners own that.
+            log = open(os.path.join(os.path.dirname(args.log_dir), f"stderr_{task}.txt"), "w+")
             logs.append(log)
             processes.append(
                 subprocess.Popen(
@@ -69,13 +67,15 @@ def launch(args) -> None:
     workers = []
     for task, (process, stdout, log) in enumerate(zip(processes, outputs, logs)):
         log.seek(0)
-        result = next(
-            (json.loads(line[len(RESULT):]) for line in stdout.splitlines() if line.startswith(RESULT)),
-            None,
-        )
+        lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
+        result = json.loads(lines[-1][len(RESULT):]) if lines else None
         workers.append(
-            {"task": task, "returncode": process.returncode, "result": result,
-             "stderr": log.read()[-4000:]}
+            {
+                "task": task,
+                "returncode": process.returncode,
+                "result": result,
+                "stderr": log.read()[-4000:],
+            }
         )
         log.close()
     print(json.dumps({"workers": workers, "seconds": time.monotonic() - began}))
@@ -122,7 +122,7 @@ def worker(args) -> None:
         log_dir = os.path.join(args.log_dir, f"blocked_{args.task}", "logs")
     tuner = kpt.PipelineTuner(
         log_dir=log_dir,
-        profile="off",
+        profile=args.profile,
         verbose=0,
         tensorboard_workers=args.tensorboard_workers,
         worker_timeout_s=args.worker_timeout_s,
@@ -241,6 +241,7 @@ def _parser():
     parser.add_argument("--worker-timeout-s", type=float, default=30.0)
     parser.add_argument("--timeout", type=float, default=100.0)
     parser.add_argument("--loop", choices=("fit", "custom"), default="fit")
+    parser.add_argument("--profile", choices=("off", "auto"), default="off")
     return parser
 
 

@@ -1,13 +1,11 @@
 """The `keras-pipeline-tuner` command, run as a user runs it."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 
-import pytest
 
 import keras_pipeline_tuner as kpt
 from tests.training_data import slow_source

@@ -3,9 +3,7 @@
 import os
 
 import keras
-import numpy as np
 import pytest
-import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from tests.training_data import cached_source

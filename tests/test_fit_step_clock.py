@@ -1,6 +1,5 @@
 """The step clock inside model.fit, against pipelines with known injected delays."""
 
-import json
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from tests.training_data import cached_source
+from tests.training_data import failing_source
 from tests.training_data import slow_source
 from tests.training_data import tiny_model
 
@@ -170,16 +170,7 @@ def test_keras_functions_restored_after_fit_and_fit_twice():
 
 
 def test_restored_after_an_exception_inside_a_step():
-    def failing():
-        for i in range(10):
-            if i == 5:
-                raise ValueError("bad record 5")
-            yield np.ones(8, np.float32), np.float32(1)
-
-    dataset = tf.data.Dataset.from_generator(
-        failing,
-        output_signature=(tf.TensorSpec((8,), tf.float32), tf.TensorSpec((), tf.float32)),
-    ).batch(1)
+    dataset = failing_source(10, fail_at=5, message="bad record 5").batch(1)
     model = tiny_model()
     model.fit(cached_source(4).batch(4), epochs=1, verbose=0)
     keras_train = model.train_function

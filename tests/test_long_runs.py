@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner import tensorboard_sink
 from tests.fault_injection import run_script
+from tests.training_data import failing_source
 from tests.training_data import tiny_model
 
 
@@ -50,16 +51,7 @@ def test_report_file_is_written_every_epoch(tmp_path):
 
 
 def test_report_file_is_written_when_a_step_fails(tmp_path):
-    def records():
-        for i in range(12):
-            if i == 9:
-                raise ValueError("corrupt record")
-            yield np.zeros(8, np.float32), np.float32(0)
-
-    dataset = tf.data.Dataset.from_generator(
-        records,
-        output_signature=(tf.TensorSpec((8,), tf.float32), tf.TensorSpec((), tf.float32)),
-    ).batch(2)
+    dataset = failing_source(12, fail_at=9, message="corrupt record").batch(2)
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off")
     with pytest.raises(Exception, match="corrupt record"):
         tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)

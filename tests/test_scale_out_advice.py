@@ -9,9 +9,9 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner import worker_reports
 from keras_pipeline_tuner.advisor import advise
 from keras_pipeline_tuner.cpu_usage import CpuUsage
-from keras_pipeline_tuner.findings import Findings
 from keras_pipeline_tuner.pipeline_graph import Pipeline
 from keras_pipeline_tuner.pipeline_graph import Stage
+from keras_pipeline_tuner.pipeline_lint import lint
 from keras_pipeline_tuner.scale_out_advice import OFFLOAD
 from keras_pipeline_tuner.scale_out_advice import STRAGGLER
 from keras_pipeline_tuner.step_stats import StepStats
@@ -91,10 +91,8 @@ def test_a_pipeline_already_on_the_service_is_told_to_add_service_workers():
         kind="distribute",
         params={"processing_mode": "distributed_epoch", "service": "grpc://dispatcher:5050"},
     )
-    pipeline = Pipeline(stages=[stage])
-    from keras_pipeline_tuner.data_service import service_findings
-
-    findings = Findings(service_findings(pipeline), pipeline)
+    findings = lint(Pipeline(stages=[stage]))
+    assert "data-service" in findings.ids
     recommendations = advise(stats(30.0, 5.0), findings=findings, cpu=BUSY, cpu_count=2)
     assert OFFLOAD not in ids(recommendations)
     assert recommendations[0].id == "data-service"

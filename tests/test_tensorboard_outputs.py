@@ -1,6 +1,5 @@
 """What a fit writes to log_dir, read back with TensorBoard's own event reader."""
 
-import io
 import json
 
 import numpy as np

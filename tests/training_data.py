@@ -26,6 +26,24 @@ def slow_source(elements: int, delay_s: float, features: int = FEATURES) -> tf.d
     )
 
 
+def failing_source(elements: int, fail_at: int, message: str) -> tf.data.Dataset:
+    """A `from_generator` source of (x, y) whose element `fail_at` raises ValueError(message)."""
+
+    def generate():
+        for i in range(elements):
+            if i == fail_at:
+                raise ValueError(message)
+            yield np.ones(FEATURES, np.float32), np.float32(1)
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((FEATURES,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    )
+
+
 def cached_source(elements: int, features: int = FEATURES) -> tf.data.Dataset:
     """In-memory, cached (x, y) elements: fetching a batch costs microseconds."""
     rng = np.random.default_rng(0)
