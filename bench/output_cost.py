@@ -71,7 +71,7 @@ def fit_ratio(steps: int, rounds: int) -> None:
     dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8).cache()
     model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    model.fit(dataset, epochs=1, verbose=0)
+    model.fit(dataset, epochs=1, verbose=0, shuffle=False)
     times = {"profile off, no log_dir": [], "profile off, log_dir": []}
     for _ in range(rounds):
         for name in times:
@@ -83,9 +83,10 @@ def fit_ratio(steps: int, rounds: int) -> None:
                 )
                 gc.disable()
                 try:
-                    times[name].append(
-                        seconds(lambda: model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0))
+                    fit = lambda: model.fit(  # noqa: E731
+                        dataset, epochs=2, callbacks=[tuner], verbose=0, shuffle=False
                     )
+                    times[name].append(seconds(fit))
                 finally:
                     gc.enable()
     medians = {name: statistics.median(values) for name, values in times.items()}

@@ -53,7 +53,9 @@ def one_round(model, dataset, log_dir):
     gc.collect()
     gc.disable()
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=STEPS, callbacks=[tuner], verbose=0)
+        model.fit(
+            dataset, epochs=1, steps_per_epoch=STEPS, callbacks=[tuner], verbose=0, shuffle=False
+        )
     finally:
         gc.enable()
     evidence = tuner.report.profile

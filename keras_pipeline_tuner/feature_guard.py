@@ -39,7 +39,7 @@ class FeatureGuard:
         logger.warning(
             "keras-pipeline-tuner: %s turned off: %s. Training continues unaffected.",
             feature,
-            reason,
+            reason.rstrip("."),
         )
 
     @contextlib.contextmanager

@@ -191,6 +191,10 @@ _MAX_ELEMENT_BYTES = 1 << 50
 CHEAP_FUNCTION_OPS = 25
 
 
+class InMemoryDataTooLarge(ValueError):
+    """The dataset embeds more in-memory data than its graph should be read with."""
+
+
 @dataclasses.dataclass
 class StageFunction:
     """What a user function in a stage does, from its traced graph.
@@ -455,7 +459,7 @@ def read_pipeline(dataset, max_in_memory_bytes: Optional[int] = None) -> Pipelin
     if max_in_memory_bytes is not None:
         held = in_memory_bytes(dataset)
         if held > max_in_memory_bytes:
-            raise ValueError(
+            raise InMemoryDataTooLarge(
                 f"The dataset holds about {held / 2**20:.0f} MB of in-memory tensors "
                 "(from_tensor_slices / from_tensors), and its graph would copy all of "
                 "them (about 2 s and 4x the memory per 100 MB). Inspect the same "

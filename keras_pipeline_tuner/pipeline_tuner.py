@@ -30,6 +30,7 @@ from keras_pipeline_tuner.tensorboard_sink import TensorBoardSink
 from keras_pipeline_tuner.tf_import import tensorflow
 from keras_pipeline_tuner.trace_export import write_trace
 from keras_pipeline_tuner import fit_input
+from keras_pipeline_tuner import pipeline_graph
 from keras_pipeline_tuner import timed_step_function
 from keras_pipeline_tuner import what_if_replay
 from keras_pipeline_tuner import worker_reports
@@ -181,7 +182,11 @@ class PipelineTuner(keras.callbacks.Callback):
         if self.guard.enabled(INSPECTION):
             with self.guard(INSPECTION):
                 # Once per fit, before the first step: never inside a timed step.
-                self._findings = fit_input.inspect_fit_input(self.model)
+                try:
+                    self._findings = fit_input.inspect_fit_input(self.model)
+                except pipeline_graph.InMemoryDataTooLarge as reason:
+                    # An expected limit, not a fault: said in the report, no warning.
+                    self._notes.append(f"The pipeline was not inspected. {reason}")
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.guard.enabled(STEP_CLOCK):
