@@ -265,6 +265,7 @@ class LoopTimer:
         self._unreported_steps = self._unreported_epochs = 0
         if running and not self._finished:
             self._finished = True
+            self.tuner._window.end_fit()
             return self.tuner.finish()
         return self.tuner.report
 
@@ -308,6 +309,12 @@ class LoopTimer:
             raise
         end = time.time()
         self._depth -= 1
+        if kind == TRAIN:
+            # The profiler's step marks run from one step's end to the next's, so
+            # that each holds the loop's batch fetch as well as the step: the
+            # analyzer's input time is the fetch inside a marked step.
+            self.tuner._window.after_step(0)
+            self.tuner._window.before_step(0, None, self._clock)
         traced = tracing_count is not None and tracing_count() != traces
         if traced and not step.fetches_inside:
             self._read_trace(step, args, kwargs)
@@ -420,6 +427,8 @@ class LoopTimer:
             steps, epochs = self._unreported_steps, self._unreported_epochs
             self._unreported_steps = self._unreported_epochs = 0
             if epochs:
+                # Converts a profiler window closed this epoch, between steps.
+                self.tuner._window.end_epoch()
                 self.tuner._write_epoch_outputs()
             self.tuner._loop_steps_ended(steps)
 

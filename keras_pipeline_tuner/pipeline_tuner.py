@@ -497,6 +497,7 @@ class PipelineTuner(keras.callbacks.Callback):
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         _RUNNING.add(self)
         self._restart_cpu_meter()
+        self._window.begin_fit()
         # As for fit, under MultiWorkerMirroredStrategy (in scope, or TF_CONFIG).
         identity = None
         if self.guard.enabled(WORKER_SUMMARY):

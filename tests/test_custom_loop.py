@@ -664,3 +664,18 @@ def test_instrument_is_public_and_lazy():
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_profiler_window_in_a_custom_loop_names_the_slow_source(tmp_path):
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
+    step = tuner.instrument(tf.function(train_step_for(tiny_model())))
+    for x, y in tuner.iterate(slow_source(12, 0.02).batch(1)):
+        step(x, y)
+    report = tuner.close()
+    evidence = report.profile
+    assert evidence is not None, report.notes
+    assert evidence.source == "input_pipeline_analyzer"  # it found our step markers
+    assert len(evidence.steps) >= 4
+    assert evidence.input_fraction > 0.5
+    assert evidence.bottleneck.startswith("from_generator")
+    assert list(tmp_path.rglob("*.xplane.pb"))
