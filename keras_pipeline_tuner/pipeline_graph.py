@@ -399,6 +399,18 @@ class Pipeline:
             yield by_node[node]
             frontier.extend(by_node[node].inputs)
 
+    def main_chain(self, stage: Stage) -> Iterator[Stage]:
+        """The stages `stage` reads from through first inputs, nearest first.
+
+        The first input is the data a transformation works on (the others are
+        e.g. the datasets an interleave or zip also reads).
+        """
+        by_node = {item.node: item for item in self.stages}
+        current = by_node.get(stage.inputs[0]) if stage.inputs else None
+        while current is not None:
+            yield current
+            current = by_node.get(current.inputs[0]) if current.inputs else None
+
     def downstream(self, stage: Stage) -> Iterator[Stage]:
         """Every stage that reads from `stage`, directly or not, nearest first."""
         readers: Dict[str, List[Stage]] = {}

@@ -562,7 +562,7 @@ def _shuffle_after_batch(pipeline: Pipeline) -> Iterable[Finding]:
         if stage.kind != "shuffle":
             continue
         batch = None
-        for upstream in _main_chain(pipeline, stage):
+        for upstream in pipeline.main_chain(stage):
             if upstream.kind == "unbatch":
                 break
             if upstream.kind in _BATCH_KINDS:
@@ -588,7 +588,7 @@ def _memory_order(pipeline: Pipeline) -> Iterable[Finding]:
         buffer = stage.params.get("buffer_size")
         if isinstance(buffer, int) and buffer <= 1:
             continue
-        for upstream in _main_chain(pipeline, stage):
+        for upstream in pipeline.main_chain(stage):
             if upstream.kind in ("cache", "unbatch", "interleave") or upstream.kind in _BATCH_KINDS:
                 break
             growth = _growth(pipeline, upstream)
@@ -698,17 +698,6 @@ def _last_transformation(pipeline: Pipeline) -> Optional[Stage]:
     return stage
 
 
-def _main_chain(pipeline: Pipeline, stage: Stage) -> Iterable[Stage]:
-    """The stages `stage` reads from through first inputs, nearest first."""
-    by_node = {item.node: item for item in pipeline.stages}
-    current = stage
-    while current.inputs:
-        current = by_node.get(current.inputs[0])
-        if current is None:
-            return
-        yield current
-
-
 def _readers_of(pipeline: Pipeline, stage: Stage) -> Iterable[Stage]:
     return (item for item in pipeline.stages if stage.node in item.inputs)
 
@@ -737,7 +726,7 @@ def _growth(pipeline: Pipeline, stage: Stage) -> Optional[str]:
     if stage.kind not in _MAP_KINDS or stage.function is None:
         return None
     decodes = [op for op in stage.function.heavy_ops if op.startswith("Decode")]
-    before = next(iter(_main_chain(pipeline, stage)), None)
+    before = next(iter(pipeline.main_chain(stage)), None)
     if stage.element_bytes and before is not None and before.element_bytes:
         ratio = stage.element_bytes / before.element_bytes
         if ratio >= _GROWTH:

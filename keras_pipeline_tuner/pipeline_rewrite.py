@@ -338,7 +338,9 @@ def cache_point(pipeline: "pipeline_graph.Pipeline"):
     """
     if any(stage.kind == "cache" for stage in pipeline.stages):
         return None, "the pipeline already caches"
-    chain = _main_chain(pipeline)
+    final = pipeline.final
+    # From the source to the final stage, along each stage's first input.
+    chain = [] if final is None else [*reversed(list(pipeline.main_chain(final))), final]
     point = None
     for stage in chain:
         upstream = [stage, *pipeline.upstream(stage)]
@@ -376,17 +378,6 @@ def draws_randomly(pipeline: "pipeline_graph.Pipeline") -> bool:
         stage.kind in _RANDOM_KINDS or (stage.function is not None and stage.function.random)
         for stage in pipeline.stages
     )
-
-
-def _main_chain(pipeline) -> List[Any]:
-    """The stages from the source to the final one, along each stage's first input."""
-    by_node = {stage.node: stage for stage in pipeline.stages}
-    chain = []
-    stage = pipeline.final
-    while stage is not None:
-        chain.append(stage)
-        stage = by_node.get(stage.inputs[0]) if stage.inputs else None
-    return chain[::-1]
 
 
 def _changes_between_epochs(stage) -> bool:
