@@ -42,6 +42,7 @@ import re
 from typing import TYPE_CHECKING, Iterable, List, Optional
 
 from keras_pipeline_tuner.step_stats import StepStats
+from keras_pipeline_tuner.step_stats import format_ms
 from keras_pipeline_tuner.step_stats import Verdict
 
 if TYPE_CHECKING:
@@ -585,8 +586,9 @@ def _clock_evidence(stats: StepStats) -> List[Evidence]:
         Evidence(
             STEP_CLOCK,
             f"{stats.input_fraction * 100:.1f} % of training step time waits for input "
-            f"over {stats.steps} steps (median wait {_ms(stats.input_wait.median_ms)} ms, "
-            f"compute {_ms(stats.compute.median_ms)} ms, step {_ms(stats.step.median_ms)} ms).",
+            f"over {stats.steps} steps (median wait {format_ms(stats.input_wait.median_ms)} "
+            f"ms, compute {format_ms(stats.compute.median_ms)} ms, "
+            f"step {format_ms(stats.step.median_ms)} ms).",
         )
     ]
 
@@ -678,7 +680,3 @@ def _title(finding) -> str:
         return template.format(stage=finding.stage)
     words = finding.id.replace("-", " ")
     return f"{words[:1].upper()}{words[1:]} at {finding.stage}"
-
-
-def _ms(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.2f}"

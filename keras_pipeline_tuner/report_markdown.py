@@ -15,7 +15,7 @@ from keras_pipeline_tuner.advisor import Recommendation
 from keras_pipeline_tuner.advisor import describe_gain
 from keras_pipeline_tuner.advisor import free_input_gain
 from keras_pipeline_tuner.report import Report
-from keras_pipeline_tuner.step_stats import Distribution
+from keras_pipeline_tuner.step_stats import format_ms
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]{}|#])")
 # Iterators shown in the profile table; the rest hold little time.
@@ -110,8 +110,9 @@ def _timings_table(report: Report) -> List[str]:
             continue
         fraction = "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}"
         lines.append(
-            f"| {name} | {stats.steps} | {_median(stats.input_wait)} | "
-            f"{_median(stats.compute)} | {_median(stats.step)} | {fraction} |"
+            f"| {name} | {stats.steps} | {format_ms(stats.input_wait.median_ms)} | "
+            f"{format_ms(stats.compute.median_ms)} | {format_ms(stats.step.median_ms)} | "
+            f"{fraction} |"
         )
     note = "Medians."
     first = report.first_steps.get("train")
@@ -187,7 +188,3 @@ def _workers(view) -> List[str]:
         lines.append("| " + " | ".join(escape(cell) for cell in row) + " |")
     lines += ["", "Means per step. " + escape(view.straggler_reason)]
     return lines
-
-
-def _median(distribution: Distribution) -> str:
-    return "-" if distribution.median_ms is None else f"{distribution.median_ms:.2f}"

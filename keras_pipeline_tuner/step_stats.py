@@ -55,6 +55,23 @@ def verdict_for(input_fraction: Optional[float]) -> Verdict:
     return Verdict.NOT_INPUT_BOUND
 
 
+def format_ms(value: Optional[float]) -> str:
+    """A duration in milliseconds as text for tables: two decimals, "-" if unmeasured.
+
+    Args:
+        value: milliseconds, or `None`.
+
+    Returns:
+        The text.
+
+    Example:
+
+    >>> format_ms(14.7112), format_ms(None)
+    ('14.71', '-')
+    """
+    return "-" if value is None else f"{value:.2f}"
+
+
 @dataclasses.dataclass
 class Distribution:
     """Mean, median and 90th percentile of one timing, in milliseconds."""

@@ -14,7 +14,7 @@ from rich.text import Text
 from keras_pipeline_tuner.advisor import Recommendation
 from keras_pipeline_tuner.advisor import describe_gain
 from keras_pipeline_tuner.report import Report
-from keras_pipeline_tuner.step_stats import Distribution
+from keras_pipeline_tuner.step_stats import format_ms
 from keras_pipeline_tuner.step_stats import Verdict
 
 _VERDICT_STYLE = {
@@ -82,9 +82,9 @@ def print_summary(
         table.add_row(
             name,
             str(stats.steps),
-            _median(stats.input_wait),
-            _median(stats.compute),
-            _median(stats.step),
+            format_ms(stats.input_wait.median_ms),
+            format_ms(stats.compute.median_ms),
+            format_ms(stats.step.median_ms),
             "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
         )
     console.print(table)
@@ -142,12 +142,6 @@ def visible(value: Any) -> Any:
     if isinstance(value, dict):
         return {visible(key): visible(item) for key, item in value.items()}
     return value
-
-
-def _median(distribution: Distribution) -> str:
-    if distribution.median_ms is None:
-        return "-"
-    return f"{distribution.median_ms:.2f}"
 
 
 def recommendation_line(rank: int, recommendation: Recommendation) -> Text:

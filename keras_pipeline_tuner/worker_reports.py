@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from keras_pipeline_tuner.cpu_usage import CpuUsage
 from keras_pipeline_tuner.step_stats import StepStats
+from keras_pipeline_tuner.step_stats import format_ms
 from keras_pipeline_tuner.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -529,9 +530,9 @@ def worker_rows(view: MultiWorkerSummary) -> List[Tuple[str, ...]]:
                 task,
                 worker.host or "-",
                 str(stats.steps),
-                _ms(stats.input_wait.mean_ms),
-                _ms(stats.compute.mean_ms),
-                _ms(stats.step.mean_ms),
+                format_ms(stats.input_wait.mean_ms),
+                format_ms(stats.compute.mean_ms),
+                format_ms(stats.step.mean_ms),
                 "-" if fraction is None else f"{fraction * 100:.1f}",
                 "-" if worker.cpu is None else f"{worker.cpu.busy * 100:.0f}",
                 ", ".join(roles),
@@ -605,7 +606,3 @@ def _encode(value):
     if isinstance(value, enum.Enum):
         return value.value
     raise TypeError(f"Cannot serialise {type(value).__name__}")
-
-
-def _ms(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.2f}"
