@@ -90,7 +90,7 @@ class Report:
             The report as a JSON string, with a schema version.
         """
         data = {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
-        return json.dumps(data, indent=indent, default=_encode, allow_nan=False)
+        return json.dumps(data, indent=indent, default=encode_json_value, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Report":
@@ -122,7 +122,8 @@ def _reject_constant(name: str):
     raise ValueError(f"Not a report: {name} is not a number a report holds.")
 
 
-def _encode(value):
+def encode_json_value(value):
+    """The JSON form of what `json` cannot encode itself in report dataclasses (enums)."""
     if isinstance(value, enum.Enum):
         return value.value
     raise TypeError(f"Cannot serialise {type(value).__name__}")

@@ -25,7 +25,6 @@ input wait per step), provided it waits clearly longer than the next one.
 """
 
 import dataclasses
-import enum
 import json
 import logging
 import math
@@ -250,12 +249,16 @@ def write_summary(summary: WorkerSummary, log_dir: str) -> str:
     Returns:
         The path written.
     """
+    # Imported here: report.py imports this module for its dataclasses.
+    from keras_pipeline_tuner.report import encode_json_value
+
     tf = tensorflow()
     path = summary_path(log_dir, summary.task)
     tf.io.gfile.makedirs(os.path.dirname(path))
     partial = f"{path}.partial"
     with tf.io.gfile.GFile(partial, "w") as file:
-        file.write(json.dumps(dataclasses.asdict(summary), default=_encode, allow_nan=False))
+        text = json.dumps(dataclasses.asdict(summary), default=encode_json_value, allow_nan=False)
+        file.write(text)
     tf.io.gfile.rename(partial, path, overwrite=True)
     return path
 
@@ -600,9 +603,3 @@ def _task_indices(job) -> List:
     if isinstance(job, dict):
         return list(job.keys())
     return list(range(len(job)))
-
-
-def _encode(value):
-    if isinstance(value, enum.Enum):
-        return value.value
-    raise TypeError(f"Cannot serialise {type(value).__name__}")
