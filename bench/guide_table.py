@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import sys
 import statistics
 from typing import Callable
 
@@ -24,9 +25,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
-from keras_pipeline_tuner import guide_pipelines as guide  # noqa: E402
-from keras_pipeline_tuner import paired_timing  # noqa: E402
-from keras_pipeline_tuner import pipeline_rewrite  # noqa: E402
+# The guide's pipelines live with the tests, which share them with the benches.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import guide_pipelines as guide  # noqa: E402
+from keras_pipeline_tuner.pipeline import paired_timing  # noqa: E402
+from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite  # noqa: E402
 
 
 @dataclasses.dataclass

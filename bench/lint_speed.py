@@ -11,6 +11,7 @@ Usage: python bench/lint_speed.py [--runs 30]
 import argparse
 import gc
 import os
+import sys
 import statistics
 import tempfile
 import time
@@ -21,9 +22,11 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
-from keras_pipeline_tuner import guide_pipelines as guide  # noqa: E402
-from keras_pipeline_tuner import pipeline_graph  # noqa: E402
-from keras_pipeline_tuner import pipeline_lint  # noqa: E402
+# The guide's pipelines live with the tests, which share them with the benches.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import guide_pipelines as guide  # noqa: E402
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph  # noqa: E402
+from keras_pipeline_tuner.pipeline import lint as pipeline_lint  # noqa: E402
 
 TARGET_MS = 50.0
 no_autograph = tf.autograph.experimental.do_not_convert

@@ -11,30 +11,30 @@ print(tuner.report.verdict)
 ```
 """
 
-from keras_pipeline_tuner.advisor import Recommendation
-from keras_pipeline_tuner.cpu_usage import CpuUsage
-from keras_pipeline_tuner.profile_evidence import ProfileEvidence
-from keras_pipeline_tuner.report import Report
-from keras_pipeline_tuner.step_clock import EpochBreakdown
-from keras_pipeline_tuner.step_clock import FirstStep
-from keras_pipeline_tuner.step_clock import StepClock
-from keras_pipeline_tuner.step_stats import Distribution
-from keras_pipeline_tuner.step_stats import StepStats
-from keras_pipeline_tuner.step_stats import Verdict
-from keras_pipeline_tuner.worker_reports import MultiWorkerSummary
-from keras_pipeline_tuner.worker_reports import WorkerSummary
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
+from keras_pipeline_tuner.timing.step_clock import FirstStep
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import Distribution
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
+from keras_pipeline_tuner.workers.exchange import WorkerSummary
 
 __version__ = "0.1.0"
 
 # Benchmark, what-if replay and tuning: loaded on first use (they need TensorFlow).
 _MEASUREMENT_NAMES = {
-    "benchmark": "keras_pipeline_tuner.dataset_benchmark",
-    "BenchmarkResult": "keras_pipeline_tuner.dataset_benchmark",
-    "tune": "keras_pipeline_tuner.pipeline_tuning",
-    "TuneResult": "keras_pipeline_tuner.pipeline_tuning",
-    "RewriteOutcome": "keras_pipeline_tuner.pipeline_tuning",
-    "what_if": "keras_pipeline_tuner.what_if_replay",
-    "WhatIfResult": "keras_pipeline_tuner.what_if_replay",
+    "benchmark": "keras_pipeline_tuner.pipeline.benchmark",
+    "BenchmarkResult": "keras_pipeline_tuner.pipeline.benchmark",
+    "tune": "keras_pipeline_tuner.pipeline.tuning",
+    "TuneResult": "keras_pipeline_tuner.pipeline.tuning",
+    "RewriteOutcome": "keras_pipeline_tuner.pipeline.tuning",
+    "what_if": "keras_pipeline_tuner.instrument.what_if_replay",
+    "WhatIfResult": "keras_pipeline_tuner.instrument.what_if_replay",
 }
 
 
@@ -42,19 +42,19 @@ def __getattr__(name):
     # The callback subclasses keras.callbacks.Callback, so importing it imports
     # Keras (and TensorFlow); keep `import keras_pipeline_tuner` light.
     if name in ("PipelineTuner", "instrument"):
-        from keras_pipeline_tuner.tf_import import tensorflow
+        from keras_pipeline_tuner._util.tf_import import tensorflow
 
         tensorflow()
-        from keras_pipeline_tuner.custom_loop import instrument
-        from keras_pipeline_tuner.pipeline_tuner import PipelineTuner
+        from keras_pipeline_tuner.instrument.custom_loop import instrument
+        from keras_pipeline_tuner.run.tuner import PipelineTuner
 
         return PipelineTuner if name == "PipelineTuner" else instrument
     if name == "inspect":
-        from keras_pipeline_tuner.pipeline_lint import inspect
+        from keras_pipeline_tuner.pipeline.lint import inspect
 
         return inspect
     if name in ("Finding", "Findings"):
-        from keras_pipeline_tuner import findings
+        from keras_pipeline_tuner.pipeline import findings
 
         return getattr(findings, name)
     if name in _MEASUREMENT_NAMES:

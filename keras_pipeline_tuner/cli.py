@@ -55,9 +55,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _report(log_dir: str) -> int:
-    from keras_pipeline_tuner.report import REPORT_FILENAME
-    from keras_pipeline_tuner.report import Report
-    from keras_pipeline_tuner.terminal_summary import print_summary
+    from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+    from keras_pipeline_tuner.outputs.report import Report
+    from keras_pipeline_tuner.outputs.terminal import print_summary
 
     path = os.path.join(log_dir, REPORT_FILENAME)
     if not os.path.isfile(path):

@@ -154,14 +154,14 @@ def run_demo(
     print(f"{result.speedup:.2f}x")
     ```
     """
-    from keras_pipeline_tuner.tf_import import tensorflow
+    from keras_pipeline_tuner._util.tf_import import tensorflow
 
     tensorflow()
     import keras
 
-    from keras_pipeline_tuner.pipeline_tuner import PipelineTuner
-    from keras_pipeline_tuner.pipeline_tuning import tune
-    from keras_pipeline_tuner.terminal_summary import verdict_line
+    from keras_pipeline_tuner.run.tuner import PipelineTuner
+    from keras_pipeline_tuner.pipeline.tuning import tune
+    from keras_pipeline_tuner.outputs.terminal import verdict_line
 
     console = console or Console(highlight=False, soft_wrap=True)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kpt-demo-")

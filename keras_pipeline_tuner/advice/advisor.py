@@ -1,0 +1,504 @@
+"""The advisor: joins the evidence into one ranked list of recommendations.
+
+Three kinds of evidence reach it, each from its own module:
+
+- the step clock's `StepStats`: how long steps wait for input and compute;
+- the profiler window's `ProfileEvidence`: which tf.data stage holds the
+  input time;
+- the pipeline inspection's `Finding`s: where the pipeline departs from the
+  tf.data performance guide, with the code to write instead;
+- optionally, a what-if replay's `WhatIfResult`: the step time with input free.
+
+Every recommendation names the evidence it rests on, and states its expected
+gain from measurement. The step clock gives compute time, and if input were
+free a step would take about its compute time, so no input-pipeline change can
+make steps faster than `step / compute` (or, measured more directly, than the
+replayed step with input free): that is the upper bound stated. A stage
+the profiler timed can at most remove its own share of the input wait, which
+bounds the gain of changing that stage more tightly.
+
+Rules, in rank order:
+
+1. A job that is not input-bound gets "the input pipeline is not the
+   bottleneck", and apart from that only errors (findings that mean the model
+   sees wrong data): no speed advice.
+2. Otherwise, a finding about the stage the profiler names as the bottleneck
+   ranks first; when no finding is about that stage, the bottleneck itself is
+   recommended, with the change that usually speeds up a stage of its kind.
+3. Then errors, then the other findings: warnings before infos, larger gains first.
+4. An input-bound job whose bottleneck no profile named is also told how to
+   find it, with the gain at stake.
+
+Two rules for jobs that outgrow one host live in `scale_out_advice`: a
+multi-worker job is judged by its straggler, named first; and when every stage
+already runs in parallel on saturated CPUs, moving the pipeline to the tf.data
+service ranks after the errors.
+"""
+
+import dataclasses
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Iterable, List, Optional
+
+from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
+from keras_pipeline_tuner.advice.recommendation import PROFILER
+from keras_pipeline_tuner.advice.recommendation import LINT
+from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.recommendation import MEASURED
+from keras_pipeline_tuner.advice.recommendation import ESTIMATED
+from keras_pipeline_tuner.advice.recommendation import Evidence
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.advice.recommendation import free_input_gain
+from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.advice import scale_out as scale_out_advice
+from keras_pipeline_tuner.pipeline.catalogue import KINDS
+from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import format_ms
+from keras_pipeline_tuner.timing.step_stats import Verdict
+
+if TYPE_CHECKING:
+    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    from keras_pipeline_tuner.pipeline.findings import Finding
+    from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+    from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
+
+
+NOT_THE_BOTTLENECK = "input-not-bottleneck"
+BOTTLENECK_STAGE = "bottleneck-stage"
+FIND_THE_BOTTLENECK = "input-bound"
+
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
+_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+_STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
+
+# What usually speeds up a stage of each kind, for a bottleneck no finding
+# explains. Keys are the transformation as `stage_names` labels it.
+_STAGE_FIXES = {
+    "map": (
+        "Run the map on parallel threads (a Python function inside it, via "
+        "tf.py_function, stays bound by the GIL: prefer TensorFlow ops).",
+        "ds = ds.map({function}, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "interleave": (
+        "Read the interleaved inputs in parallel.",
+        "ds = ds.interleave({function}, cycle_length=tf.data.AUTOTUNE,\n"
+        "                   num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "from_generator": (
+        "The Python generator produces elements one at a time, holding the GIL. "
+        "Yield only cheap items (file names, indices) and do the work in a parallel map.",
+        "ds = tf.data.Dataset.from_generator(list_items, output_signature=...)\n"
+        "ds = ds.map(load_item, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "TFRecordDataset": (
+        "Read several files at once.",
+        "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
+        "    tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "TextLineDataset": (
+        "Read several files at once.",
+        "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
+        "    tf.data.TextLineDataset, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+    "filter": (
+        "Filter on parallel threads, or filter before expensive work.",
+        "ds = ds.filter({function})  # before the expensive map",
+    ),
+    "batch": (
+        "Batch in parallel, and batch before cheap per-element maps (vectorise them).",
+        "ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)",
+    ),
+}
+_GENERIC_FIX = (
+    "If this stage's output is the same every epoch and fits in memory or on disk, "
+    "cache after it; otherwise make its work cheaper or run it in parallel.",
+    "ds = ds.cache()  # right after {stage}, before any random transformation",
+)
+
+
+def advise(
+    stats: StepStats,
+    profile: Optional["ProfileEvidence"] = None,
+    findings: Iterable["Finding"] = (),
+    cpu_count: Optional[int] = None,
+    what_if: Optional["WhatIfResult"] = None,
+    cpu: Optional["CpuUsage"] = None,
+    workers: Optional["MultiWorkerSummary"] = None,
+) -> List[Recommendation]:
+    """Ranks what to change, from the evidence gathered for one run.
+
+    Args:
+        stats: `StepStats` of the training steps (the step clock).
+        profile: `ProfileEvidence` of a TF Profiler window, if one was captured.
+        findings: `Finding`s of the pipeline inspection, if it ran.
+        cpu_count: CPU cores a parallelised stage can use, for the likely gain
+            of running it in parallel; this machine's by default.
+        what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
+            with input free, measured, replaces the step clock's compute time
+            as the floor no input-pipeline change goes below.
+        cpu: `CpuUsage` of the run: with every stage already parallel, saturated
+            CPUs make the tf.data service the advice (see `scale_out_advice`).
+        workers: the chief's `MultiWorkerSummary` of a multi-worker run: the job
+            is judged by its straggler, which is named first.
+
+    Returns:
+        `Recommendation`s, most important first. Never one without evidence.
+
+    Example:
+
+    ```python
+    for recommendation in advise(report.train, report.profile, report.findings):
+        print(recommendation.title, describe_gain(recommendation.expected_gain))
+    ```
+    """
+    # Findings from `kpt.inspect` carry the pipeline they were read from.
+    pipeline = getattr(findings, "pipeline", None)
+    stats = scale_out_advice.job_stats(stats, workers)
+    run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if)
+    findings = list(findings or ())
+    if run.verdict == Verdict.NOT_INPUT_BOUND:
+        return [_not_the_bottleneck(run)] + [
+            _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
+        ]
+
+    bottleneck = profile.bottleneck if profile is not None else None
+    at_bottleneck, errors, others = [], [], []
+    for finding in findings:
+        if bottleneck and _is_bottleneck(profile, finding.stage, _node(finding)):
+            at_bottleneck.append(_from_finding(run, finding))
+        elif _severity(finding) == "error":
+            errors.append(_from_finding(run, finding))
+        else:
+            others.append(_from_finding(run, finding))
+
+    input_bound = run.verdict in _INPUT_BOUND
+    ranked = sorted(at_bottleneck, key=_rank_key)
+    if bottleneck and not at_bottleneck and input_bound:
+        ranked.append(_bottleneck_stage(run))
+    offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
+    ranked += errors + ([offload] if offload else []) + sorted(others, key=_rank_key)
+    if input_bound and not bottleneck:
+        # Findings say what departs from the guide, not what the steps wait for.
+        ranked.append(_find_the_bottleneck(run))
+    straggler = scale_out_advice.straggler_recommendation(workers)
+    return ([straggler] if straggler else []) + ranked
+
+
+class _Run:
+    """The evidence of one run, and what every rule derives from it."""
+
+    def __init__(self, stats: StepStats, profile, cpu_count: int, what_if=None):
+        self.stats = stats
+        self.profile = profile
+        self.cpu_count = cpu_count
+        self.bound = free_input_gain(stats)
+        self.clock_evidence = _clock_evidence(stats)
+        replayed = _replayed_gain(what_if)
+        if replayed is not None:
+            self.bound = replayed
+            self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
+        self.verdict = stats.verdict
+        if self.verdict == Verdict.UNKNOWN and profile is not None:
+            # The step was timed as a whole; the profiler window still split it.
+            self.verdict = profile.verdict
+
+
+# Rules.
+
+
+def _not_the_bottleneck(run: _Run) -> Recommendation:
+    stats = run.stats
+    fraction = stats.input_fraction
+    evidence = list(run.clock_evidence)
+    if fraction is None:
+        fraction = run.profile.input_fraction
+        evidence.append(
+            Evidence(PROFILER, f"input is {fraction * 100:.1f} % of step time in the window.")
+        )
+    compute = stats.compute.median_ms
+    return Recommendation(
+        id=NOT_THE_BOTTLENECK,
+        title="The input pipeline is not the bottleneck: speed up the model's compute instead",
+        severity="info",
+        evidence=evidence,
+        fix="",
+        expected_gain=run.bound,
+        reason=(
+            f"Steps wait for input only {fraction * 100:.1f} % of the time"
+            + (f" and compute for {compute:.2f} ms (median)" if compute is not None else "")
+            + ". Changing the input pipeline cannot make training noticeably faster; "
+            "look at the model, the batch size or mixed precision."
+        ),
+    )
+
+
+def _find_the_bottleneck(run: _Run) -> Recommendation:
+    return Recommendation(
+        id=FIND_THE_BOTTLENECK,
+        title="Training waits for its input: find the slow stage",
+        severity="warning",
+        evidence=run.clock_evidence,
+        fix=(
+            "# which stage the steps wait for: a profiler window while training\n"
+            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=\"auto\")\n"
+            "# where the pipeline departs from the tf.data guide\n"
+            "print(kpt.inspect(train_ds))"
+        ),
+        expected_gain=run.bound,
+        reason=(
+            "The step clock shows the wait, but no profiler window named the stage that "
+            "causes it (none was captured, or it found no tf.data stage at work)."
+        ),
+    )
+
+
+def _bottleneck_stage(run: _Run) -> Recommendation:
+    stage = run.profile.bottleneck
+    kind, function = _parse_stage(stage)
+    reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
+    parallel = kind in _PARALLEL_KINDS
+    return Recommendation(
+        id=BOTTLENECK_STAGE,
+        title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
+        severity="warning",
+        evidence=_profile_evidence(run.profile, stage, run.profile.bottleneck_node)
+        + run.clock_evidence,
+        fix=fix.format(function=function or "fn", stage=stage),
+        expected_gain=_stage_gain(run, stage, parallel, run.profile.bottleneck_node),
+        stage=stage,
+        reason=reason,
+    )
+
+
+def _from_finding(run: _Run, finding) -> Recommendation:
+    details = f"{finding.id} at {finding.stage}"
+    if finding.op:
+        details += f" ({finding.op})"
+    evidence = [Evidence(LINT, details + ".")]
+    gain = None
+    # An error is about what the model sees: no speed is claimed for fixing it.
+    if _severity(finding) != "error":
+        if run.profile is not None:
+            evidence += _profile_evidence(run.profile, finding.stage, _node(finding))
+        evidence += run.clock_evidence
+        if finding.id == "missing-prefetch":
+            gain = _overlap_gain(run.stats)
+        else:
+            gain = _stage_gain(
+                run, finding.stage, finding.id in PARALLELISING, _node(finding)
+            )
+    return Recommendation(
+        id=finding.id,
+        title=_title(finding),
+        severity=_severity(finding),
+        evidence=evidence,
+        fix=finding.fix,
+        expected_gain=gain,
+        stage=finding.stage,
+        reason=finding.reason,
+    )
+
+
+# Expected gains.
+
+
+def _stage_gain(
+    run: _Run, stage: str, parallelises: bool, node: Optional[str] = None
+) -> Optional[ExpectedGain]:
+    bound, stats = run.bound, run.stats
+    if bound is None:
+        return _unmeasured()
+    timed = _stage_time(run.profile, stage, node) if run.profile is not None else None
+    if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
+        return dataclasses.replace(
+            bound,
+            basis=ESTIMATED,
+            statement=bound.statement
+            + " This change gets there only if this stage is what the input waits for "
+            "(no profile timed it).",
+        )
+    wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
+    stage_ms = timed.self_share * wait_ms
+    # Making the stage free removes at most its share of the wait, and a step
+    # never gets faster than its compute.
+    after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
+    if after <= 0:
+        return bound
+    gain = ExpectedGain(
+        step_ms / after,
+        step_ms,
+        after,
+        MEASURED,
+        f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
+        f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
+        f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
+    )
+    if parallelises and run.cpu_count > 1:
+        # Run on every core, the stage's work is divided by at most the cores.
+        likely = max(after, step_ms - stage_ms * (1 - 1 / run.cpu_count))
+        gain.likely_speedup = step_ms / likely
+        gain.statement += (
+            f" Spread over the {run.cpu_count} CPU cores here it would take about "
+            f"{likely:.2f} ms: about {gain.likely_speedup:.2f}x faster."
+        )
+    return gain
+
+
+def _replayed_gain(what_if) -> Optional[ExpectedGain]:
+    if what_if is None or what_if.speedup_if_input_free is None:
+        return None
+    step_ms, free_ms = what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms
+    if step_ms is None or free_ms is None:
+        return None
+    # Timing noise can make the replay a little slower than training.
+    speedup = max(1.0, what_if.speedup_if_input_free)
+    return ExpectedGain(
+        speedup,
+        step_ms,
+        min(free_ms, step_ms),
+        MEASURED,
+        f"Replayed from cached batches (input free), the training step took "
+        f"{free_ms:.2f} ms instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
+    )
+
+
+def _unmeasured() -> ExpectedGain:
+    return ExpectedGain(
+        basis=ESTIMATED,
+        statement="The input wait was not measured, so the gain cannot be bounded.",
+    )
+
+
+def _overlap_gain(stats) -> ExpectedGain:
+    wait, compute, step = stats.input_wait.mean_ms, stats.compute.mean_ms, stats.step.mean_ms
+    if wait is None or compute is None or step is None or max(wait, compute) <= 0:
+        return _unmeasured()
+    # With a prefetch buffer the next batch is prepared while the step computes,
+    # so a step takes the longer of the two instead of their sum.
+    after = max(wait, compute)
+    speedup = step / after
+    return ExpectedGain(
+        speedup,
+        step,
+        after,
+        ESTIMATED,
+        f"Prefetching overlaps preparing the next batch ({wait:.2f} ms) with computing "
+        f"this one ({compute:.2f} ms): a step would take about {after:.2f} ms instead of "
+        f"{step:.2f} ms, up to {speedup:.2f}x faster.",
+    )
+
+
+# Evidence.
+
+
+def _clock_evidence(stats: StepStats) -> List[Evidence]:
+    if stats.input_fraction is None:
+        return [
+            Evidence(
+                STEP_CLOCK,
+                f"{stats.steps} steps timed as a whole: input wait not separated from compute.",
+            )
+        ]
+    return [
+        Evidence(
+            STEP_CLOCK,
+            f"{stats.input_fraction * 100:.1f} % of training step time waits for input "
+            f"over {stats.steps} steps (median wait {format_ms(stats.input_wait.median_ms)} "
+            f"ms, compute {format_ms(stats.compute.median_ms)} ms, "
+            f"step {format_ms(stats.step.median_ms)} ms).",
+        )
+    ]
+
+
+def _profile_evidence(profile, stage, node=None) -> List[Evidence]:
+    timed = _stage_time(profile, stage, node)
+    if timed is None:
+        return []
+    named = _is_bottleneck(profile, stage, node)
+    detail = (
+        f"{timed.stage} holds {timed.self_share * 100:.0f} % of the input pipeline's time "
+        f"({timed.self_ms:.1f} ms own time in steps {profile.first_step}-"
+        f"{profile.stop_step - 1})"
+    )
+    if named:
+        detail += ": the bottleneck stage"
+    if profile.input_fraction is not None:
+        detail += f"; input is {profile.input_fraction * 100:.1f} % of step time in the window"
+    return [Evidence(PROFILER, detail + ".")]
+
+
+def _stage_time(profile, stage, node=None):
+    for iterator in profile.iterators:
+        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node):
+            return iterator
+    return None
+
+
+def _is_bottleneck(profile, stage, node=None) -> bool:
+    if not profile.bottleneck:
+        return False
+    return _same(profile.bottleneck, profile.bottleneck_node, stage, node)
+
+
+def _same(stage_a, node_a, stage_b, node_b) -> bool:
+    # Graph nodes tell apart two stages written alike (two `map(f)`); labels
+    # are all there is when either side did not read the graph.
+    if node_a and node_b:
+        return node_a == node_b
+    return _same_stage(stage_a, stage_b)
+
+
+def _node(finding) -> Optional[str]:
+    return finding.node or None
+
+
+# Small helpers.
+
+
+def _parse_stage(stage: Optional[str]):
+    match = _STAGE.match(stage or "")
+    if not match:
+        return "", None
+    return match.group(1), (match.group(2) or None)
+
+
+def _same_stage(a: Optional[str], b: Optional[str]) -> bool:
+    """Whether two stage labels name the same transformation.
+
+    The profiler and the inspection both label stages as code, e.g.
+    "map(load_image)"; the inspection may add arguments
+    ("map(load_image, num_parallel_calls=4)"), which do not change the stage.
+    """
+    if not a or not b:
+        return False
+    if a.strip() == b.strip():
+        return True
+    kind_a, function_a = _parse_stage(a)
+    kind_b, function_b = _parse_stage(b)
+    return bool(kind_a) and kind_a == kind_b and function_a is not None and function_a == function_b
+
+
+def _severity(item) -> str:
+    return str(getattr(item.severity, "value", item.severity))
+
+
+def _rank_key(recommendation: Recommendation):
+    gain = recommendation.expected_gain or ExpectedGain()
+    return (
+        _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
+        -(gain.likely_speedup or 0.0),
+        -(gain.speedup or 0.0),
+    )
+
+
+def _title(finding) -> str:
+    kind = KINDS.get(finding.id)
+    if kind is not None:
+        return kind.title.format(stage=finding.stage)
+    words = finding.id.replace("-", " ")
+    return f"{words[:1].upper()}{words[1:]} at {finding.stage}"

@@ -1,0 +1,169 @@
+"""What the advice is made of: recommendations, the evidence they rest on, their gains.
+
+Plain data shared by the advisor, the scale-out rules and every output.
+"""
+
+import dataclasses
+import math
+from typing import List, Optional
+
+from keras_pipeline_tuner.timing.step_stats import StepStats
+
+# Where evidence comes from.
+STEP_CLOCK = "step clock"
+PROFILER = "profiler"
+LINT = "pipeline inspection"
+REPLAY = "what-if replay"
+
+MEASURED = "measured"
+ESTIMATED = "estimated"
+
+
+@dataclasses.dataclass
+class Evidence:
+    """One measured or observed fact a recommendation rests on.
+
+    Attributes:
+        source: where it comes from: "step clock", "profiler" or
+            "pipeline inspection".
+        detail: the fact, in one sentence with its numbers.
+    """
+
+    source: str
+    detail: str
+
+
+@dataclasses.dataclass
+class ExpectedGain:
+    """How much faster training steps could get, and how that was worked out.
+
+    Attributes:
+        speedup: upper bound of step time now over step time after the change
+            (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
+        step_ms: mean training step time now.
+        step_ms_after: mean step time the bound corresponds to.
+        basis: "measured" when the bound follows from timings of this run (the
+            step clock, the profiler), "estimated" when it also assumes that
+            the change removes the wait it is about.
+        statement: the reasoning, in a sentence with its numbers.
+        likely_speedup: what the change itself should bring, where that can be
+            worked out (e.g. a stage spread over the machine's CPU cores).
+    """
+
+    speedup: Optional[float] = None
+    step_ms: Optional[float] = None
+    step_ms_after: Optional[float] = None
+    basis: str = MEASURED
+    statement: str = ""
+    likely_speedup: Optional[float] = None
+
+
+@dataclasses.dataclass
+class Recommendation:
+    """One change to make, with why and what it should bring.
+
+    Attributes:
+        id: a stable identifier: a finding's id (e.g. "sequential-map") or one of
+            the advisor's own ("input-not-bottleneck", "bottleneck-stage",
+            "input-bound").
+        title: what to do, in one line.
+        severity: "error" (the model sees wrong data), "warning" (the pipeline
+            slows training) or "info".
+        evidence: the `Evidence` it rests on, at least one.
+        fix: the code to write, or an empty string when nothing is to change.
+        expected_gain: the `ExpectedGain`; `None` for changes about correctness.
+        stage: the tf.data stage it is about, e.g. "map(load_image)".
+        reason: why it matters.
+
+    Example:
+
+    ```python
+    top = tuner.report.recommendations[0]
+    print(top.title, top.expected_gain.speedup)
+    print(top.fix)
+    ```
+    """
+
+    id: str
+    title: str
+    severity: str
+    evidence: List[Evidence] = dataclasses.field(default_factory=list)
+    fix: str = ""
+    expected_gain: Optional[ExpectedGain] = None
+    stage: Optional[str] = None
+    reason: str = ""
+
+
+def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
+    """The most any input-pipeline change can bring: steps as fast as compute.
+
+    Args:
+        stats: `StepStats` of the training steps.
+
+    Returns:
+        The measured `ExpectedGain` (`speedup` is step time over compute time),
+        or `None` when the input wait was not measured.
+
+    Example:
+
+    >>> import numpy as np
+    >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
+    >>> round(free_input_gain(stats).speedup, 1)
+    4.0
+    """
+    fraction = stats.input_fraction
+    if fraction is None or stats.step.mean_ms is None:
+        return None
+    step_ms = stats.step.mean_ms
+    compute_ms = stats.compute.mean_ms
+    if compute_ms is None:
+        compute_ms = step_ms * (1.0 - fraction)
+    # The exact input fraction (over all steps, not only the retained ones)
+    # gives the bound: step / compute = 1 / (1 - fraction).
+    speedup = 1.0 / (1.0 - fraction) if fraction < 1.0 else None
+    if speedup is None or compute_ms <= 0 or not math.isfinite(speedup):
+        return ExpectedGain(
+            None,
+            step_ms,
+            None,
+            MEASURED,
+            f"Steps spend {fraction * 100:.1f} % of their {step_ms:.2f} ms waiting for "
+            "input and almost nothing computing: free input would make them many times "
+            "faster.",
+        )
+    return ExpectedGain(
+        speedup,
+        step_ms,
+        compute_ms,
+        MEASURED,
+        f"If input were free a step would take about its compute time, {compute_ms:.2f} ms "
+        f"instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
+    )
+
+
+def describe_gain(gain: Optional[ExpectedGain]) -> str:
+    """A short phrase for an expected gain, e.g. "up to 3.90x faster (measured)".
+
+    Args:
+        gain: the `ExpectedGain`, or `None` (a change about correctness).
+
+    Returns:
+        The phrase.
+
+    Example:
+
+    >>> describe_gain(ExpectedGain(speedup=2.0, basis="estimated"))
+    'up to 2.00x faster (estimated)'
+    """
+    if gain is None:
+        return "correctness, not speed"
+    if gain.speedup is None:
+        if gain.step_ms is None:
+            return "gain not measured"
+        return f"many times faster ({gain.basis})"
+    if gain.likely_speedup is not None:
+        return (
+            f"about {gain.likely_speedup:.2f}x faster "
+            f"(at most {gain.speedup:.2f}x, {gain.basis})"
+        )
+    return f"up to {gain.speedup:.2f}x faster ({gain.basis})"

@@ -1,0 +1,122 @@
+"""What `model.fit` was given as training data, found from inside a callback.
+
+Keras 3 (TensorFlow backend) wraps fit's `x` in a data adapter (tf.data
+dataset, arrays, `PyDataset`, Python generator, ...) held by an epoch
+iterator that is a local variable of `fit`. Callbacks get no reference to it,
+so this module finds `fit`'s frame on the call stack of a callback hook and
+reads the adapter there: it tells apart a user's own tf.data pipeline (to be
+linted) from what Keras built itself (where the advice differs).
+"""
+
+import dataclasses
+import logging
+import sys
+from typing import Any, Optional
+
+from keras_pipeline_tuner.pipeline.findings import Findings
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+# How far up the stack a callback hook may sit below `fit`.
+_MAX_FRAMES = 30
+
+TF_DATASET = "tf.data"
+PY_DATASET = "PyDataset"
+GENERATOR = "generator"
+ARRAYS = "arrays"
+OTHER = "other"
+
+_ADAPTER_KINDS = {
+    "TFDatasetAdapter": TF_DATASET,
+    "PyDatasetAdapter": PY_DATASET,
+    "GeneratorDataAdapter": GENERATOR,
+    "ArrayDataAdapter": ARRAYS,
+}
+
+
+@dataclasses.dataclass
+class FitInput:
+    """The training data of a running `fit`, as Keras adapted it.
+
+    Attributes:
+        kind: "tf.data", "PyDataset", "generator", "arrays" or "other".
+        source: what the user passed, when Keras keeps it: the
+            `tf.data.Dataset` (or distributed dataset) or the `PyDataset`.
+        adapter: the Keras data adapter's class name.
+    """
+
+    kind: str
+    source: Any = None
+    adapter: str = ""
+
+
+def find_fit_input(model) -> Optional[FitInput]:
+    """Finds the training data of the `fit` call that is running `model`.
+
+    Call it from a callback hook that `fit` calls (e.g. `on_train_begin`).
+
+    Args:
+        model: the model being fitted.
+
+    Returns:
+        The `FitInput`, or `None` when no running `fit` of `model` is on the
+        stack (a custom loop, or a Keras version that keeps it elsewhere).
+    """
+    frame = sys._getframe(1)  # pylint: disable=protected-access
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
+            epoch_iterator = frame.f_locals.get("epoch_iterator")
+            adapter = getattr(epoch_iterator, "data_adapter", None)
+            if adapter is not None:
+                return _classify(adapter)
+        frame = frame.f_back
+    return None
+
+
+def inspect_fit_input(model) -> Findings:
+    """Lints the training data of the running `fit` of `model`.
+
+    A user's tf.data pipeline gets the full lint; a `PyDataset` gets advice on
+    `workers` / `use_multiprocessing`; a Python generator or in-memory arrays
+    get one finding each about what Keras does with them.
+
+    Args:
+        model: the model being fitted.
+
+    Returns:
+        The `Findings`.
+
+    Raises:
+        RuntimeError: if the training data cannot be found (says why).
+    """
+    from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+
+    fit_input = find_fit_input(model)
+    if fit_input is None:
+        raise RuntimeError(
+            "could not find the data model.fit iterates (no running fit of this model "
+            "on the call stack); inspect the dataset directly with kpt.inspect(dataset)"
+        )
+    if fit_input.kind in (TF_DATASET, PY_DATASET) and fit_input.source is not None:
+        return pipeline_lint.inspect(fit_input.source)
+    if fit_input.kind == GENERATOR:
+        return pipeline_lint.lint_generator()
+    if fit_input.kind == ARRAYS:
+        return pipeline_lint.lint_keras_arrays()
+    logger.info(
+        "keras-pipeline-tuner: no pipeline inspection for %s input.", fit_input.adapter
+    )
+    return Findings()
+
+
+def _classify(adapter) -> FitInput:
+    name = type(adapter).__name__
+    kind = _ADAPTER_KINDS.get(name, OTHER)
+    source = None
+    if kind == TF_DATASET:
+        source = getattr(adapter, "_dataset", None)
+    elif kind == PY_DATASET:
+        source = getattr(adapter, "py_dataset", None)
+    return FitInput(kind=kind, source=source, adapter=name)

@@ -1,0 +1,121 @@
+"""The report: everything the tuner found, as plain data that round-trips JSON."""
+
+import dataclasses
+import enum
+import json
+import math
+import typing
+from typing import Any, Dict, List, Optional
+
+from keras_pipeline_tuner._util.json_codec import encode_json_value
+from keras_pipeline_tuner._util.json_codec import from_dict
+from keras_pipeline_tuner._util.json_codec import reject_constant
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+from keras_pipeline_tuner.pipeline.findings import Finding
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
+from keras_pipeline_tuner.timing.step_clock import FirstStep
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
+
+REPORT_FILENAME = "report.json"
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class Report:
+    """What the tuner measured and concluded for one run.
+
+    Attributes:
+        verdict: `Verdict` of the training steps ("highly input-bound",
+            "moderately input-bound", "not input-bound", or "unknown" when the
+            input wait could not be measured).
+        input_fraction: share of training step time spent waiting for input.
+        train: `StepStats` of the training steps (the first step excluded).
+        validation: `StepStats` of the validation steps, if any ran.
+        epochs: per-epoch `EpochBreakdown`s, training and validation.
+        first_steps: the first step of each kind, reported apart (it traces).
+        measurement: "in-step" (wait and compute split inside the step) or
+            "whole-step" (only the total per step, see `notes`); for custom
+            loops "decorator", "iterator" or "decorator+iterator" (what timed
+            the steps), or "not timed" (a loop compiled into one graph).
+        steps_per_execution: the model's `steps_per_execution`.
+        recommendations: ranked `Recommendation`s of the advisor, most
+            important first.
+        notes: plain-language caveats about what was or was not measured.
+        environment: versions of the libraries the run used.
+        profile: `ProfileEvidence` of the TF Profiler window, if one was
+            captured and converted.
+        findings: `Finding`s of the pipeline inspection (`kpt.inspect`) of the
+            data fit iterated.
+        what_if: `WhatIfResult` of the what-if replay (`PipelineTuner(
+            what_if=True)`): the step time with input free, measured.
+        workers: `MultiWorkerSummary` of a multi-worker run: in the chief's
+            report, every worker's figures and the straggler. The fields above
+            are this worker's own measurements; the recommendations judge the
+            job, that is the straggler.
+        cpu: `CpuUsage` of the host over the training steps so far.
+
+    Example:
+
+    >>> report = Report.from_json(Report(input_fraction=0.5).to_json())
+    >>> report.input_fraction
+    0.5
+    """
+
+    verdict: Verdict = Verdict.UNKNOWN
+    input_fraction: Optional[float] = None
+    train: StepStats = dataclasses.field(default_factory=StepStats)
+    validation: Optional[StepStats] = None
+    epochs: List[EpochBreakdown] = dataclasses.field(default_factory=list)
+    first_steps: Dict[str, FirstStep] = dataclasses.field(default_factory=dict)
+    measurement: str = "in-step"
+    steps_per_execution: int = 1
+    recommendations: List[Recommendation] = dataclasses.field(default_factory=list)
+    notes: List[str] = dataclasses.field(default_factory=list)
+    environment: Dict[str, str] = dataclasses.field(default_factory=dict)
+    profile: Optional[ProfileEvidence] = None
+    findings: List[Finding] = dataclasses.field(default_factory=list)
+    what_if: Optional[WhatIfResult] = None
+    workers: Optional[MultiWorkerSummary] = None
+    cpu: Optional[CpuUsage] = None
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """Serialises the report.
+
+        Args:
+            indent: JSON indentation; `None` for one line.
+
+        Returns:
+            The report as a JSON string, with a schema version.
+        """
+        data = {"schema_version": SCHEMA_VERSION, **dataclasses.asdict(self)}
+        return json.dumps(data, indent=indent, default=encode_json_value, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Report":
+        """Rebuilds a report written by `to_json`.
+
+        Args:
+            text: the JSON text.
+
+        Returns:
+            The `Report`.
+
+        Raises:
+            ValueError: if the text is not a report (names the field at fault).
+        """
+        try:
+            # `to_json` never writes NaN or Infinity.
+            data = json.loads(text, parse_constant=reject_constant)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"Not a report: invalid JSON ({error}).") from error
+        except RecursionError as error:
+            raise ValueError("Not a report: the JSON is nested too deeply.") from error
+        if not isinstance(data, dict):
+            raise ValueError("Not a report: the JSON is not an object.")
+        data.pop("schema_version", None)
+        return from_dict(cls, data, "report")

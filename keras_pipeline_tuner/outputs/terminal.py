@@ -1,0 +1,204 @@
+"""The short summary printed at the end of fit and by `keras-pipeline-tuner report`."""
+
+import dataclasses
+import enum
+import re
+from typing import IO, Any, Optional
+
+from rich.console import Console
+from rich.padding import Padding
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_stats import format_ms
+from keras_pipeline_tuner.timing.step_stats import Verdict
+
+_VERDICT_STYLE = {
+    Verdict.HIGHLY_INPUT_BOUND: "bold red",
+    Verdict.MODERATELY_INPUT_BOUND: "bold yellow",
+    Verdict.NOT_INPUT_BOUND: "bold green",
+    Verdict.UNKNOWN: "bold",
+}
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
+# Control characters other than tab and newline: escape sequences in a report
+# read from disk would restyle, retitle or clear the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def verdict_line(report: Report) -> str:
+    """The one-line verdict, e.g. "highly input-bound: 97.6 % of step time waits for input".
+
+    Args:
+        report: the `Report`.
+
+    Returns:
+        The line, without markup.
+    """
+    if report.input_fraction is None:
+        return f"{report.verdict.value}: input wait could not be measured"
+    return (
+        f"{report.verdict.value}: {report.input_fraction * 100:.1f} % of step time "
+        "waits for input"
+    )
+
+
+def print_summary(
+    report: Report, file: Optional[IO[str]] = None, details: bool = False
+) -> None:
+    """Prints the verdict and the step timings as a few lines and a small table.
+
+    Args:
+        report: the `Report` to show.
+        file: where to write; standard output by default. Colour is used only
+            when it is a terminal.
+        details: show every recommendation with its reason, code and
+            evidence, instead of the top three in one line each.
+
+    Example:
+
+    ```python
+    print_summary(tuner.report)
+    ```
+    """
+    console = Console(file=file, highlight=False, soft_wrap=True)
+    report = visible(report)
+    console.print(
+        Text.assemble(
+            ("Input pipeline: ", "bold"),
+            (verdict_line(report), _VERDICT_STYLE[report.verdict]),
+        )
+    )
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("steps", justify="left")
+    for column in ("count", "input wait ms", "compute ms", "step ms", "input %"):
+        table.add_column(column, justify="right")
+    for name, stats in (("train", report.train), ("validation", report.validation)):
+        if stats is None or not stats.steps:
+            continue
+        table.add_row(
+            name,
+            str(stats.steps),
+            format_ms(stats.input_wait.median_ms),
+            format_ms(stats.compute.median_ms),
+            format_ms(stats.step.median_ms),
+            "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
+        )
+    console.print(table)
+    if report.train.host_gap.median_ms:
+        console.print(
+            f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
+        )
+    first = report.first_steps.get("train")
+    if first is not None:
+        tracing = (
+            "tracing not measured apart"
+            if first.tracing_ms is None
+            else f"tracing {first.tracing_ms:.0f} ms"
+        )
+        console.print(
+            f"First step {first.wall_ms:.0f} ms ({tracing}), "
+            "reported apart. Medians shown; per-epoch figures in the report."
+        )
+    if report.workers is not None:
+        _print_workers(report.workers, console)
+    if report.profile is not None:
+        # Text, not markup: stage names may hold brackets.
+        console.print(Text(report.profile.summary()))
+    if details:
+        _print_recommendations(report, console)
+    else:
+        for rank, recommendation in enumerate(report.recommendations[:3], 1):
+            console.print(recommendation_line(rank, recommendation))
+    for note in report.notes:
+        console.print(Text(f"Note: {note}", style="dim"))
+
+
+def visible(value: Any) -> Any:
+    """A copy of `value` whose strings show control characters as escapes.
+
+    Args:
+        value: a `Report`, or any part of one.
+
+    Returns:
+        The same structure, with e.g. ESC shown as the four characters `\\x1b`.
+    """
+    if isinstance(value, enum.Enum):  # before str: Verdict is a str enum
+        return value
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode(), value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            field.name: visible(getattr(value, field.name))
+            for field in dataclasses.fields(value)
+            if field.init
+        }
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, list):
+        return [visible(item) for item in value]
+    if isinstance(value, dict):
+        return {visible(key): visible(item) for key, item in value.items()}
+    return value
+
+
+def recommendation_line(rank: int, recommendation: Recommendation) -> Text:
+    """One recommendation in one line: rank, title and expected gain.
+
+    Args:
+        rank: its place in the report, from 1.
+        recommendation: the `Recommendation`.
+
+    Returns:
+        The line as rich `Text`.
+    """
+    return Text.assemble(
+        f"{rank}. ",
+        (recommendation.title, _SEVERITY_STYLE.get(recommendation.severity, "")),
+        (f"  [{describe_gain(recommendation.expected_gain)}]", "dim"),
+    )
+
+
+def _print_recommendations(report: Report, console: Console) -> None:
+    console.print()
+    console.print(Text("Recommendations", style="bold"))
+    if not report.recommendations:
+        console.print("None: no evidence points at a change.")
+    for rank, recommendation in enumerate(report.recommendations, 1):
+        console.print(recommendation_line(rank, recommendation))
+        body = Table.grid(padding=(0, 1))
+        body.add_column(style="dim", no_wrap=True)
+        body.add_column()
+        if recommendation.reason:
+            body.add_row("why", Text(recommendation.reason))
+        if recommendation.fix:
+            body.add_row(
+                "fix", Syntax(recommendation.fix, "python", theme="ansi_dark", word_wrap=True)
+            )
+        gain = recommendation.expected_gain
+        if gain is not None and gain.statement:
+            body.add_row("gain", Text(gain.statement))
+        for item in recommendation.evidence:
+            # Text, not markup: stage names and reasons may hold brackets.
+            body.add_row("evidence", Text(f"{item.source}: {item.detail}"))
+        console.print(Padding(body, (0, 0, 1, 3)))
+
+
+def _print_workers(view, console: Console) -> None:
+    from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
+    from keras_pipeline_tuner.workers.exchange import worker_rows
+
+    if view.task != view.chief:
+        console.print(f"This is {view.task}; the chief ({view.chief}) compares the workers.")
+        return
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for index, column in enumerate(WORKER_COLUMNS):
+        numeric = 2 <= index < len(WORKER_COLUMNS) - 1
+        table.add_column(column, justify="right" if numeric else "left")
+    for row in worker_rows(view):
+        table.add_row(*row)
+    console.print(table)
+    # Text, not markup: the reason quotes task names.
+    console.print(Text("Means per step. " + view.straggler_reason))

@@ -1,0 +1,150 @@
+"""The catalogue of findings: every id the inspection can give, in one place.
+
+Each kind says what it is about (for the inspection's table), what to do about
+it (the advisor's title) and whether its fix runs a stage on parallel threads
+(which the advisor and the scale-out rules need to know).
+"""
+
+import dataclasses
+from typing import Dict
+
+
+@dataclasses.dataclass(frozen=True)
+class FindingKind:
+    """One kind of finding.
+
+    Attributes:
+        id: the stable identifier, e.g. "sequential-map".
+        about: what is wrong, in a line.
+        title: what to do, in a line; "{stage}" is replaced by the stage.
+        parallelises: whether the fix runs the stage on parallel threads.
+
+    Example:
+
+    >>> KINDS["sequential-map"].title.format(stage="map(load)")
+    'Parallelise map(load)'
+    """
+
+    id: str
+    about: str
+    title: str
+    parallelises: bool = False
+
+
+KINDS: Dict[str, FindingKind] = {
+    kind.id: kind
+    for kind in (
+    FindingKind(
+        "missing-prefetch",
+        "the pipeline does not end with prefetch",
+        "Prefetch at the end of the pipeline",
+        parallelises=False,
+    ),
+    FindingKind(
+        "sequential-map",
+        "map without num_parallel_calls on an expensive or stateful function",
+        "Parallelise {stage}",
+        parallelises=True,
+    ),
+    FindingKind(
+        "fixed-parallelism",
+        "hard-coded num_parallel_calls / buffer sizes instead of AUTOTUNE",
+        "Let tf.data tune the parallelism of {stage}",
+        parallelises=True,
+    ),
+    FindingKind(
+        "sequential-interleave",
+        "interleave (or flat_map over files) without parallel calls",
+        "Parallelise {stage}",
+        parallelises=True,
+    ),
+    FindingKind(
+        "sequential-file-read",
+        "a reader given many files reads them one after another",
+        "Read the files of {stage} in parallel",
+        parallelises=True,
+    ),
+    FindingKind(
+        "py-function-in-map",
+        "tf.py_function / numpy_function in a map",
+        "Replace the Python function of {stage} with TensorFlow ops",
+        parallelises=True,
+    ),
+    FindingKind(
+        "cache-after-random",
+        "cache placed after random augmentation (frozen augmentations)",
+        "Cache before the random augmentation in {stage}",
+        parallelises=False,
+    ),
+    FindingKind(
+        "cache-after-shuffle",
+        "cache after shuffle: the same order every epoch",
+        "Cache before shuffling, not after ({stage})",
+        parallelises=False,
+    ),
+    FindingKind(
+        "cache-missing",
+        "expensive deterministic work repeated every epoch with no cache",
+        "Cache the deterministic work of {stage}",
+        parallelises=False,
+    ),
+    FindingKind(
+        "vectorize-map",
+        "cheap per-element map right before batch",
+        "Batch before {stage} and map whole batches",
+        parallelises=False,
+    ),
+    FindingKind(
+        "shuffle-after-batch",
+        "shuffle placed after batch (shuffles batches, not examples)",
+        "Shuffle examples before batching ({stage})",
+        parallelises=False,
+    ),
+    FindingKind(
+        "memory-order",
+        "shuffle buffer placed after a map that grows elements",
+        "Put buffers before {stage}, which grows elements",
+        parallelises=False,
+    ),
+    FindingKind(
+        "autotune-disabled",
+        "options turn off autotune or the default static optimisations",
+        "Turn tf.data autotuning back on",
+        parallelises=False,
+    ),
+    FindingKind(
+        "py-dataset-workers",
+        "a Keras PyDataset loads batches on one thread",
+        "Load the batches of {stage} on several workers",
+        parallelises=True,
+    ),
+    FindingKind(
+        "py-dataset-threads",
+        "a Keras PyDataset uses threads, which share the GIL",
+        "Load the batches of {stage} in processes, not threads",
+        parallelises=False,
+    ),
+    FindingKind(
+        "python-generator",
+        "fit reads a Python generator on one thread",
+        "Replace the Python generator {stage} with a PyDataset or tf.data",
+        parallelises=False,
+    ),
+    FindingKind(
+        "keras-array-input",
+        "fit builds the pipeline itself from in-memory arrays",
+        "Keep in-memory arrays: Keras builds their pipeline",
+        parallelises=False,
+    ),
+    FindingKind(
+        "data-service",
+        "the pipeline reads from the tf.data service, whose workers run its start",
+        "Give the tf.data service more workers, or workers with idle CPUs",
+        parallelises=False,
+    ),
+    )
+}
+# Every id with what it is about, as the inspection's table shows it.
+CATALOGUE: Dict[str, str] = {kind.id: kind.about for kind in KINDS.values()}
+# Ids whose fix runs a stage on parallel threads.
+PARALLELISING = frozenset(kind.id for kind in KINDS.values() if kind.parallelises)

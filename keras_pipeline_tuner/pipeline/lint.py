@@ -1,0 +1,766 @@
+"""Checks a tf.data pipeline against the tf.data performance guide.
+
+`inspect(dataset)` reads the dataset's graph (see `pipeline_graph`) and runs
+each rule of the catalogue over its stages. Rules judge the pipeline as
+TensorFlow will run it: what TensorFlow's default rewrites already do (a
+stateless map run in parallel, a prefetch injected at the end) is reported as
+"info", never asked of the user.
+"""
+
+import re
+from typing import Callable, Iterable, List, Optional
+
+from keras_pipeline_tuner.pipeline.findings import Finding
+from keras_pipeline_tuner.pipeline.findings import Findings
+from keras_pipeline_tuner.pipeline.findings import Severity
+from keras_pipeline_tuner.pipeline.graph import READER_KINDS
+from keras_pipeline_tuner.pipeline.graph import Pipeline
+from keras_pipeline_tuner.pipeline.graph import Stage
+from keras_pipeline_tuner.pipeline.graph import StageFunction
+from keras_pipeline_tuner.pipeline.graph import read_pipeline
+from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline import data_service
+
+
+_MAP_KINDS = ("map", "map_and_batch")
+_PASS_THROUGH_KINDS = ("with_options", "assert_cardinality")
+_BATCH_KINDS = ("batch", "padded_batch", "map_and_batch")
+# Options whose value False turns off something the guide relies on.
+_OPTION_SWITCHES = {
+    "autotune_options.enabled": "autotune (tf.data.Options().autotune.enabled)",
+    "optimization_options.apply_default_optimizations": (
+        "the default static optimisations "
+        "(experimental_optimization.apply_default_optimizations)"
+    ),
+    "optimization_options.map_parallelization": (
+        "automatic map parallelisation (experimental_optimization.map_parallelization)"
+    ),
+    "optimization_options.inject_prefetch": (
+        "automatic prefetch injection (experimental_optimization.inject_prefetch)"
+    ),
+    "optimization_options.map_and_batch_fusion": (
+        "map and batch fusion (experimental_optimization.map_and_batch_fusion)"
+    ),
+    "optimization_options.parallel_batch": (
+        "parallel batching (experimental_optimization.parallel_batch)"
+    ),
+}
+# In-memory tensors above this make reading the graph slow (about 20 ms per MB here).
+MAX_IN_MEMORY_BYTES = 16 * 2**20
+# Element growth from which a map's output is called larger than its input.
+_GROWTH = 2.0
+
+
+def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -> Findings:
+    """Lints a tf.data pipeline against the tf.data performance guide.
+
+    Reads the dataset's graph from the final dataset back to its sources, and
+    the pipeline TensorFlow actually runs after its default rewrites, then
+    reports every place where it departs from the guide: the op, the user's
+    function, why it matters and the code to write instead. Runs in
+    milliseconds and iterates nothing.
+
+    Args:
+        dataset: a `tf.data.Dataset` (also one distributed with
+            `strategy.experimental_distribute_dataset`), or a
+            `keras.utils.PyDataset` (then the advice is about `workers` and
+            `use_multiprocessing`).
+        max_in_memory_bytes: refuse datasets holding more in-memory tensors
+            (`from_tensor_slices` of large arrays): their graph copies them, so
+            reading it is slow and memory-hungry. `None` reads any dataset.
+
+    Returns:
+        `Findings`: a list of `Finding`s, errors first, that prints as a table;
+        its `pipeline` attribute holds the `Pipeline` that was read.
+
+    Raises:
+        TypeError: if `dataset` is neither of the above (names what to pass).
+        ValueError: if it holds more than `max_in_memory_bytes` (says what to do).
+
+    Example:
+
+    ```python
+    findings = kpt.inspect(train_ds)
+    print(findings)
+    assert "cache-after-random" not in findings.ids
+    ```
+    """
+    tf = tensorflow()
+    original = getattr(dataset, "_original_dataset", None)
+    if not isinstance(dataset, tf.data.Dataset) and isinstance(original, tf.data.Dataset):
+        dataset = original
+    if isinstance(dataset, tf.data.Dataset):
+        return lint(read_pipeline(dataset, max_in_memory_bytes))
+    import keras
+
+    if isinstance(dataset, keras.utils.PyDataset):
+        return lint_py_dataset(dataset)
+    raise TypeError(
+        f"inspect() takes a tf.data.Dataset or a keras.utils.PyDataset, got "
+        f"{type(dataset).__name__}. For NumPy arrays or Python generators, Keras builds "
+        "the pipeline itself; to inspect your own, build it with tf.data, e.g. "
+        "`tf.data.Dataset.from_tensor_slices((x, y)).batch(32)`."
+    )
+
+
+def lint(pipeline: Pipeline) -> Findings:
+    """Runs every rule of the catalogue over a pipeline.
+
+    Args:
+        pipeline: a `Pipeline` from `read_pipeline`.
+
+    Returns:
+        `Findings`, errors first, in pipeline order within a severity.
+    """
+    findings = Findings(pipeline=pipeline)
+    for rule in _RULES:
+        findings.extend(rule(pipeline))
+    position = {stage.node: index for index, stage in enumerate(pipeline.stages)}
+    findings.sort(key=lambda finding: position.get(finding.node, 0))
+    return findings.sorted()
+
+
+def lint_py_dataset(py_dataset) -> Findings:
+    """Advice for a `keras.utils.PyDataset`: its `workers` and `use_multiprocessing`.
+
+    Keras reads a PyDataset through its own enqueuer, not through tf.data
+    transformations, so tf.data knobs do not apply.
+
+    Args:
+        py_dataset: the `keras.utils.PyDataset`.
+
+    Returns:
+        `Findings` about the one stage that stands for the PyDataset.
+    """
+    name = type(py_dataset).__name__
+    workers = int(py_dataset.workers or 0)
+    multiprocessing = bool(py_dataset.use_multiprocessing)
+    stage = Stage(
+        node=name,
+        op="PyDataset",
+        kind="PyDataset",
+        params={
+            "workers": workers,
+            "use_multiprocessing": multiprocessing,
+            "max_queue_size": int(py_dataset.max_queue_size),
+        },
+        function=StageFunction(name=f"{name}.__getitem__", graph_name=""),
+    )
+    findings = Findings(pipeline=Pipeline(stages=[stage]))
+    if workers <= 1 and not multiprocessing:
+        findings.append(
+            _finding(
+                "py-dataset-workers",
+                Severity.WARNING,
+                stage,
+                f"Keras calls {name}.__getitem__ for one batch at a time, on the training "
+                "thread: while a batch loads nothing trains, and while the model trains "
+                "no batch loads. With workers > 1 Keras loads batches ahead in a pool "
+                "and queues them (max_queue_size).",
+                f"class {name}(keras.utils.PyDataset):\n"
+                "    def __init__(self, ..., **kwargs):\n"
+                "        super().__init__(workers=4, use_multiprocessing=False, **kwargs)",
+            )
+        )
+    elif not multiprocessing:
+        findings.append(
+            _finding(
+                "py-dataset-threads",
+                Severity.INFO,
+                stage,
+                f"{name} loads batches on {workers} threads. Threads overlap I/O and "
+                "NumPy work, but pure-Python code in __getitem__ holds the GIL and runs "
+                "one thread at a time.",
+                "If __getitem__ is CPU-bound Python: "
+                "super().__init__(workers=4, use_multiprocessing=True, **kwargs)",
+            )
+        )
+    return findings
+
+
+def lint_generator(name: str = "generator") -> Findings:
+    """Advice for a Python generator given to `model.fit`.
+
+    Args:
+        name: how to call the generator in the finding.
+
+    Returns:
+        `Findings` about the one stage that stands for the generator.
+    """
+    stage = Stage(node=name, op="PythonGenerator", kind="generator")
+    finding = _finding(
+        "python-generator",
+        Severity.WARNING,
+        stage,
+        "Keras pulls batches from a Python generator one at a time, on one thread, "
+        "under the GIL: loading does not overlap training and cannot be parallelised.",
+        "Write a keras.utils.PyDataset with __len__ / __getitem__ and "
+        "super().__init__(workers=4), or build the pipeline with tf.data "
+        "(map(..., num_parallel_calls=tf.data.AUTOTUNE) and prefetch).",
+    )
+    return Findings([finding], Pipeline(stages=[stage]))
+
+
+def lint_keras_arrays() -> Findings:
+    """The note for in-memory arrays given to `model.fit`.
+
+    Returns:
+        `Findings` with one "info" finding on the stage that stands for the arrays.
+    """
+    stage = Stage(node="arrays", op="ArrayDataAdapter", kind="arrays")
+    finding = _finding(
+        "keras-array-input",
+        Severity.INFO,
+        stage,
+        "fit was given in-memory arrays: Keras builds the tf.data pipeline itself "
+        "(shuffled index batches, parallel slicing, prefetch), so tf.data advice does "
+        "not apply.",
+        "Nothing to change. To add augmentation or caching, build the pipeline "
+        "yourself: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))"
+        ".batch(32).prefetch(tf.data.AUTOTUNE)",
+    )
+    return Findings([finding], Pipeline(stages=[stage]))
+
+
+# The rules. Each takes the pipeline and yields findings.
+
+
+def _missing_prefetch(pipeline: Pipeline) -> Iterable[Finding]:
+    final = _last_transformation(pipeline)
+    if final is None or final.kind == "prefetch":
+        return
+    runtime_final = (
+        _last_transformation(pipeline.runtime) if pipeline.runtime is not None else None
+    )
+    fix = "ds = ds.prefetch(tf.data.AUTOTUNE)  # the last transformation"
+    if runtime_final is not None and runtime_final.kind == "prefetch":
+        yield _finding(
+            "missing-prefetch",
+            Severity.INFO,
+            final,
+            f"The pipeline ends with {final.label}, not prefetch. TensorFlow injects "
+            "prefetch(AUTOTUNE) at run time here (autotune is on and the last "
+            "transformation is synchronous), so producing the next batch already "
+            "overlaps training. Writing it makes that explicit and keeps it if options "
+            "change.",
+            fix,
+        )
+        return
+    last = runtime_final if runtime_final is not None else final
+    if last.asynchronous:
+        runs_as = f" (TensorFlow runs it as {last.label})" if last.label != final.label else ""
+        yield _finding(
+            "missing-prefetch",
+            Severity.INFO,
+            final,
+            f"The pipeline ends with {final.label}, not prefetch{runs_as}. That stage "
+            "runs on its own threads and buffers its output, so production already "
+            "overlaps training, and TensorFlow adds no prefetch after it; a final "
+            "prefetch adds a buffer that absorbs uneven batch times.",
+            fix,
+        )
+    else:
+        yield _finding(
+            "missing-prefetch",
+            Severity.WARNING,
+            final,
+            f"The pipeline ends with {final.label}, not prefetch, and TensorFlow does "
+            "not add one here (autotune or prefetch injection is off): every batch is "
+            "produced only when the model asks for it, so input and training never "
+            "overlap.",
+            fix,
+        )
+
+
+def _sequential_map(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        function = stage.function
+        if stage.kind not in _MAP_KINDS or stage.parallel or function is None:
+            continue
+        if function.trivial:
+            continue
+        name = _code_name(stage)
+        fix = f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE)"
+        if _runs_parallel(pipeline, stage):
+            if function.expensive:
+                yield _finding(
+                    "sequential-map",
+                    Severity.INFO,
+                    stage,
+                    f"{stage.label} is written sequential, but {name} is stateless, so "
+                    "TensorFlow's map_parallelization rewrite already runs it in parallel"
+                    f"{_runs_as(stage)}. Passing num_parallel_calls states it and keeps "
+                    "it parallel if options turn the rewrite off.",
+                    fix,
+                )
+        elif function.expensive or function.random or function.stateful_ops:
+            yield _finding(
+                "sequential-map",
+                Severity.WARNING,
+                stage,
+                f"{stage.label} runs {name} on one element at a time, on one thread"
+                f"{_cost(function)}. TensorFlow parallelises a sequential map by itself "
+                f"only when its function is stateless, and {name} {_why_stateful(function)}, "
+                "so it stays sequential.",
+                fix,
+            )
+
+
+def _fixed_parallelism(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        for name in ("num_parallel_calls", "num_parallel_reads"):
+            value = stage.params.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                yield _finding(
+                    "fixed-parallelism",
+                    Severity.WARNING,
+                    stage,
+                    f"{stage.label} hard-codes {name}={value}. A fixed number is tuned "
+                    "for one machine and one load; with AUTOTUNE, tf.data sizes the "
+                    "parallelism (and the buffers) from what it measures while running.",
+                    f"{name}=tf.data.AUTOTUNE",
+                )
+        if stage.kind == "prefetch":
+            value = stage.params.get("buffer_size")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                yield _finding(
+                    "fixed-parallelism",
+                    Severity.WARNING,
+                    stage,
+                    f"{stage.label} hard-codes its buffer at {value} element"
+                    f"{'s' if value != 1 else ''}. With AUTOTUNE, tf.data grows the "
+                    "buffer when the consumer's demand is uneven and keeps it small "
+                    "otherwise.",
+                    "ds = ds.prefetch(tf.data.AUTOTUNE)",
+                )
+
+
+def _sequential_interleave(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        # Reading files or generators, or datasets the function captured: what
+        # interleave's parallelism is for. Interleaving in-memory slices is not.
+        reads = stage.function is not None and bool(stage.function.io_ops)
+        reads = reads or len(stage.inputs) > 1
+        if stage.kind == "interleave" and not stage.parallel and reads:
+            if stage.parallel_at_runtime:
+                continue
+            name = _code_name(stage)
+            cycle = stage.params.get("cycle_length")
+            yield _finding(
+                "sequential-interleave",
+                Severity.WARNING,
+                stage,
+                f"{stage.label} opens {cycle if isinstance(cycle, int) else 'several'} "
+                "inputs but reads them one after another on one thread: every wait of "
+                "one input (opening a file, a slow read) stalls the pipeline. TensorFlow "
+                "does not parallelise interleave by itself.",
+                f"ds = ds.interleave({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+            )
+        elif stage.kind == "flat_map" and reads:
+            name = _code_name(stage)
+            yield _finding(
+                "sequential-interleave",
+                Severity.WARNING,
+                stage,
+                f"{stage.label} reads its inputs ({', '.join(stage.function.io_ops)}) "
+                "completely one after another, on one thread: every wait of one input "
+                "stalls the pipeline.",
+                f"ds = ds.interleave({name}, cycle_length=4, "
+                "num_parallel_calls=tf.data.AUTOTUNE)",
+            )
+
+
+def _sequential_file_read(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        if stage.kind not in READER_KINDS or stage.parallel:
+            continue
+        if stage.files is None or stage.files < 2:
+            continue
+        yield _finding(
+            "sequential-file-read",
+            Severity.WARNING,
+            stage,
+            f"{stage.label} reads its {stage.files} files one after another: opening "
+            "and reading each file waits on storage while nothing else is read. With "
+            "num_parallel_reads the files are read concurrently (interleaved).",
+            f"ds = tf.data.{stage.kind}(files, num_parallel_reads=tf.data.AUTOTUNE)",
+        )
+
+
+def _py_function_in_map(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        function = stage.function
+        if stage.kind not in _MAP_KINDS + ("filter",) or function is None:
+            continue
+        if not function.py_function_ops:
+            continue
+        name = _code_name(stage)
+        parallel = _runs_parallel(pipeline, stage)
+        yield _finding(
+            "py-function-in-map",
+            Severity.INFO if parallel else Severity.WARNING,
+            stage,
+            f"{name} calls Python ({', '.join(function.py_function_ops)}). Python runs "
+            "under the GIL, one call at a time unless it releases the GIL (I/O, sleep, "
+            "NumPy); TensorFlow cannot optimise it, and it keeps the map from being "
+            "parallelised automatically."
+            + (" The map already runs with num_parallel_calls." if parallel else ""),
+            f"Write {name} with TensorFlow ops (tf.io, tf.image, tf.strings); if the "
+            f"Python is unavoidable, ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+        )
+
+
+def _cache_after_random(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        if not _is_random(stage):
+            continue
+        cache = next((s for s in pipeline.downstream(stage) if s.kind == "cache"), None)
+        if cache is None:
+            continue
+        ops = ", ".join(stage.function.random_ops) if stage.function else "random values"
+        fix = f"Move .cache() above {stage.label}"
+        if stage.kind in _MAP_KINDS:
+            fix += (
+                f": ds = ds.cache().map({_code_name(stage)}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)"
+            )
+        yield _finding(
+            "cache-after-random",
+            Severity.ERROR,
+            stage,
+            f"{stage.label} is random ({ops}), and {cache.label} after it stores the "
+            "first epoch's results: every later epoch replays the same augmentations, "
+            "so the model trains on a fixed set instead of fresh random variants.",
+            fix,
+        )
+
+
+def _cache_after_shuffle(pipeline: Pipeline) -> Iterable[Finding]:
+    for cache in pipeline.stages:
+        if cache.kind != "cache":
+            continue
+        if any(s.kind == "shuffle" for s in pipeline.downstream(cache)):
+            continue
+        shuffle = next(
+            (
+                s
+                for s in pipeline.upstream(cache)
+                if s.kind == "shuffle" and s.params.get("reshuffle_each_iteration") is not False
+            ),
+            None,
+        )
+        if shuffle is None:
+            continue
+        yield _finding(
+            "cache-after-shuffle",
+            Severity.WARNING,
+            shuffle,
+            f"{shuffle.label} comes before {cache.label}, and nothing shuffles after the "
+            "cache: the cache stores the first epoch's order and replays it, so every "
+            "epoch sees the elements in the same order.",
+            "ds = ds.cache().shuffle(buffer_size)  # cache first, then shuffle",
+        )
+
+
+def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        function = stage.function
+        if stage.kind not in _MAP_KINDS or function is None:
+            continue
+        if not function.expensive or function.random:
+            continue
+        if any(s.kind == "cache" for s in pipeline.downstream(stage)):
+            continue
+        upstream = list(pipeline.upstream(stage))
+        if any(_is_random(s) for s in upstream):
+            # Its input changes every epoch: there is nothing to reuse.
+            continue
+        if any(s.kind == "repeat" and s.params.get("count") == -1 for s in upstream):
+            # An endless input: a cache after it would never be complete.
+            continue
+        name = _code_name(stage)
+        before = next((s for s in upstream if s.kind == "cache"), None)
+        where = (
+            f" The {before.label} before it stores its input, not its output."
+            if before is not None
+            else ""
+        )
+        python = bool(function.py_function_ops)
+        yield _finding(
+            "cache-missing",
+            Severity.INFO if python else Severity.WARNING,
+            stage,
+            f"{name} does the same expensive work{_cost(function)} on the same "
+            f"elements every epoch.{where} A cache right after it computes each result "
+            "once, in the first epoch (in memory, or in a file for data that does not "
+            "fit)."
+            + (
+                f" {name} runs Python the lint cannot see into: cache only if it is "
+                "deterministic."
+                if python
+                else ""
+            ),
+            f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
+            "  # or .cache('/path/to/cache_file')",
+        )
+
+
+def _vectorize_map(pipeline: Pipeline) -> Iterable[Finding]:
+    by_node = {stage.node: stage for stage in pipeline.stages}
+    for stage in pipeline.stages:
+        if stage.kind == "map_and_batch":
+            candidate, batch = stage, stage
+        elif stage.kind == "batch" and stage.inputs:
+            candidate, batch = by_node.get(stage.inputs[0]), stage
+        else:
+            continue
+        if candidate is None or candidate.kind not in _MAP_KINDS or candidate.function is None:
+            continue
+        if not candidate.function.cheap:
+            continue
+        if candidate is not batch and len(list(_readers_of(pipeline, candidate))) > 1:
+            continue
+        name = _code_name(candidate)
+        size = batch.params.get("batch_size")
+        size = size if isinstance(size, int) else "batch_size"
+        yield _finding(
+            "vectorize-map",
+            Severity.WARNING,
+            candidate,
+            f"{candidate.label} calls {name}, a few cheap ops, once per element right "
+            "before batching: the per-call overhead (scheduling, copying) outweighs the "
+            "work, even when TensorFlow fuses it into map_and_batch. Batch first and "
+            f"apply {name} to whole batches (most TensorFlow ops work on a batch "
+            "unchanged).",
+            f"ds = ds.batch({size}).map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+        )
+
+
+def _shuffle_after_batch(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        if stage.kind != "shuffle":
+            continue
+        batch = None
+        for upstream in pipeline.main_chain(stage):
+            if upstream.kind == "unbatch":
+                break
+            if upstream.kind in _BATCH_KINDS:
+                batch = upstream
+                break
+        if batch is None:
+            continue
+        yield _finding(
+            "shuffle-after-batch",
+            Severity.WARNING,
+            stage,
+            f"{stage.label} comes after {batch.label}: it shuffles whole batches, so "
+            "every epoch the same examples are grouped together, only in another "
+            "order.",
+            "ds = ds.shuffle(buffer_size).batch(batch_size)  # shuffle examples, then batch",
+        )
+
+
+def _memory_order(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in pipeline.stages:
+        if stage.kind != "shuffle":
+            continue
+        buffer = stage.params.get("buffer_size")
+        if isinstance(buffer, int) and buffer <= 1:
+            continue
+        for upstream in pipeline.main_chain(stage):
+            if upstream.kind in ("cache", "unbatch", "interleave") or upstream.kind in _BATCH_KINDS:
+                break
+            growth = _growth(pipeline, upstream)
+            if growth is None:
+                continue
+            name = _code_name(upstream)
+            size = ""
+            if isinstance(buffer, int) and upstream.element_bytes:
+                size = (
+                    f" (about {_bytes(buffer * upstream.element_bytes)}: {buffer} "
+                    f"elements of {_bytes(upstream.element_bytes)})"
+                )
+            yield _finding(
+                "memory-order",
+                Severity.WARNING,
+                stage,
+                f"{stage.label} buffers the output of {upstream.label}, which {growth}: "
+                f"the shuffle buffer holds the large elements{size}. Shuffling the "
+                "small elements before the map costs the same randomness for far less "
+                "memory.",
+                f"ds = ds.shuffle(buffer_size).map({name}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)",
+            )
+            break
+
+
+def _autotune_disabled(pipeline: Pipeline) -> Iterable[Finding]:
+    turned_off = [
+        description
+        for key, description in _OPTION_SWITCHES.items()
+        if pipeline.options.get(key) is False
+    ]
+    if pipeline.options.get("threading_options.private_threadpool_size") == 1:
+        turned_off.append("all but one thread (threading.private_threadpool_size=1)")
+    if not turned_off:
+        return
+    stage = next(
+        (s for s in reversed(pipeline.stages) if s.kind == "with_options"), pipeline.final
+    )
+    if stage is None:
+        return
+    yield _finding(
+        "autotune-disabled",
+        Severity.WARNING,
+        stage,
+        f"The dataset's options turn off {'; '.join(turned_off)}. Without them tf.data "
+        "neither sizes parallelism and buffers from measurements nor applies the "
+        "rewrites that parallelise stateless maps and overlap input with training.",
+        "Remove these settings from tf.data.Options (their defaults are on), or set "
+        "every num_parallel_calls and prefetch by hand.",
+    )
+
+
+def _data_service(pipeline: Pipeline) -> Iterable[Finding]:
+    for stage in data_service.service_stages(pipeline):
+        yield _finding(
+            data_service.FINDING_ID,
+            Severity.INFO,
+            stage,
+            data_service.service_reason(stage),
+            data_service.SERVICE_FIX,
+        )
+
+
+_RULES: List[Callable[[Pipeline], Iterable[Finding]]] = [
+    _cache_after_random,
+    _cache_after_shuffle,
+    _shuffle_after_batch,
+    _sequential_file_read,
+    _sequential_interleave,
+    _sequential_map,
+    _py_function_in_map,
+    _vectorize_map,
+    _cache_missing,
+    _memory_order,
+    _fixed_parallelism,
+    _autotune_disabled,
+    _missing_prefetch,
+    _data_service,
+]
+
+
+# Helpers.
+
+
+def _finding(
+    finding_id: str, severity: Severity, stage: Stage, reason: str, fix: str
+) -> Finding:
+    return Finding(
+        id=finding_id,
+        severity=severity,
+        stage=stage.label,
+        node=stage.node,
+        op=stage.op,
+        function=stage.function_name,
+        reason=reason,
+        fix=fix,
+    )
+
+
+def _last_transformation(pipeline: Pipeline) -> Optional[Stage]:
+    # These change no element: the transformation before them is the last.
+    by_node = {stage.node: stage for stage in pipeline.stages}
+    stage = pipeline.final
+    while stage is not None and stage.kind in _PASS_THROUGH_KINDS and stage.inputs:
+        stage = by_node.get(stage.inputs[0])
+    return stage
+
+
+def _readers_of(pipeline: Pipeline, stage: Stage) -> Iterable[Stage]:
+    return (item for item in pipeline.stages if stage.node in item.inputs)
+
+
+def _runs_parallel(pipeline: Pipeline, stage: Stage) -> bool:
+    if stage.parallel:
+        return True
+    if stage.parallel_at_runtime is not None:
+        return stage.parallel_at_runtime
+    # The rewritten pipeline could not be read: predict TensorFlow's rewrite.
+    options = pipeline.options
+    return (
+        stage.function is not None
+        and not stage.function.stateful_ops
+        and options.get("optimization_options.apply_default_optimizations") is not False
+        and options.get("optimization_options.map_parallelization") is not False
+    )
+
+
+def _is_random(stage: Stage) -> bool:
+    # Shuffling changes the order, not the elements: work after it can be cached.
+    return (stage.function is not None and stage.function.random) or stage.kind == "random"
+
+
+def _growth(pipeline: Pipeline, stage: Stage) -> Optional[str]:
+    if stage.kind not in _MAP_KINDS or stage.function is None:
+        return None
+    decodes = [op for op in stage.function.heavy_ops if op.startswith("Decode")]
+    before = next(iter(pipeline.main_chain(stage)), None)
+    if stage.element_bytes and before is not None and before.element_bytes:
+        ratio = stage.element_bytes / before.element_bytes
+        if ratio >= _GROWTH:
+            return f"makes each element {ratio:.0f}x larger"
+    if decodes:
+        return f"decodes compressed data ({', '.join(decodes)})"
+    return None
+
+
+def _cost(function: StageFunction) -> str:
+    parts = []
+    if function.py_function_ops:
+        parts.append("Python code")
+    if function.heavy_ops:
+        parts.append(", ".join(function.heavy_ops))
+    if function.io_ops:
+        parts.append("file reads")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _why_stateful(function: StageFunction) -> str:
+    if function.py_function_ops:
+        return "calls Python"
+    if function.random_ops:
+        return f"draws random numbers ({', '.join(function.random_ops)})"
+    return f"holds stateful ops ({', '.join(function.stateful_ops[:3])})"
+
+
+def _runs_as(stage: Stage) -> str:
+    return f" (as {stage.runs_as})" if stage.runs_as else ""
+
+
+def _code_name(stage: Stage) -> str:
+    """The function's name as it would appear in the user's code."""
+    name = stage.function_name
+    if not name or name == "<lambda>" or not re.fullmatch(r"[A-Za-z_][\w.]*", name):
+        return "fn"
+    if name[0].isupper() and "." not in name:
+        # A Keras layer or other callable object: name an instance of it.
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    return name
+
+
+def _bytes(count: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+__all__ = [
+    "CATALOGUE",
+    "inspect",
+    "lint",
+    "lint_generator",
+    "lint_keras_arrays",
+    "lint_py_dataset",
+]

@@ -1,0 +1,660 @@
+"""Rewrites of a tf.data pipeline's graph, and the rebuild of the rewritten dataset.
+
+A dataset serialises itself to a GraphDef (one node per transformation, the
+parameters as `Const` inputs, the user's functions in the graph's library), and
+`tf.raw_ops.DatasetFromGraph` turns a GraphDef back into a working dataset in the
+same process, `tf.py_function` and `from_generator` included. So the fixes the
+tf.data performance guide asks users to write by hand can be made on the graph
+itself: a sequential map becomes a parallel one, a prefetch is appended, a cache
+is inserted, with the user's functions untouched.
+
+This module knows which rewrites exist, where each one is safe, and how to make
+it. It does not judge whether a rewrite is worth it: that is measured (see
+`pipeline_tuning`). Reading the pipeline's stages is `pipeline_graph`'s job.
+"""
+
+import dataclasses
+import itertools
+import re
+import uuid
+from typing import Any, Iterable, List, Optional, Tuple
+
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner._util.tf_import import tensorflow
+
+PARALLEL_MAP = "parallel-map"
+PARALLEL_INTERLEAVE = "parallel-interleave"
+AUTOTUNE_PARALLELISM = "autotune"
+CACHE = "cache"
+PREFETCH = "prefetch"
+
+# The order in which rewrites are tried: parallelism first (it helps every
+# epoch), then the cache (it helps from the second epoch), then the prefetch
+# that overlaps whatever is left with the consumer.
+KINDS = (PARALLEL_INTERLEAVE, PARALLEL_MAP, AUTOTUNE_PARALLELISM, CACHE, PREFETCH)
+
+_AUTOTUNE = -1
+_DATASET_OP = re.compile(r"Dataset(V\d+)?$")
+
+# Stateful ops that read but never change state: a function holding only these
+# gives the same result whatever order or thread runs it.
+_READ_ONLY_STATEFUL_OPS = {
+    "ReadVariableOp",
+    "ResourceGather",
+    "VarHandleOp",
+    "LookupTableFind",
+    "LookupTableFindV2",
+    "LookupTableSize",
+    "LookupTableSizeV2",
+    "HashTable",
+    "HashTableV2",
+}
+# Of those, the ones whose value a training loop may change between epochs.
+_MUTABLE_READ_OPS = {"ReadVariableOp", "ResourceGather", "VarHandleOp"}
+
+# Structural stages: they regroup or select elements without computing on them,
+# so a cache can sit after them as well as before.
+_STRUCTURAL_KINDS = {"batch", "padded_batch", "unbatch", "take", "skip", "shard", "rebatch"}
+# Sources that do work per element (Python, file reads), unlike in-memory ones.
+_SOURCE_KINDS_WITH_WORK = {
+    "from_generator",
+    "TFRecordDataset",
+    "TextLineDataset",
+    "FixedLengthRecordDataset",
+}
+# Stages whose output differs from one epoch to the next by design.
+_RANDOM_KINDS = {"shuffle", "random", "sample_from_datasets"}
+
+# Where each op with a tunable degree of parallelism keeps it, counted from the
+# end of its data inputs: op -> (index from the end, argument name).
+_TUNABLE_INPUT = {
+    "ParallelMapDatasetV2": (-1, "num_parallel_calls"),
+    "ParallelInterleaveDatasetV4": (-1, "num_parallel_calls"),
+    "ParallelFilterDataset": (-1, "num_parallel_calls"),
+    "ParallelBatchDataset": (-2, "num_parallel_calls"),
+    "MapAndBatchDataset": (-2, "num_parallel_calls"),
+    "PrefetchDataset": (-1, "buffer_size"),
+}
+
+
+@dataclasses.dataclass
+class Rewrite:
+    """One change to a pipeline's graph.
+
+    Attributes:
+        kind: "parallel-map", "parallel-interleave", "autotune", "cache" or
+            "prefetch".
+        node: the graph node the rewrite changes, or after which it inserts
+            a stage (for "prefetch", the final node).
+        stage: the stage as the user wrote it, e.g. "map(load)".
+        change: the stage after the rewrite, as code, e.g.
+            "map(load, num_parallel_calls=AUTOTUNE)".
+        changes_order: whether the elements can come in a different order.
+        changes_determinism: whether the elements' values can differ from
+            one run to another where they did not before (e.g. random numbers
+            drawn by parallel calls in a different order).
+        caveat: what the rewrite assumes about the user's code, if anything.
+        filename: for "cache": "" for memory, else the cache file's path.
+    """
+
+    kind: str
+    node: str
+    stage: str
+    change: str
+    changes_order: bool = False
+    changes_determinism: bool = False
+    caveat: Optional[str] = None
+    filename: Optional[str] = None
+
+
+@dataclasses.dataclass
+class Skipped:
+    """A rewrite that was considered for a stage and not made, and why.
+
+    Attributes:
+        kind: the rewrite's kind, as in `Rewrite.kind`.
+        stage: the stage it was considered for.
+        reason: why it is not made.
+    """
+
+    kind: str
+    stage: str
+    reason: str
+
+
+def graph_def_of(dataset):
+    """The GraphDef of a dataset, as TensorFlow serialises it.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+
+    Returns:
+        A `tf.compat.v1.GraphDef`; the final dataset feeds its `_Retval` node.
+    """
+    tf = tensorflow()
+    serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
+    )
+    return tf.compat.v1.GraphDef.FromString(serialized.numpy())
+
+
+def plan_rewrites(
+    pipeline: "pipeline_graph.Pipeline", allow_nondeterministic: bool = False
+) -> Tuple[List[Rewrite], List[Skipped]]:
+    """Lists the rewrites that keep what the model sees, stage by stage.
+
+    A sequential map or interleave can run in parallel (with the original
+    order kept); fixed parallelism and buffer sizes can be AUTOTUNE; a prefetch
+    can end the pipeline; a cache can follow the last expensive stage that
+    gives the same elements every epoch (see `cache_point`). Stages TensorFlow
+    already runs in parallel after its default rewrites are left alone.
+
+    Args:
+        pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
+        allow_nondeterministic: also parallelise maps that draw random numbers
+            (the numbers then land on different elements from run to run).
+
+    Returns:
+        `(rewrites, skipped)`: the candidate rewrites in the order they should
+        be tried, and the rewrites not made with the reason.
+    """
+    rewrites: List[Rewrite] = []
+    skipped: List[Skipped] = []
+    for stage in pipeline.stages:
+        if stage.op == "MapDataset":
+            _plan_parallel_map(stage, allow_nondeterministic, rewrites, skipped)
+        elif stage.op == "InterleaveDataset":
+            _plan_parallel(PARALLEL_INTERLEAVE, stage, allow_nondeterministic, rewrites, skipped)
+        elif stage.op in _TUNABLE_INPUT:
+            _plan_autotune(stage, allow_nondeterministic, rewrites, skipped)
+    point, reason = cache_point(pipeline)
+    if point is None:
+        skipped.append(Skipped(CACHE, str(pipeline), reason))
+    else:
+        rewrites.append(
+            Rewrite(
+                kind=CACHE,
+                node=point.node,
+                stage=point.label,
+                change=f"{point.label}.cache()",
+                caveat=_cache_caveat(pipeline, point),
+                filename="",
+            )
+        )
+    final = pipeline.final
+    if final is not None:
+        runtime_final = pipeline.runtime_final
+        if final.kind == "prefetch":
+            pass
+        elif runtime_final is not None and runtime_final.kind == "prefetch":
+            skipped.append(
+                Skipped(
+                    PREFETCH,
+                    final.label,
+                    "TensorFlow already adds a prefetch at the end when it runs the "
+                    "pipeline (the default inject_prefetch optimisation)",
+                )
+            )
+        else:
+            rewrites.append(
+                Rewrite(
+                    kind=PREFETCH,
+                    node=final.node,
+                    stage=final.label,
+                    change=f"{final.label}.prefetch(AUTOTUNE)",
+                )
+            )
+    order = {kind: index for index, kind in enumerate(KINDS)}
+    rewrites.sort(key=lambda rewrite: order[rewrite.kind])
+    return rewrites, skipped
+
+
+def _plan_parallel_map(stage, allow_nondeterministic, rewrites, skipped) -> None:
+    if stage.parallel_at_runtime:
+        skipped.append(
+            Skipped(
+                PARALLEL_MAP,
+                stage.label,
+                "TensorFlow already runs this map in parallel (the default "
+                "map_parallelization optimisation)",
+            )
+        )
+        return
+    if stage.function is None or stage.function.trivial:
+        return
+    _plan_parallel(PARALLEL_MAP, stage, allow_nondeterministic, rewrites, skipped)
+
+
+def _plan_parallel(kind, stage, allow_nondeterministic, rewrites, skipped) -> None:
+    """Plans running a map's or interleave's calls in parallel, order kept."""
+    function = stage.function
+    blocker = _parallel_blocker(function, allow_nondeterministic) if function else None
+    if blocker is not None:
+        skipped.append(Skipped(kind, stage.label, blocker))
+        return
+    rewrites.append(
+        Rewrite(
+            kind=kind,
+            node=stage.node,
+            stage=stage.label,
+            change=_with_argument(stage.label, "num_parallel_calls=AUTOTUNE"),
+            changes_determinism=function is not None and function.random,
+            caveat=_thread_caveat(function) if function else None,
+        )
+    )
+
+
+def _plan_autotune(stage, allow_nondeterministic, rewrites, skipped) -> None:
+    _, argument = _TUNABLE_INPUT[stage.op]
+    value = stage.params.get(argument)
+    # AUTOTUNE is already -1, and a prefetch of 0 is none.
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return
+    function = stage.function
+    if value == 1 and argument == "num_parallel_calls" and function is not None:
+        # One call at a time may be what keeps the function correct: the same
+        # rules as for making a sequential map parallel.
+        blocker = _parallel_blocker(function, allow_nondeterministic)
+        if blocker is not None:
+            skipped.append(Skipped(AUTOTUNE_PARALLELISM, stage.label, blocker))
+            return
+    named = f"{argument}={value}"
+    change = (
+        stage.label.replace(named, f"{argument}=AUTOTUNE")
+        if named in stage.label
+        else stage.label.replace(f"({value}", "(AUTOTUNE", 1)
+    )
+    rewrites.append(
+        Rewrite(
+            kind=AUTOTUNE_PARALLELISM,
+            node=stage.node,
+            stage=stage.label,
+            change=change,
+            changes_determinism=value == 1 and function is not None and function.random,
+            caveat=_thread_caveat(function) if value == 1 and function is not None else None,
+        )
+    )
+
+
+def _parallel_blocker(function, allow_nondeterministic: bool) -> Optional[str]:
+    """Why calls of `function` must stay one at a time, or None."""
+    side_effects = _side_effects(function)
+    if side_effects:
+        return (
+            f"the function changes state ({', '.join(side_effects)}): calls in parallel "
+            "could change the results"
+        )
+    if function.random and not allow_nondeterministic:
+        return (
+            f"the function draws random numbers ({', '.join(function.random_ops)}): "
+            "parallel calls would hand them to other elements from run to run; pass "
+            "allow_nondeterministic=True to allow it"
+        )
+    return None
+
+
+def _thread_caveat(function) -> Optional[str]:
+    if not function.py_function_ops:
+        return None
+    return (
+        "the Python function runs on several threads at once: it must not depend on the "
+        "order of calls or on unsynchronised shared state"
+    )
+
+
+def _side_effects(function) -> List[str]:
+    allowed = set(function.py_function_ops) | set(function.io_ops) | _READ_ONLY_STATEFUL_OPS
+    return sorted(
+        op
+        for op in function.stateful_ops
+        # Datasets built inside a function (e.g. the reader an interleave
+        # opens) are marked stateful but change nothing outside themselves.
+        if op not in allowed and op not in function.random_ops and not _DATASET_OP.search(op)
+    )
+
+
+def _with_argument(label: str, argument: str) -> str:
+    head, _, tail = label.rpartition(")")
+    separator = "" if head.endswith("(") else ", "
+    return f"{head}{separator}{argument}){tail}"
+
+
+def cache_point(pipeline: "pipeline_graph.Pipeline"):
+    """Where a cache keeps what the model sees: the stage to cache after.
+
+    The cache follows the last expensive stage (it runs Python, reads files or
+    generates elements, decodes or parses) that has only stages giving the same
+    elements every epoch upstream of it, and before anything random (a shuffle,
+    a random augmentation, a read of a variable). Structural stages (batch,
+    take, ...) right after it are cached too. Functions TensorFlow cannot see
+    into (`tf.py_function`, `from_generator`) are assumed to repeat themselves;
+    the tuner checks it on the real elements before using the cache.
+
+    Args:
+        pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
+
+    Returns:
+        `(stage, None)` with the `Stage` to cache after, or `(None, reason)`.
+    """
+    if any(stage.kind == "cache" for stage in pipeline.stages):
+        return None, "the pipeline already caches"
+    final = pipeline.final
+    # From the source to the final stage, along each stage's first input.
+    chain = [] if final is None else [*reversed(list(pipeline.main_chain(final))), final]
+    point = None
+    for stage in chain:
+        upstream = [stage, *pipeline.upstream(stage)]
+        barrier = next((item for item in upstream if _changes_between_epochs(item)), None)
+        if barrier is not None:
+            if point is None:
+                return None, (
+                    f"{barrier.label} gives different elements every epoch and nothing "
+                    "expensive comes before it: a cache would freeze it"
+                )
+            break
+        if _expensive(stage, pipeline):
+            point = stage
+        elif point is not None and stage.kind in _STRUCTURAL_KINDS:
+            point = stage
+        elif point is not None and stage.kind not in ("prefetch", "with_options"):
+            # Work after the expensive stage (e.g. a cheap map that grows the
+            # elements) stays after the cache, where it costs no memory.
+            break
+    if point is None:
+        return None, "no stage is expensive enough to be worth caching"
+    return point, None
+
+
+def draws_randomly(pipeline: "pipeline_graph.Pipeline") -> bool:
+    """Whether a stage shuffles or draws random numbers, as far as the graph shows.
+
+    Args:
+        pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
+
+    Returns:
+        True when some stage is a shuffle or sampling, or runs random ops.
+    """
+    return any(
+        stage.kind in _RANDOM_KINDS or (stage.function is not None and stage.function.random)
+        for stage in pipeline.stages
+    )
+
+
+def _changes_between_epochs(stage) -> bool:
+    if stage.opaque or stage.kind in _RANDOM_KINDS:
+        return True
+    if stage.kind == "repeat":
+        # An infinite repeat never completes the cache; caching goes before it.
+        return True
+    if stage.params.get("deterministic") == "false":
+        return True
+    function = stage.function
+    if function is None:
+        return False
+    if function.random:
+        return True
+    mutable = set(function.stateful_ops) & _MUTABLE_READ_OPS
+    return bool(mutable or _side_effects(function))
+
+
+def _expensive(stage, pipeline) -> bool:
+    if stage.kind in _SOURCE_KINDS_WITH_WORK:
+        return True
+    if stage.function is not None and stage.function.expensive:
+        return True
+    # An interleave or flat_map over datasets it captures (e.g. a generator per
+    # file) is as expensive as what it reads.
+    by_node = {item.node: item for item in pipeline.stages}
+    side_inputs = [by_node[node] for node in stage.inputs[1:] if node in by_node]
+    return any(_expensive(side, pipeline) for side in side_inputs)
+
+
+def _cache_caveat(pipeline, point) -> Optional[str]:
+    upstream = [point, *pipeline.upstream(point)]
+    opaque = [
+        stage.label
+        for stage in reversed(upstream)
+        if stage.kind == "from_generator"
+        or (stage.function is not None and stage.function.py_function_ops)
+    ]
+    if not opaque:
+        return None
+    names = " and ".join([", ".join(opaque[:-1]), opaque[-1]] if len(opaque) > 1 else opaque)
+    return (
+        f"assumes {names} give{'s' if len(opaque) == 1 else ''} the same elements every "
+        "epoch (checked on the real elements)"
+    )
+
+
+def apply_rewrites(graph_def, rewrites: Iterable[Rewrite]):
+    """Makes rewrites on a copy of a dataset's GraphDef.
+
+    Args:
+        graph_def: the `tf.compat.v1.GraphDef` from `graph_def_of`.
+        rewrites: `Rewrite`s from `plan_rewrites` for this graph.
+
+    Returns:
+        The rewritten `tf.compat.v1.GraphDef`; `graph_def` is left unchanged.
+
+    Raises:
+        ValueError: if a rewrite names a node the graph does not have, or a
+            node of another op than the rewrite applies to.
+    """
+    tf = tensorflow()
+    rewritten = tf.compat.v1.GraphDef()
+    rewritten.CopyFrom(graph_def)
+    editor = _GraphEditor(rewritten)
+    for rewrite in rewrites:
+        editor.apply(rewrite)
+    return rewritten
+
+
+def cut_at(graph_def, node: str):
+    """A copy of a dataset's GraphDef whose output is `node` (a prefix of the pipeline).
+
+    Args:
+        graph_def: the `tf.compat.v1.GraphDef`.
+        node: the dataset node that becomes the output.
+
+    Returns:
+        `(graph_def, element_spec)`: the cut graph and the flat tuple of
+        `tf.TensorSpec`s of the node's elements, or `None` as the spec when an
+        element holds something other than plain tensors (ragged, nested
+        datasets).
+    """
+    tf = tensorflow()
+    cut = tf.compat.v1.GraphDef()
+    cut.CopyFrom(graph_def)
+    editor = _GraphEditor(cut)
+    editor.retval.input[0] = node
+    target = editor.node(node)
+    types, shapes = _output_signature(target)
+    if any(tf.dtypes.as_dtype(dtype) in (tf.variant, tf.resource) for dtype in types):
+        return cut, None
+    spec = tuple(
+        tf.TensorSpec(tf.TensorShape(shape), tf.dtypes.as_dtype(dtype))
+        for dtype, shape in zip(types, shapes)
+    )
+    return cut, spec
+
+
+def rebuild(graph_def, element_spec, keep_alive: Any):
+    """Turns a dataset GraphDef back into a dataset, in this process.
+
+    Every memory cache in the graph gets a fresh, unshared buffer, so a rebuilt
+    dataset starts empty as a new dataset would, and several rebuilds of one
+    graph do not fill each other's caches.
+
+    Args:
+        graph_def: a dataset `tf.compat.v1.GraphDef` (from `apply_rewrites`).
+        element_spec: the element spec of its elements.
+        keep_alive: the dataset the graph came from. The rebuilt dataset holds
+            on to it: the Python functions its graph calls (`tf.py_function`,
+            `from_generator`) live only as long as the original dataset.
+
+    Returns:
+        A `tf.data.Dataset`.
+    """
+    tf = tensorflow()
+    fresh = tf.compat.v1.GraphDef()
+    fresh.CopyFrom(graph_def)
+    _GraphEditor(fresh).renew_caches()
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=fresh.SerializeToString())
+    dataset = tf.data.experimental.from_variant(variant, element_spec)
+    dataset._kpt_rebuilt_from = keep_alive  # pylint: disable=protected-access
+    return dataset
+
+
+def _output_signature(node) -> Tuple[List[int], List[Any]]:
+    for types_attr in ("output_types", "Toutput_types"):
+        if types_attr in node.attr:
+            types = list(node.attr[types_attr].list.type)
+            shapes = list(node.attr["output_shapes"].list.shape)
+            return types, shapes
+    raise ValueError(f"Dataset node {node.name!r} ({node.op}) has no output types.")
+
+
+class _GraphEditor:
+    """Edits one dataset GraphDef in place."""
+
+    def __init__(self, graph_def):
+        self.graph_def = graph_def
+        self._by_name = {node.name: node for node in graph_def.node}
+        self.retval = next((node for node in graph_def.node if node.op == "_Retval"), None)
+        if self.retval is None or not self.retval.input:
+            raise ValueError(
+                "Not a dataset graph: it has no `_Retval` node. Pass the GraphDef from "
+                "`graph_def_of(dataset)`."
+            )
+        self._names = itertools.count()
+
+    def node(self, name: str):
+        node = self._by_name.get(name)
+        if node is None:
+            raise ValueError(f"The dataset graph has no node {name!r}.")
+        return node
+
+    def apply(self, rewrite: Rewrite) -> None:
+        node = self.node(rewrite.node)
+        if rewrite.kind == PARALLEL_MAP:
+            self._expect(node, rewrite, "MapDataset")
+            node.op = "ParallelMapDatasetV2"
+            self._add_inputs(node, [self._int64(_AUTOTUNE)])
+            if "force_synchronous" in node.attr:
+                del node.attr["force_synchronous"]
+            node.attr["deterministic"].s = b"true"
+        elif rewrite.kind == PARALLEL_INTERLEAVE:
+            self._expect(node, rewrite, "InterleaveDataset")
+            node.op = "ParallelInterleaveDatasetV4"
+            # buffer_output_elements, prefetch_input_elements, num_parallel_calls:
+            # what `interleave(num_parallel_calls=...)` passes.
+            self._add_inputs(node, [self._int64(_AUTOTUNE) for _ in range(3)])
+            node.attr["deterministic"].s = b"true"
+        elif rewrite.kind == AUTOTUNE_PARALLELISM:
+            self._expect(node, rewrite, *_TUNABLE_INPUT)
+            position, _ = _TUNABLE_INPUT[node.op]
+            data = [index for index, name in enumerate(node.input) if not name.startswith("^")]
+            node.input[data[position]] = self._int64(_AUTOTUNE)
+        elif rewrite.kind == PREFETCH:
+            self._insert_after(node, "PrefetchDataset", [self._int64(_AUTOTUNE)], {
+                "slack_period": ("i", 0),
+                "legacy_autotune": ("b", True),
+                "buffer_size_min": ("i", 0),
+            })
+        elif rewrite.kind == CACHE:
+            filename = self._string(rewrite.filename or "")
+            self._insert_after(node, "CacheDatasetV2", [filename, self._memory_cache()], {})
+        else:
+            raise ValueError(f"Unknown rewrite kind {rewrite.kind!r}; expected one of {KINDS}.")
+
+    def renew_caches(self) -> None:
+        tf = tensorflow()
+        for node in list(self.graph_def.node):
+            if node.op != "CacheDatasetV2":
+                continue
+            resource = self._by_name.get(node.input[2].split(":")[0])
+            if resource is None or resource.op != "Const":
+                continue
+            handle = tf.compat.v1.NodeDef()
+            handle.CopyFrom(resource)
+            handle.name = self._unique("cache_buffer")
+            handle.attr["value"].tensor.resource_handle_val[0].name = (
+                f"kpt_memory_cache_{uuid.uuid4().hex}"
+            )
+            self._add(handle)
+            node.input[2] = handle.name
+
+    # Internals.
+
+    @staticmethod
+    def _expect(node, rewrite: Rewrite, *ops: str) -> None:
+        if node.op not in ops:
+            raise ValueError(
+                f"Rewrite {rewrite.kind!r} applies to {' / '.join(ops)} nodes, but "
+                f"{node.name!r} is a {node.op}."
+            )
+
+    @staticmethod
+    def _add_inputs(node, names: List[str]) -> None:
+        data = [name for name in node.input if not name.startswith("^")]
+        control = [name for name in node.input if name.startswith("^")]
+        del node.input[:]
+        node.input.extend(data + names + control)
+
+    def _insert_after(self, upstream, op: str, extra_inputs: List[str], attrs) -> None:
+        tf = tensorflow()
+        types, shapes = _output_signature(upstream)
+        node = tf.compat.v1.NodeDef(name=self._unique(op), op=op)
+        node.input.extend([upstream.name, *extra_inputs])
+        node.attr["output_types"].list.type.extend(types)
+        node.attr["output_shapes"].list.shape.extend(shapes)
+        node.attr["metadata"].s = b""
+        for name, (field, value) in attrs.items():
+            setattr(node.attr[name], field, value)
+        # Only the next stage along the pipeline reads from the new one; a
+        # dataset captured by a function elsewhere keeps reading the original.
+        for consumer in self.graph_def.node:
+            if consumer.input and consumer.input[0] == upstream.name:
+                consumer.input[0] = node.name
+        self._add(node)
+
+    def _memory_cache(self) -> str:
+        tf = tensorflow()
+        template = graph_def_of(tf.data.Dataset.range(0).cache())
+        resource = next(
+            node
+            for node in template.node
+            if node.op == "Const" and node.attr["dtype"].type == tf.resource.as_datatype_enum
+        )
+        handle = tf.compat.v1.NodeDef()
+        handle.CopyFrom(resource)
+        handle.name = self._unique("cache_buffer")
+        self._add(handle)
+        return handle.name
+
+    def _int64(self, value: int) -> str:
+        tf = tensorflow()
+        return self._const(tf.make_tensor_proto(value, tf.int64), tf.int64)
+
+    def _string(self, value: str) -> str:
+        tf = tensorflow()
+        return self._const(tf.make_tensor_proto(value, tf.string), tf.string)
+
+    def _const(self, tensor, dtype) -> str:
+        tf = tensorflow()
+        node = tf.compat.v1.NodeDef(name=self._unique("Const"), op="Const")
+        node.attr["dtype"].type = dtype.as_datatype_enum
+        node.attr["value"].tensor.CopyFrom(tensor)
+        self._add(node)
+        return node.name
+
+    def _unique(self, stem: str) -> str:
+        while True:
+            name = f"kpt/{stem}_{next(self._names)}"
+            if name not in self._by_name:
+                return name
+
+    def _add(self, node) -> None:
+        self.graph_def.node.append(node)
+        # The proto copies the node on append; index the copy, which later edits change.
+        self._by_name[node.name] = self.graph_def.node[-1]

@@ -1,0 +1,639 @@
+"""`tune`: rewrite a tf.data pipeline, measure each rewrite, keep what is faster.
+
+The candidates come from `pipeline_rewrite.plan_rewrites` (parallel map and
+interleave, AUTOTUNE for fixed parallelism, a cache at a safe point, a final
+prefetch). Each one is tried on top of the rewrites kept so far: the rewritten
+graph is rebuilt in this process, its elements are checked against the
+original's, and it is timed side by side with the pipeline without it
+(`paired_timing`); it is kept only when it is measurably faster. The pipeline
+with every kept rewrite is finally timed against the original, and that ratio
+is the one reported.
+"""
+
+import dataclasses
+import hashlib
+import logging
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from typing import List, Optional, Tuple, Union
+
+from keras_pipeline_tuner.pipeline import paired_timing
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
+from keras_pipeline_tuner._util.argument_checks import checked_dataset
+from keras_pipeline_tuner._util.argument_checks import positive_int
+from keras_pipeline_tuner._util.argument_checks import seconds
+from keras_pipeline_tuner._util.argument_checks import verbosity
+from keras_pipeline_tuner._util.tf_import import tensorflow
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+DEFAULT_BUDGET_S = 60.0
+_MIN_ROUNDS = 3
+_MAX_ROUNDS = 9
+# Share of the available memory a cache may take: training needs the rest.
+_CACHE_MEMORY_SHARE = 0.25
+# Share of the budget one epoch of the original may take before tuning gives up.
+_EPOCH_BUDGET_SHARE = 0.3
+# Elements compared between two passes at a cache point in a random pipeline.
+_REPEAT_CHECK_ELEMENTS = 256
+
+KEPT = "kept"
+SLOWER = "not faster"
+CHANGED_ELEMENTS = "changed the elements"
+FAILED = "failed"
+NOT_MEASURED = "not measured"
+NOT_APPLICABLE = "not applicable"
+
+
+@dataclasses.dataclass
+class RewriteOutcome:
+    """A rewrite `tune` considered, and what became of it.
+
+    Attributes:
+        kind: "parallel-map", "parallel-interleave", "autotune", "cache" or
+            "prefetch".
+        stage: the stage as the user wrote it, e.g. "map(load)".
+        change: the stage after the rewrite, as code.
+        applied: whether the tuned dataset has it.
+        status: "kept", "not faster", "changed the elements", "failed",
+            "not measured" (the budget ran out) or "not applicable".
+        ratio: median over rounds of the pass time with the rewrite over the
+            pass time without it (the rewrites kept before it in both), timed
+            side by side; below 1 is faster. `None` when not measured.
+        rounds: how many side-by-side rounds `ratio` comes from.
+        reason: why it was kept or not, in words.
+        changes_order: whether it can change the order of the elements.
+        changes_determinism: whether it can change the elements' values from
+            run to run (random numbers drawn in another order).
+        caveat: what it assumes about the user's code, if anything.
+    """
+
+    kind: str
+    stage: str
+    change: str = ""
+    applied: bool = False
+    status: str = NOT_APPLICABLE
+    ratio: Optional[float] = None
+    rounds: int = 0
+    reason: str = ""
+    changes_order: bool = False
+    changes_determinism: bool = False
+    caveat: Optional[str] = None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """How many times faster the rewrite made the pipeline (1 / ratio)."""
+        return None if not self.ratio else 1.0 / self.ratio
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What `tune` measured and changed.
+
+    All times are medians of passes timed side by side in the same run; a pass
+    is `epochs` epochs of at most `batches_per_epoch` batches, each followed by
+    a simulated training step of `consumer_step_s` seconds.
+
+    Attributes:
+        original_s: seconds per pass of the original pipeline.
+        tuned_s: seconds per pass of the tuned pipeline.
+        ratio: median over rounds of tuned / original pass time; 1.0 when
+            nothing was changed. Below 1 is faster.
+        rounds: how many rounds `ratio` comes from.
+        rewrites: every rewrite considered, with its own measured ratio.
+        elements_check: how the tuned elements were checked: "equal" (same
+            elements in the same order as the original's first epoch) or
+            "structure" (the pipeline is random: same number, types and shapes).
+        pipeline: the original pipeline, as code.
+        tuned_pipeline: the tuned pipeline, as code.
+        epochs: epochs per pass.
+        batches_per_epoch: batches per epoch (`None`: whole epochs).
+        consumer_step_s: the simulated training step, if any.
+        elapsed_s: how long tuning took.
+        notes: caveats in plain words.
+
+    Example:
+
+    ```python
+    tuned_ds, result = kpt.tune(train_ds, consumer_step_s=0.01)
+    print(f"{result.speedup:.2f}x", [r.change for r in result.applied])
+    ```
+    """
+
+    original_s: float
+    tuned_s: float
+    ratio: float = 1.0
+    rounds: int = 0
+    rewrites: List[RewriteOutcome] = dataclasses.field(default_factory=list)
+    elements_check: str = "equal"
+    pipeline: str = ""
+    tuned_pipeline: str = ""
+    epochs: int = 2
+    batches_per_epoch: Optional[int] = None
+    consumer_step_s: Optional[float] = None
+    elapsed_s: float = 0.0
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the tuned pipeline is (1 / ratio)."""
+        return 1.0 / self.ratio if self.ratio > 0 else math.inf
+
+    @property
+    def applied(self) -> List[RewriteOutcome]:
+        """The rewrites the tuned dataset has."""
+        return [outcome for outcome in self.rewrites if outcome.applied]
+
+    @property
+    def changes_order(self) -> bool:
+        """Whether any applied rewrite can change the order of the elements."""
+        return any(outcome.changes_order for outcome in self.applied)
+
+    @property
+    def changes_determinism(self) -> bool:
+        """Whether any applied rewrite can change the elements from run to run."""
+        return any(outcome.changes_determinism for outcome in self.applied)
+
+
+def tune(
+    dataset,
+    consumer_step_s: Optional[float] = None,
+    budget_s: float = DEFAULT_BUDGET_S,
+    *,
+    epochs: int = 2,
+    num_batches: Optional[int] = None,
+    cache_path: Optional[Union[str, os.PathLike]] = None,
+    cache_memory_bytes: Optional[int] = None,
+    allow_nondeterministic: bool = False,
+    min_gain: float = 0.03,
+    verbose: int = 1,
+):
+    """Rewrites a dataset's pipeline and keeps the rewrites that make it faster.
+
+    The rewrites are made on the dataset's graph and rebuilt in this process,
+    so the user's functions run unchanged: a sequential `map` or `interleave`
+    becomes parallel (order kept), fixed parallelism and buffer sizes become
+    AUTOTUNE, a cache goes after the last expensive stage that gives the same
+    elements every epoch (never after a shuffle or a random augmentation; only
+    if it fits in memory, or on `cache_path`), and a prefetch ends the
+    pipeline. Each rewrite is timed side by side with the pipeline without it,
+    on this machine, and kept only if it is at least `min_gain` faster. No
+    rewrite changes what the model sees: the tuned dataset's elements are
+    checked against the original's.
+
+    Args:
+        dataset: the `tf.data.Dataset` to tune, as passed to `model.fit`.
+        consumer_step_s: seconds of a simulated training step after each
+            batch (e.g. the step time the `PipelineTuner` measured); `None`
+            times the dataset alone.
+        budget_s: about how long tuning may take, in seconds.
+        epochs: epochs per timed pass; a cache pays off from the second.
+        num_batches: batches per epoch; `None` for whole epochs. Required
+            for infinite datasets (pass your `steps_per_epoch`).
+        cache_path: a file path prefix where a cache too big for memory may
+            be written; `None` caches only in memory.
+        cache_memory_bytes: the most memory a cache may take; defaults to a
+            quarter of the memory available now.
+        allow_nondeterministic: also parallelise maps that draw random
+            numbers (the numbers then fall on other elements from run to run).
+        min_gain: the least speed-up a rewrite must bring to be kept
+            (0.03 = 3 % less time per pass).
+        verbose: 1 shows a progress bar, 0 is silent.
+
+    Returns:
+        `(tuned_dataset, result)`: the tuned `tf.data.Dataset` (the original
+        object itself when nothing was kept) and a `TuneResult`.
+
+    Raises:
+        TypeError: if `dataset` is not a `tf.data.Dataset`.
+        ValueError: for arguments out of range, an infinite dataset without
+            `num_batches`, or an epoch too long for the budget.
+
+    Example:
+
+    ```python
+    tuned_ds, result = kpt.tune(train_ds, consumer_step_s=0.01, budget_s=60)
+    for outcome in result.rewrites:
+        print(outcome.change, outcome.status, outcome.ratio)
+    model.fit(tuned_ds, epochs=10)
+    ```
+    """
+    tf = tensorflow()
+    checked_dataset(dataset, "tune")
+    plan = paired_timing.PassPlan(
+        epochs=positive_int(epochs, "epochs"),
+        num_batches=positive_int(num_batches, "num_batches", optional=True),
+        consumer_step_s=seconds(consumer_step_s, "consumer_step_s"),
+    )
+    if not seconds(budget_s, "budget_s"):
+        raise ValueError(f"`budget_s` must be a positive number of seconds, got {budget_s!r}.")
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= min_gain < 1:
+        raise ValueError(f"`min_gain` must be in [0, 1), e.g. 0.03 for 3 %, got {min_gain!r}.")
+    verbosity(verbose)
+    if cache_path is not None:
+        if not isinstance(cache_path, (str, os.PathLike)):
+            raise TypeError(f"`cache_path` must be a path, got {type(cache_path).__name__}.")
+        cache_path = os.fspath(cache_path)
+        if os.path.isdir(cache_path):
+            raise ValueError(
+                f"`cache_path` {cache_path!r} is a directory; pass a file prefix inside "
+                f"it, e.g. {os.path.join(cache_path, 'train_cache')!r}."
+            )
+    if cache_memory_bytes is not None:
+        positive_int(cache_memory_bytes, "cache_memory_bytes")
+    if plan.num_batches is None and int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(
+            "The dataset is infinite (it repeats forever), so an epoch never ends: "
+            "pass num_batches=<batches per epoch>, e.g. your steps_per_epoch."
+        )
+    session = _TuningSession(
+        dataset,
+        plan,
+        budget_s=float(budget_s),
+        cache_path=cache_path,
+        cache_memory_bytes=cache_memory_bytes,
+        allow_nondeterministic=allow_nondeterministic,
+        min_gain=float(min_gain),
+        verbose=verbose,
+    )
+    try:
+        return session.run()
+    finally:
+        session.close()
+
+
+class _TuningSession:
+    """The state of one `tune` call."""
+
+    def __init__(
+        self,
+        dataset,
+        plan,
+        budget_s,
+        cache_path,
+        cache_memory_bytes,
+        allow_nondeterministic,
+        min_gain,
+        verbose,
+    ):
+        self.dataset = dataset
+        self.plan = plan
+        self.budget_s = budget_s
+        self.started = time.perf_counter()
+        self.deadline = self.started + budget_s
+        self.cache_path = cache_path
+        self.cache_memory_bytes = cache_memory_bytes
+        self.allow_nondeterministic = allow_nondeterministic
+        self.min_gain = min_gain
+        self.verbose = verbose
+        self.spec = dataset.element_spec
+        self.graph_def = pipeline_rewrite.graph_def_of(dataset)
+        self.notes: List[str] = []
+        self._scratch = None
+        self._pass_estimate_s = 0.0
+
+    def close(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def run(self):
+        pipeline = pipeline_graph.read_pipeline(self.dataset)
+        candidates, skipped = pipeline_rewrite.plan_rewrites(
+            pipeline, self.allow_nondeterministic
+        )
+        outcomes = [
+            RewriteOutcome(kind=item.kind, stage=item.stage, reason=item.reason)
+            for item in skipped
+        ]
+        # The original's first epoch, twice: the reference elements, whether
+        # they repeat (a random pipeline's do not), and the cost of an epoch.
+        reference, epoch_s = self._epoch_digests(self.dataset, _EPOCH_BUDGET_SHARE * self.budget_s)
+        again, _ = self._epoch_digests(self.dataset, None)
+        self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
+        self.reference = reference
+        if self.repeatable and pipeline_rewrite.draws_randomly(pipeline) and self._rebuild_problem() is not None:
+            # Random, but its own cache replays the first pass: a rebuild,
+            # with an empty cache, draws anew.
+            self.repeatable = False
+        if not self.repeatable:
+            self.notes.append(
+                "The pipeline gives different elements from one pass to the next (it is "
+                "random), so the tuned elements were checked for number, types and shapes "
+                "only."
+            )
+        self._pass_estimate_s = self.plan.epochs * (
+            epoch_s + len(reference) * (self.plan.consumer_step_s or 0.0)
+        )
+        problem = self._rebuild_problem()
+        if problem is not None:
+            self.notes.append(
+                f"The pipeline could not be rebuilt from its graph ({problem}), so it was "
+                "left as it is."
+            )
+            outcomes += [
+                RewriteOutcome(
+                    kind=rewrite.kind,
+                    stage=rewrite.stage,
+                    change=rewrite.change,
+                    status=FAILED,
+                    reason="the pipeline cannot be rebuilt from its graph",
+                )
+                for rewrite in candidates
+            ]
+            candidates = []
+        self.rounds = self._rounds(len(candidates) + 1)
+        progress = self._progress(len(candidates) + 1)
+
+        kept: List[pipeline_rewrite.Rewrite] = []
+        # The one comparison of a single kept rewrite against the original
+        # doubles as the final one.
+        against_original = None
+        for step, rewrite in enumerate(candidates):
+            outcome, times = self._try(rewrite, kept)
+            outcomes.append(outcome)
+            if outcome.applied:
+                against_original = times if not kept else None
+                kept.append(rewrite)
+            if progress is not None:
+                progress.update(step + 1)
+
+        if against_original is not None:
+            original_times, tuned_times = against_original
+        elif kept:
+            times = paired_timing.side_by_side(
+                {"original": lambda: self._build([]), "tuned": lambda: self._build(kept)},
+                self.plan,
+                self.rounds,
+            )
+            original_times, tuned_times = times["original"], times["tuned"]
+        else:
+            # Nothing to compare with: the original's own time, as rebuilt
+            # (fresh caches) when that works.
+            original = (lambda: self.dataset) if problem else (lambda: self._build([]))
+            times = paired_timing.side_by_side({"original": original}, self.plan, _MIN_ROUNDS)
+            original_times = tuned_times = times["original"]
+        if progress is not None:
+            progress.update(len(candidates) + 1)
+
+        if kept:
+            ratio = paired_timing.median_ratio(tuned_times, original_times)
+            tuned = self._build(kept, final=True)
+            tuned_label = str(pipeline_graph.read_pipeline(tuned))
+        else:
+            ratio = 1.0
+            tuned = self.dataset
+            tuned_label = str(pipeline)
+        result = TuneResult(
+            original_s=statistics.median(original_times),
+            tuned_s=statistics.median(tuned_times),
+            ratio=ratio,
+            rounds=len(tuned_times),
+            rewrites=outcomes,
+            elements_check="equal" if self.repeatable else "structure",
+            pipeline=str(pipeline),
+            tuned_pipeline=tuned_label,
+            epochs=self.plan.epochs,
+            batches_per_epoch=self.plan.num_batches,
+            consumer_step_s=self.plan.consumer_step_s,
+            elapsed_s=time.perf_counter() - self.started,
+            notes=self.notes,
+        )
+        logger.info(
+            "keras-pipeline-tuner: tuned pipeline %s: %.3f s -> %.3f s per pass (x%.2f)",
+            result.tuned_pipeline,
+            result.original_s,
+            result.tuned_s,
+            result.speedup,
+        )
+        return tuned, result
+
+    def _rebuild_problem(self) -> Optional[str]:
+        """Why the pipeline rebuilt from its own graph is not the original, if it is not."""
+        try:
+            digests, _ = self._epoch_digests(self._build([]), None)
+        except Exception as error:  # noqa: BLE001 - then the pipeline is left alone.
+            return f"{type(error).__name__}: {error}"
+        return self._mismatch(digests)
+
+    # One rewrite.
+
+    def _try(self, rewrite, kept) -> Tuple[RewriteOutcome, Optional[Tuple[list, list]]]:
+        """Checks and times one rewrite on top of `kept`; returns its outcome and times."""
+        outcome = RewriteOutcome(
+            kind=rewrite.kind,
+            stage=rewrite.stage,
+            change=rewrite.change,
+            changes_order=rewrite.changes_order,
+            changes_determinism=rewrite.changes_determinism,
+            caveat=rewrite.caveat,
+        )
+        if rewrite.kind == pipeline_rewrite.CACHE:
+            reason = self._prepare_cache(rewrite)
+            if reason is not None:
+                outcome.status = NOT_APPLICABLE
+                outcome.reason = reason
+                return outcome, None
+            outcome.change = rewrite.change
+        comparison_s = 2 * _MIN_ROUNDS * self._pass_estimate_s
+        # Keep enough budget for the final comparison with the original.
+        if time.perf_counter() + 2 * comparison_s > self.deadline:
+            outcome.status = NOT_MEASURED
+            outcome.reason = "the time budget ran out before it could be measured"
+            return outcome, None
+        trial = kept + [rewrite]
+        try:
+            digests, _ = self._epoch_digests(self._build(trial), None)
+        except Exception as error:  # noqa: BLE001 - a failed candidate is skipped.
+            outcome.status = FAILED
+            outcome.reason = f"the rewritten pipeline did not run: {type(error).__name__}: {error}"
+            return outcome, None
+        mismatch = self._mismatch(digests)
+        if mismatch is not None:
+            outcome.status = CHANGED_ELEMENTS
+            outcome.reason = mismatch
+            return outcome, None
+        times = paired_timing.side_by_side(
+            {"without": lambda: self._build(kept), "with": lambda: self._build(trial)},
+            self.plan,
+            self.rounds,
+            deadline=self.deadline - comparison_s,
+        )
+        outcome.ratio = paired_timing.median_ratio(times["with"], times["without"])
+        outcome.rounds = len(times["with"])
+        if outcome.ratio <= 1.0 - self.min_gain:
+            outcome.applied = True
+            outcome.status = KEPT
+            outcome.reason = f"{1 / outcome.ratio:.2f}x faster, measured side by side"
+        else:
+            outcome.status = SLOWER
+            outcome.reason = (
+                f"time ratio {outcome.ratio:.2f}: not at least {self.min_gain:.0%} faster"
+            )
+        return outcome, (times["without"], times["with"])
+
+    def _mismatch(self, digests) -> Optional[str]:
+        if len(digests) != len(self.reference):
+            return (
+                f"it gave {len(digests)} batches in an epoch instead of {len(self.reference)}"
+            )
+        # Digests are (values, structure): values when the pipeline repeats itself.
+        index = 0 if self.repeatable else 1
+        for position, (got, want) in enumerate(zip(digests, self.reference)):
+            if got[index] != want[index]:
+                what = "values" if self.repeatable else "types or shapes"
+                return f"batch {position} has other {what} than the original's"
+        return None
+
+    def _prepare_cache(self, rewrite) -> Optional[str]:
+        """Sizes the cache and checks its input repeats; returns why not, or None."""
+        cut, spec = pipeline_rewrite.cut_at(self.graph_def, rewrite.node)
+        if spec is None:
+            return "the elements at the cache point are not plain tensors"
+        limit = self.cache_memory_bytes or _default_cache_memory()
+        prefix = pipeline_rewrite.rebuild(cut, spec, self.dataset)
+        count = int(prefix.cardinality())
+        stage_bytes = _static_bytes(spec)
+        if count >= 0 and stage_bytes is not None:
+            total, complete = count * stage_bytes, True
+        else:
+            seconds = max(0.0, (self.deadline - time.perf_counter()) * _EPOCH_BUDGET_SHARE)
+            total, complete = _scan_bytes(prefix, limit, seconds)
+            if not complete and total <= limit:
+                return (
+                    "its size could not be known within the time budget (the number of "
+                    "elements is unknown); give the dataset a known cardinality with "
+                    "dataset.apply(tf.data.experimental.assert_cardinality(n)) or a larger "
+                    "budget_s"
+                )
+        if total > limit:
+            if self.cache_path is None:
+                return (
+                    f"the cached elements would take {_megabytes(total)} or more, over the "
+                    f"{_megabytes(limit)} allowed in memory; pass cache_path=... to cache "
+                    "on disk, or cache_memory_bytes=..."
+                )
+            rewrite.filename = self.cache_path
+            rewrite.change = rewrite.change.replace(".cache()", f".cache({self.cache_path!r})")
+        if not self.repeatable:
+            first = self._digests_of(pipeline_rewrite.rebuild(cut, spec, self.dataset))
+            second = self._digests_of(pipeline_rewrite.rebuild(cut, spec, self.dataset))
+            if first != second:
+                return (
+                    f"{rewrite.stage} gives different elements from one pass to the next: "
+                    "a cache would freeze them"
+                )
+        return None
+
+    @staticmethod
+    def _digests_of(dataset) -> List[str]:
+        iterator = iter(dataset)
+        found = []
+        for _ in range(_REPEAT_CHECK_ELEMENTS):
+            try:
+                found.append(_digest(next(iterator))[0])
+            except StopIteration:
+                break
+        return found
+
+    # Building and reading datasets.
+
+    def _build(self, rewrites, final: bool = False):
+        rewrites = [self._for_pass(rewrite, final) for rewrite in rewrites]
+        graph_def = pipeline_rewrite.apply_rewrites(self.graph_def, rewrites)
+        return pipeline_rewrite.rebuild(graph_def, self.spec, self.dataset)
+
+    def _for_pass(self, rewrite, final):
+        if rewrite.kind != pipeline_rewrite.CACHE or not rewrite.filename or final:
+            return rewrite
+        # Every timed pass writes its own file cache, as a new run would.
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="kpt-cache-")
+        return dataclasses.replace(rewrite, filename=os.path.join(self._scratch, uuid.uuid4().hex))
+
+    def _epoch_digests(self, dataset, time_limit_s: Optional[float]):
+        began = time.perf_counter()
+        found = []
+        iterator = iter(dataset)
+        while self.plan.num_batches is None or len(found) < self.plan.num_batches:
+            try:
+                element = next(iterator)
+            except StopIteration:
+                break
+            found.append(_digest(element))
+            if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
+                raise ValueError(
+                    f"One epoch of the dataset takes longer than {time_limit_s:.0f} s, too "
+                    f"long for budget_s={self.budget_s:g}: pass num_batches=... to time "
+                    "fewer batches per epoch, or a larger budget_s."
+                )
+        return found, time.perf_counter() - began
+
+    def _rounds(self, comparisons: int) -> int:
+        left = self.deadline - time.perf_counter()
+        per_round = comparisons * 2 * max(self._pass_estimate_s, 1e-3)
+        return int(min(_MAX_ROUNDS, max(_MIN_ROUNDS, left // per_round)))
+
+    def _progress(self, target: int):
+        if not self.verbose:
+            return None
+        import keras
+
+        return keras.utils.Progbar(target, unit_name="comparison")
+
+
+def _digest(element) -> Tuple[str, str]:
+    """Digests of an element's values and of its structure (types and shapes)."""
+    tf = tensorflow()
+    values = hashlib.blake2b(digest_size=16)
+    structure = hashlib.blake2b(digest_size=16)
+    for tensor in tf.nest.flatten(element, expand_composites=True):
+        array = tensor.numpy() if hasattr(tensor, "numpy") else tensor
+        structure.update(f"{tensor.dtype.name}{tuple(array.shape)};".encode())
+        if array.dtype == object:
+            for item in array.ravel():
+                values.update(len(item).to_bytes(8, "little"))
+                values.update(item)
+        else:
+            values.update(array.tobytes())
+    return values.hexdigest(), structure.hexdigest()
+
+
+def _scan_bytes(dataset, limit: int, seconds: float) -> Tuple[int, bool]:
+    """Bytes of a dataset's elements: (total so far, whether the scan ended)."""
+    tf = tensorflow()
+    began = time.perf_counter()
+    total = 0
+    for element in dataset:
+        for tensor in tf.nest.flatten(element, expand_composites=True):
+            array = tensor.numpy()
+            total += sum(len(item) for item in array.ravel()) if array.dtype == object else array.nbytes
+        if total > limit or time.perf_counter() - began > seconds:
+            return total, False
+    return total, True
+
+
+def _static_bytes(spec) -> Optional[int]:
+    total = 0
+    for component in spec:
+        if not component.shape.is_fully_defined() or component.dtype.name == "string":
+            return None
+        total += component.shape.num_elements() * component.dtype.size
+    return total
+
+
+def _default_cache_memory() -> int:
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 4 << 30
+    return int(available * _CACHE_MEMORY_SHARE)
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.0f} MB" if count >= 1e6 else f"{count / 1e3:,.1f} kB"

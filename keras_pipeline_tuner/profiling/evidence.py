@@ -1,0 +1,544 @@
+"""What a TF Profiler window showed: xprof's input-pipeline analysis, read headlessly.
+
+A capture (`<host>.xplane.pb`) is converted in-process with xprof, the library
+behind TensorBoard's Profile tab, into two of its tools:
+
+- "input_pipeline_analyzer": per-step input and compute times, the input share
+  and its conclusion sentence (the same numbers the Profile tab shows), and the
+  tf.data iterators with their self time;
+- "trace_viewer": the timeline, for which dataset op each iterator came from
+  (so it can be named as the user wrote it) and, when the analyzer finds no steps
+  (`steps_per_execution > 1`), for computing the per-step figures from the step
+  markers and the batch fetches themselves.
+
+The slowest stage is picked from the iterator self times, leaving out
+asynchronous iterators whose self time is only waiting for their input.
+"""
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import time
+import typing
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from keras_pipeline_tuner.profiling import stage_names
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import verdict_for
+
+if typing.TYPE_CHECKING:
+    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+
+ANALYZER = "input_pipeline_analyzer"
+TRACE = "trace"
+# The name of the step markers the profiler window puts around each step.
+STEP_MARKER = "train"
+# Above this size a capture is kept for the Profile tab but not converted here:
+# conversion time and memory grow with it, and the user's training waits.
+MAX_CONVERTED_BYTES = 256 * 2**20
+# An asynchronous iterator that waits on its input shows about as much self time
+# as its inputs spend working (they overlap), plus its own bookkeeping; on a
+# function slower than its input it shows the function's time instead.
+_WAITING_SLACK = 1.25
+_FETCH_EVENTS = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
+_STEP_NUMBER = re.compile(r"(\d+)\s*$")
+
+
+@dataclasses.dataclass
+class ProfiledStep:
+    """One profiled step, as the analyzer (or the trace) timed it.
+
+    With `steps_per_execution > 1` one entry covers one call of the compiled
+    function, that many steps.
+
+    Attributes:
+        step: the training step number given to the step marker.
+        step_ms: the step's duration.
+        input_ms: time the step waited for its batch.
+        compute_ms: the rest of the step.
+    """
+
+    step: int
+    step_ms: float
+    input_ms: float
+    compute_ms: float
+
+
+@dataclasses.dataclass
+class IteratorTime:
+    """Time one tf.data iterator took during the window.
+
+    Attributes:
+        iterator: the profiler's name, e.g. "Iterator::Root::Prefetch::BatchV2".
+        stage: the transformation as the user wrote it, e.g. "map(load_image)".
+        stage_node: the graph node of that stage (`pipeline_graph.Stage.node`),
+            when the pipeline was read.
+        dataset_op: the dataset op it runs, as the trace names it (e.g.
+            "MapDataset:1"), if the trace showed it.
+        calls: how many elements it produced.
+        self_ms: time spent in the iterator itself, its inputs excluded.
+        total_ms: time including its inputs.
+        self_share: `self_ms` over the self time of the iterators that worked
+            (not `waiting`): the stage's share of the pipeline's work. Time
+            spent waiting would otherwise be counted twice, once by the waiting
+            iterator and once by the one it waited for.
+        waiting: an asynchronous iterator whose self time is spent waiting for
+            its input rather than working: never the slowest stage.
+    """
+
+    iterator: str
+    stage: str
+    stage_node: Optional[str]
+    dataset_op: Optional[str]
+    calls: int
+    self_ms: float
+    total_ms: float
+    self_share: float
+    waiting: bool
+
+
+@dataclasses.dataclass
+class CaptureCost:
+    """What the window cost, to keep it bounded and stated.
+
+    Attributes:
+        steps: training steps inside the window.
+        window_s: wall time from starting the profiler to having the file.
+        start_s: time to start the profiler.
+        stop_s: time to stop it and write the capture.
+        file_bytes: size of the `.xplane.pb` capture.
+        conversion_s: time to convert it with xprof, after the window closed.
+    """
+
+    steps: int = 0
+    window_s: float = 0.0
+    start_s: float = 0.0
+    stop_s: float = 0.0
+    file_bytes: int = 0
+    conversion_s: Optional[float] = None
+
+
+@dataclasses.dataclass
+class ProfileEvidence:
+    """What one TF Profiler window showed about the input pipeline.
+
+    Attributes:
+        run_dir: the capture's run folder, which TensorBoard's Profile tab lists
+            (`<dir>/plugins/profile/<run>`).
+        xplane_path: the capture file in it.
+        temporary: the capture went to a temporary directory because the tuner
+            had no `log_dir`.
+        trigger: why the window was taken.
+        first_step: first training step in the window.
+        stop_step: the step after the window.
+        source: "input_pipeline_analyzer" when the per-step figures are xprof's,
+            "trace" when they were computed from the trace (the analyzer found no
+            steps), "" when there are none.
+        steps: per-step input and compute times.
+        input_fraction: input time over step time in the window, or `None`.
+        verdict: the `Verdict` for `input_fraction`, with the step clock's
+            (and the TF Profiler's) thresholds.
+        conclusion: the analyzer's conclusion sentence, or what replaced it.
+        iterators: tf.data iterators, most self time first.
+        bottleneck: the stage holding the most input time (e.g.
+            "map(load_image)"); it limits training when the verdict is
+            input-bound.
+        bottleneck_iterator: the profiler's name of that stage's iterator.
+        bottleneck_node: the graph node of that stage, when the pipeline was read.
+        cost: the `CaptureCost`.
+        notes: caveats, e.g. why figures are missing.
+
+    Example:
+
+    ```python
+    evidence = tuner.report.profile
+    print(evidence.verdict, evidence.bottleneck, evidence.cost.file_bytes)
+    ```
+    """
+
+    run_dir: str = ""
+    xplane_path: str = ""
+    temporary: bool = False
+    trigger: str = ""
+    first_step: int = 0
+    stop_step: int = 0
+    source: str = ""
+    steps: List[ProfiledStep] = dataclasses.field(default_factory=list)
+    input_fraction: Optional[float] = None
+    verdict: Verdict = Verdict.UNKNOWN
+    conclusion: str = ""
+    iterators: List[IteratorTime] = dataclasses.field(default_factory=list)
+    bottleneck: Optional[str] = None
+    bottleneck_iterator: Optional[str] = None
+    bottleneck_node: Optional[str] = None
+    cost: CaptureCost = dataclasses.field(default_factory=CaptureCost)
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for people: the window's verdict, slowest stage and location.
+
+        Returns:
+            e.g. "TF Profiler, steps 10-24: 95.5 % input (highly input-bound);
+            slowest stage map(load_image) (99 % of input time); capture in ...".
+        """
+        line = f"TF Profiler, steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}: "
+        if self.input_fraction is None:
+            line += "no step figures (see notes)"
+        else:
+            line += f"{self.input_fraction * 100:.1f} % input ({self.verdict.value})"
+        slowest = next(
+            (it for it in self.iterators if it.iterator == self.bottleneck_iterator), None
+        )
+        if slowest is not None:
+            line += (
+                f"; slowest stage {slowest.stage} "
+                f"({slowest.self_share * 100:.0f} % of input time)"
+            )
+        return f"{line}; capture in {self.run_dir}"
+
+
+def analyze_capture(
+    xplane_path: str, stages: Optional[Dict[str, "pipeline_graph.Stage"]] = None
+) -> ProfileEvidence:
+    """Converts a capture with xprof and reads the input-pipeline evidence.
+
+    Args:
+        xplane_path: a `<host>.xplane.pb` written by the TF Profiler, with step
+            markers named `STEP_MARKER`.
+        stages: `stage_names.pipeline_stages` of the profiled pipeline, to name
+            stages as the user wrote them; `None` names them by kind.
+
+    Returns:
+        A `ProfileEvidence` with the figures, the ranked iterators, the
+        bottleneck and the conversion time; the capture fields (`run_dir`,
+        `trigger`, steps, `cost` apart from `file_bytes` and `conversion_s`)
+        are left for the caller.
+
+    Example:
+
+    ```python
+    evidence = analyze_capture("logs/plugins/profile/run/host.xplane.pb")
+    print(evidence.input_fraction, evidence.bottleneck)
+    ```
+    """
+    evidence = ProfileEvidence(xplane_path=xplane_path)
+    evidence.cost.file_bytes = os.path.getsize(xplane_path)
+    if evidence.cost.file_bytes > MAX_CONVERTED_BYTES:
+        evidence.notes.append(
+            f"The capture is {evidence.cost.file_bytes / 2**20:.0f} MB, above the "
+            f"{MAX_CONVERTED_BYTES / 2**20:.0f} MB converted in-process: open it in "
+            "TensorBoard's Profile tab, or profile fewer steps (profile_steps)."
+        )
+        return evidence
+    began = time.perf_counter()
+    analysis = _tool_json(xplane_path, "input_pipeline_analyzer")
+    events = trace_events(xplane_path)
+    evidence.cost.conversion_s = time.perf_counter() - began
+
+    steps_table, iterators_table = _analyzer_tables(analysis)
+    steps = _analyzer_steps(steps_table)
+    if steps:
+        evidence.source = ANALYZER
+        evidence.conclusion = steps_table.get("p", {}).get("input_conclusion", "")
+    else:
+        steps = trace_steps(events)
+        if steps:
+            evidence.source = TRACE
+            evidence.notes.append(
+                "xprof's input-pipeline analyzer found no steps in this window (it "
+                "does not, with steps_per_execution > 1); the per-step input and "
+                "compute times were computed from the trace instead: the time each "
+                "step marker spent in a batch fetch while no step op ran."
+            )
+        else:
+            evidence.notes.append(
+                "The window could not be analysed: neither the analyzer nor the "
+                f"trace shows a step marker named {STEP_MARKER!r} (was training "
+                "running while the profiler was on?)."
+            )
+    evidence.steps = steps
+    evidence.input_fraction = _input_fraction(steps)
+    evidence.verdict = verdict_for(evidence.input_fraction)
+    if evidence.source == TRACE:
+        evidence.conclusion = (
+            f"{evidence.verdict.value}: {evidence.input_fraction * 100:.1f} % of the "
+            "step time sampled is waiting for input (computed from the trace)."
+        )
+    evidence.iterators = rank_iterators(
+        iterators_table, _iterator_ops(events), stages or {}
+    )
+    bottleneck = next((it for it in evidence.iterators if not it.waiting), None)
+    if bottleneck is not None:
+        evidence.bottleneck = bottleneck.stage
+        evidence.bottleneck_iterator = bottleneck.iterator
+        evidence.bottleneck_node = bottleneck.stage_node
+    elif not evidence.iterators:
+        evidence.notes.append("The capture holds no tf.data iterator activity.")
+    return evidence
+
+
+def rank_iterators(
+    iterators_table: dict,
+    iterator_ops: Dict[str, str],
+    stages: Dict[str, "pipeline_graph.Stage"],
+) -> List[IteratorTime]:
+    """Ranks the analyzer's tf.data iterators by self time and flags waiting ones.
+
+    Args:
+        iterators_table: the analyzer's iterator table (a gviz DataTable with
+            "opName", "count", "timeInMs" and "selfTimeInMs" columns).
+        iterator_ops: iterator name to dataset op name, from the trace.
+        stages: dataset op name to the user's `pipeline_graph.Stage`.
+
+    Returns:
+        `IteratorTime`s, most self time first.
+    """
+    rows = _table_rows(iterators_table)
+    self_ms = {row["opName"]: float(row.get("selfTimeInMs") or 0.0) for row in rows}
+    waiting = {
+        name: _is_waiting(name, stage_names.iterator_kind(name), self_ms) for name in self_ms
+    }
+    working_ms = sum(ms for name, ms in self_ms.items() if not waiting[name]) or 1.0
+    ranked = []
+    for row in rows:
+        name = row["opName"]
+        kind = stage_names.iterator_kind(name)
+        dataset_op = _stage_op(name, kind, iterator_ops)
+        # The root iterator carries the last op's name but is no stage of its own.
+        stage = stage_names.stage_of(dataset_op, stages) if kind != "Root" else None
+        ranked.append(
+            IteratorTime(
+                iterator=name,
+                stage=stage_names.stage_label(name, dataset_op, stage),
+                stage_node=stage.node if stage is not None else None,
+                dataset_op=iterator_ops.get(name),
+                calls=int(row.get("count") or 0),
+                self_ms=self_ms[name],
+                total_ms=float(row.get("timeInMs") or 0.0),
+                self_share=self_ms[name] / working_ms,
+                waiting=waiting[name],
+            )
+        )
+    ranked.sort(key=lambda item: item.self_ms, reverse=True)
+    return ranked
+
+
+def trace_events(xplane_path: str) -> List[dict]:
+    """The capture's timeline, converted by xprof's "trace_viewer" tool.
+
+    Args:
+        xplane_path: a `<host>.xplane.pb` capture.
+
+    Returns:
+        Chrome-trace events (times in microseconds), metadata events included.
+    """
+    trace = _tool_json(xplane_path, "trace_viewer")
+    return trace.get("traceEvents", []) if isinstance(trace, dict) else []
+
+
+def trace_steps(events: Sequence[dict]) -> List[ProfiledStep]:
+    """Per-step input and compute times computed from the trace's step markers.
+
+    A step's input time is the part of it during which a batch fetch
+    (`IteratorGetNext`, or `IteratorGetNextAsOptional` in Keras' multi-step
+    loop) ran while no op of the step did: the step was waiting for input. This
+    holds whatever the number of steps per marker, which is why it is used when
+    the analyzer finds none.
+
+    Args:
+        events: Chrome-trace events (times in microseconds) from xprof's
+            "trace_viewer" tool.
+
+    Returns:
+        One `ProfiledStep` per step marker, in time order.
+    """
+    threads = {
+        event.get("tid"): event.get("args", {}).get("name", "")
+        for event in events
+        if event.get("ph") == "M" and event.get("name") == "thread_name"
+    }
+    markers, fetches, ops = [], [], []
+    for event in events:
+        if event.get("ph") != "X":
+            continue
+        args = event.get("args", {})
+        interval = (float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0.0)))
+        # "train 12" once xprof has grouped the step's events, "train" when it could not.
+        name = event.get("name", "")
+        if "step_num" in args and (name == STEP_MARKER or name.startswith(STEP_MARKER + " ")):
+            markers.append((interval, int(args["step_num"])))
+        elif event.get("name") in _FETCH_EVENTS:
+            fetches.append(interval)
+        elif (
+            "long_name" in args
+            and not str(threads.get(event.get("tid"), "")).startswith("tf_data")
+            and not name.startswith(("Iterator::", "IteratorGetNext"))
+        ):
+            ops.append(interval)
+    fetches, ops = _union(fetches), _union(ops)
+    steps = []
+    for (begin, end), number in sorted(markers):
+        waiting = _length(_subtract(_clip(fetches, begin, end), _clip(ops, begin, end)))
+        duration = end - begin
+        steps.append(
+            ProfiledStep(
+                step=number,
+                step_ms=duration / 1e3,
+                input_ms=waiting / 1e3,
+                compute_ms=(duration - waiting) / 1e3,
+            )
+        )
+    return steps
+
+
+# Conversion.
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    # xprof's C++ logs "No UnifiedProfileProcessor registered for tool:
+    # trace_viewer" on every legacy conversion, an error line that is not one;
+    # TF_CPP_MIN_LOG_LEVEL does not reach it. The conversion runs between steps,
+    # so hiding file descriptor 2 for its duration hides nothing of training.
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _tool_json(xplane_path: str, tool: str):
+    from xprof.convert import raw_to_tool_data
+
+    # The legacy "trace_viewer" returns the whole trace as JSON and, unlike
+    # "trace_viewer@", writes no cache files into the user's run folder.
+    with _native_stderr_silenced():
+        data, _ = raw_to_tool_data.xspace_to_tool_data(
+            [xplane_path], tool, {"use_saved_result": False}
+        )
+    if data is None:
+        raise RuntimeError(f"xprof could not convert {xplane_path} with {tool!r}")
+    return json.loads(data)
+
+
+def _analyzer_tables(analysis) -> Tuple[dict, dict]:
+    # The analyzer answers a list of gviz DataTables: [1] the steps, [2] the
+    # tf.data iterators.
+    if not isinstance(analysis, list) or len(analysis) < 3:
+        return {}, {}
+    return analysis[1] or {}, analysis[2] or {}
+
+
+def _table_rows(table: dict) -> List[dict]:
+    columns = [column.get("id") for column in table.get("cols", [])]
+    return [
+        {column: cell.get("v") if cell else None for column, cell in zip(columns, row["c"])}
+        for row in table.get("rows", [])
+    ]
+
+
+def _analyzer_steps(steps_table: dict) -> List[ProfiledStep]:
+    steps = []
+    for index, row in enumerate(_table_rows(steps_table)):
+        step_ms = float(row.get("stepTimeMs") or 0.0)
+        input_ms = float(row.get("infeedTimeMs") or 0.0)
+        number = _STEP_NUMBER.search(str(row.get("stepnum", "")))
+        steps.append(
+            ProfiledStep(
+                step=int(number.group(1)) if number else index,
+                step_ms=step_ms,
+                input_ms=input_ms,
+                compute_ms=max(step_ms - input_ms, 0.0),
+            )
+        )
+    return steps
+
+
+def _input_fraction(steps: Sequence[ProfiledStep]) -> Optional[float]:
+    total = sum(step.step_ms for step in steps)
+    if not steps or total <= 0:
+        return None
+    return sum(step.input_ms for step in steps) / total
+
+
+def _iterator_ops(events: Sequence[dict]) -> Dict[str, str]:
+    ops = {}
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") != "X" or not name.startswith("Iterator::"):
+            continue
+        args = event.get("args", {})
+        long_name = args.get("long_name", name)
+        if "name" in args and long_name not in ops:
+            ops[long_name] = args["name"]
+    return ops
+
+
+def _stage_op(name: str, kind: str, iterator_ops: Dict[str, str]) -> Optional[str]:
+    # from_generator runs its generator inside a flat_map of its own making: the
+    # generator's op lives in that function, the user's stage is the flat_map.
+    if kind == "Generator":
+        parent = name.rsplit("::", 1)[0]
+        parent = parent[: parent.rindex("[")] if parent.endswith("]") else parent
+        if stage_names.iterator_kind(parent) == "FlatMap" and parent in iterator_ops:
+            return iterator_ops[parent]
+    return iterator_ops.get(name)
+
+
+def _is_waiting(name: str, kind: str, self_ms: Dict[str, float]) -> bool:
+    if not stage_names.is_asynchronous(kind):
+        return False
+    if not stage_names.runs_user_function(kind):
+        return True
+    # A parallel map or interleave waits on its function (its own work) and on
+    # its input (the descendants' work); the descendants tell which it was.
+    # Inputs of an interleave are indexed: "...::ParallelInterleaveV4[0]::Generator".
+    descendants = sum(
+        ms for other, ms in self_ms.items() if other.startswith((name + "::", name + "["))
+    )
+    return self_ms[name] <= _WAITING_SLACK * descendants
+
+
+# Interval arithmetic on sorted, disjoint (begin, end) lists.
+
+
+def _union(intervals):
+    merged = []
+    for begin, end in sorted(intervals):
+        if merged and begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    return [tuple(interval) for interval in merged]
+
+
+def _clip(intervals, begin, end):
+    return [(max(a, begin), min(b, end)) for a, b in intervals if b > begin and a < end]
+
+
+def _subtract(intervals, holes):
+    remaining = []
+    for begin, end in intervals:
+        cursor = begin
+        for hole_begin, hole_end in holes:
+            if hole_end <= cursor or hole_begin >= end:
+                continue
+            if hole_begin > cursor:
+                remaining.append((cursor, hole_begin))
+            cursor = max(cursor, hole_end)
+        if cursor < end:
+            remaining.append((cursor, end))
+    return remaining
+
+
+def _length(intervals) -> float:
+    return sum(end - begin for begin, end in intervals)

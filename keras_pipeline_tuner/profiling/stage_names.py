@@ -1,0 +1,201 @@
+"""Names tf.data stages the way the user wrote them, e.g. "map(load_image)".
+
+The TF Profiler names iterators by their position in the running pipeline
+("Iterator::Root::Prefetch::MapAndBatch::FlatMap") and, in the trace, by the
+dataset op each came from ("MapDataset:1", "fused(MapDataset:1,BatchDatasetV2:2)").
+Those op names are the datasets' metadata names, which the dataset's GraphDef
+carries on its nodes; `pipeline_graph` reads the same graph into stages with the
+user's functions. This module joins the two, and nothing else.
+"""
+
+import re
+import typing
+from typing import Dict, Iterable, Optional
+
+if typing.TYPE_CHECKING:
+    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+
+# Iterator kinds (version suffix removed) and the Dataset method that creates them.
+_TRANSFORMATIONS = {
+    "Batch": "batch",
+    "Cache": "cache",
+    "Concatenate": "concatenate",
+    "Filter": "filter",
+    "FlatMap": "flat_map",
+    "FromTensor": "from_tensors",
+    "Generator": "from_generator",
+    "Interleave": "interleave",
+    "LegacyParallelInterleave": "interleave",
+    "Map": "map",
+    "MapAndBatch": "map",
+    "MemoryCache": "cache",
+    "MemoryCacheImpl": "cache",
+    "FileCache": "cache",
+    "FileCacheImpl": "cache",
+    "PaddedBatch": "padded_batch",
+    "ParallelBatch": "batch",
+    "ParallelFilter": "filter",
+    "ParallelInterleave": "interleave",
+    "ParallelMap": "map",
+    "Prefetch": "prefetch",
+    "Range": "range",
+    "Repeat": "repeat",
+    "Root": "iterator root",
+    "ForeverRepeat": "repeat",
+    "Shuffle": "shuffle",
+    "ShuffleAndRepeat": "shuffle",
+    "Skip": "skip",
+    "Take": "take",
+    "TensorSlice": "from_tensor_slices",
+    "TextLine": "TextLineDataset",
+    "TFRecord": "TFRecordDataset",
+    "Unbatch": "unbatch",
+    "Zip": "zip",
+}
+
+# Iterators that hand work to background threads: their consumer-side self time
+# can be pure waiting for what those threads produce.
+_ASYNCHRONOUS_KINDS = frozenset(
+    {
+        "Prefetch",
+        "ParallelMap",
+        "MapAndBatch",
+        "ParallelInterleave",
+        "LegacyParallelInterleave",
+        "ParallelBatch",
+        "ParallelFilter",
+        "DataService",
+    }
+)
+# Of those, the ones that run no user function: their self time is only waiting
+# (and copying), never the work itself.
+_BUFFER_KINDS = frozenset({"Prefetch", "ParallelBatch", "DataService"})
+
+_SEGMENT_INDEX = re.compile(r"\[\d+\]$")
+_VERSION = re.compile(r"V\d+$")
+_FUSED = re.compile(r"^fused\((.*)\)$")
+
+
+def iterator_kind(iterator: str) -> str:
+    """The kind of an iterator, from its profiler name.
+
+    Args:
+        iterator: a profiler iterator name, e.g.
+            "Iterator::Root::Prefetch::BatchV2::FlatMap[0]::Generator".
+
+    Returns:
+        The last segment without index or version suffix, e.g. "Generator";
+        "ParallelMapV2" gives "ParallelMap".
+
+    Example:
+
+    >>> iterator_kind("Iterator::Root::Prefetch::BatchV2")
+    'Batch'
+    """
+    segment = _SEGMENT_INDEX.sub("", iterator.split("::")[-1])
+    return _VERSION.sub("", segment)
+
+
+def is_asynchronous(kind: str) -> bool:
+    """Whether iterators of `kind` produce their elements on background threads."""
+    return kind in _ASYNCHRONOUS_KINDS
+
+
+def runs_user_function(kind: str) -> bool:
+    """Whether an asynchronous iterator's own time includes a user function."""
+    return kind in _ASYNCHRONOUS_KINDS and kind not in _BUFFER_KINDS
+
+
+def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
+    """The pipeline's stages by the dataset op names the profiler shows.
+
+    Args:
+        dataset: the profiled `tf.data.Dataset`.
+
+    Returns:
+        A dict from dataset op name as the trace shows it (the op's metadata
+        name, e.g. "MapDataset:1", or the `name=` the user gave) to the
+        `pipeline_graph.Stage` of that op.
+    """
+    from tensorflow.core.framework import dataset_metadata_pb2
+
+    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+    from keras_pipeline_tuner._util.tf_import import tensorflow
+
+    tf = tensorflow()
+    pipeline = pipeline_graph.read_pipeline(dataset)
+    by_node = {stage.node: stage for stage in pipeline.stages}
+    # The Stages are keyed by graph node; the metadata names are in the nodes.
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(
+        dataset._as_serialized_graph(
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
+        ).numpy()
+    )
+    stages = {}
+    for node in graph.node:
+        if node.name not in by_node or "metadata" not in node.attr:
+            continue
+        metadata = dataset_metadata_pb2.Metadata()
+        metadata.ParseFromString(node.attr["metadata"].s)
+        if metadata.name:
+            stages[metadata.name.decode("utf-8", "replace")] = by_node[node.name]
+    return stages
+
+
+def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"]):
+    """The user's stage behind a dataset op of the trace, if known.
+
+    Args:
+        dataset_op: the op name the trace gives, e.g. "MapDataset:1" or
+            "fused(MapDataset:1,BatchDatasetV2:2)" for ops tf.data fused.
+        stages: `pipeline_stages` of the pipeline.
+
+    Returns:
+        The `pipeline_graph.Stage`; of fused ops, the first that runs a user
+        function (the map of a map-and-batch). `None` when unknown.
+    """
+    found = [stages[name] for name in _op_names(dataset_op) if name in stages]
+    with_function = [stage for stage in found if stage.function is not None]
+    return (with_function or found or [None])[0]
+
+
+def stage_label(iterator: str, dataset_op: Optional[str] = None, stage=None) -> str:
+    """Names the transformation an iterator runs, as the user wrote it.
+
+    Args:
+        iterator: the profiler iterator name.
+        dataset_op: the dataset op name the trace gives for it, if known.
+        stage: its `pipeline_graph.Stage` (see `stage_of`), if known.
+
+    Returns:
+        The stage as code when known, e.g. "map(load_image)"; otherwise the
+        `tf.data` method of the iterator's kind, e.g. "batch", or "prefetch
+        (added by tf.data)" for a prefetch the runtime injected.
+
+    Example:
+
+    >>> stage_label("Iterator::Root::Prefetch::BatchV2")
+    'batch'
+    """
+    kind = iterator_kind(iterator)
+    transformation = _TRANSFORMATIONS.get(kind) or _snake_case(kind)
+    if kind == "Root":
+        # Named after the pipeline's last op, which it is not.
+        return transformation
+    if stage is not None:
+        return stage.label
+    if dataset_op and dataset_op.startswith("inject/"):
+        return f"{transformation} (added by tf.data)"
+    return transformation
+
+
+def _op_names(dataset_op: Optional[str]) -> Iterable[str]:
+    if not dataset_op:
+        return ()
+    fused = _FUSED.match(dataset_op)
+    return fused.group(1).split(",") if fused else (dataset_op,)
+
+
+def _snake_case(kind: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()

@@ -1,0 +1,481 @@
+"""The profiler window: a short TF Profiler capture during `model.fit`.
+
+The step clock runs on every step at no measurable cost; the TF Profiler costs
+5 % to 70 % more per step while it runs, so it only runs for a short window: after
+a warm-up when the step clock finds the job input-bound ("auto"), or at the steps
+the user names. Each step in the window is wrapped in a step marker (`_r=1`), without which
+xprof's input-pipeline analyzer finds no steps. The capture is written to a
+fresh run folder where TensorBoard's Profile tab finds it, and converted with
+xprof only after the window has closed (at the end of the epoch or of fit), never
+inside a step.
+"""
+
+import contextlib
+import glob
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from typing import List, Optional, Tuple, Union
+
+from keras_pipeline_tuner.profiling import evidence as profile_evidence
+from keras_pipeline_tuner.profiling import stage_names
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner._util.tf_import import tensorflow
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+FEATURE = "profiler window"
+# Steps the step clock measures before "auto" judges the job (the first step, which
+# traces, is not counted). Until it fires, the check repeats at twice the step count
+# of the previous one: summarising the clock costs up to a millisecond, which must
+# not add up over a long job that is not input-bound.
+AUTO_WARMUP_STEPS = 10
+DEFAULT_PROFILE_STEPS = 15
+# The TensorBoard run, under log_dir, that holds the captures:
+# <log_dir>/pipeline_tuner/plugins/profile/<run>/<host>.xplane.pb.
+PROFILE_RUN = "pipeline_tuner"
+EPOCH_ENDED = "the epoch ended"
+FIT_ENDED = "the fit ended"
+_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+
+
+def checked_profile_steps(
+    profile: Union[str, Tuple[int, int]], profile_steps: Optional[int]
+) -> int:
+    """Validates `profile_steps` against `profile`.
+
+    Args:
+        profile: the validated `profile` argument of `PipelineTuner`.
+        profile_steps: steps in an "auto" window, or `None` for the default.
+
+    Returns:
+        The number of steps a window spans.
+
+    Raises:
+        ValueError: naming the problem and the fix.
+    """
+    if isinstance(profile, tuple):
+        if profile_steps is not None:
+            raise ValueError(
+                f"`profile_steps` applies to profile='auto' only, but profile={profile} "
+                "already names the steps. Drop `profile_steps`, or pass profile='auto'."
+            )
+        return profile[1] - profile[0]
+    if profile_steps is None:
+        return DEFAULT_PROFILE_STEPS
+    if isinstance(profile_steps, bool) or not isinstance(profile_steps, int) or profile_steps < 1:
+        raise ValueError(
+            f"`profile_steps` must be a positive integer (the number of training steps "
+            f"in the profiler window), got {profile_steps!r}. Pass e.g. profile_steps=15."
+        )
+    return profile_steps
+
+
+class ProfilerWindow:
+    """Decides when to profile, captures the window, and converts it afterwards.
+
+    `PipelineTuner` calls it from its hooks; every failure inside it turns the
+    feature off through the `FeatureGuard` and training goes on.
+
+    Args:
+        profile: "auto", "off" or a `(start_step, stop_step)` pair of training
+            steps, counted from 0 over the whole fit.
+        profile_steps: steps in an "auto" window (`None`: 15).
+        log_dir: where the capture goes (under `pipeline_tuner/`); `None`
+            captures into a new temporary directory, kept for TensorBoard and
+            named in the evidence.
+        guard: the tuner's `FeatureGuard`.
+
+    Attributes:
+        evidence: the `ProfileEvidence` of the latest fit, once converted.
+        notes: plain-language notes on windows that were skipped or not reached.
+
+    Example:
+
+    ```python
+    window = ProfilerWindow((10, 30), None, "logs/run1", FeatureGuard())
+    ```
+    """
+
+    def __init__(
+        self,
+        profile: Union[str, Tuple[int, int]],
+        profile_steps: Optional[int],
+        log_dir: Optional[str],
+        guard: FeatureGuard,
+    ):
+        self.profile = profile
+        self.steps = checked_profile_steps(profile, profile_steps)
+        self.log_dir = log_dir
+        self._guard = guard
+        self.evidence: Optional[ProfileEvidence] = None
+        self.notes: List[str] = []
+        self._capture: Optional[_Capture] = None
+        self._pending: Optional[_Capture] = None
+        self._taken = False
+        self._steps_done = 0
+        self._call_begin = 0
+        self._next_check = AUTO_WARMUP_STEPS
+
+    # Hooks.
+
+    def begin_fit(self) -> None:
+        """Starts a new fit: one window at most per fit."""
+        self._abandon()
+        self.evidence = None
+        self.notes = []
+        self._pending = None
+        self._taken = self.profile == "off"
+        self._steps_done = 0
+        self._call_begin = 0
+        self._next_check = AUTO_WARMUP_STEPS
+
+    def before_step(self, batch: int, timed, clock) -> None:
+        """Opens the window if it is due, and marks the step when it is open.
+
+        Args:
+            batch: the batch index Keras passes to `on_train_batch_begin`.
+            timed: the `TimedFunction` standing in for `train_function`, or
+                `None` when only whole steps are measured (the step marker is
+                then entered here and exited in `after_step`).
+            clock: the tuner's `StepClock`, for the "auto" decision.
+        """
+        self._call_begin = batch
+        if not self._usable():
+            return
+        with self._guard(FEATURE), self._cleanup_on_failure():
+            if self._capture is None and not self._taken:
+                trigger = self._due(clock)
+                if trigger is not None:
+                    self._open(trigger, timed)
+            if self._capture is not None and self._capture.timed is None:
+                self._capture.enter_marker(self._steps_done)
+
+    def after_step(self, batch: int) -> None:
+        """Counts the steps of the call that ended, and closes the window when due.
+
+        Args:
+            batch: the batch index Keras passes to `on_train_batch_end` (with
+                `steps_per_execution > 1`, the call's last step).
+        """
+        self._steps_done += max(batch - self._call_begin + 1, 1)
+        if not self._usable():
+            return
+        with self._guard(FEATURE), self._cleanup_on_failure():
+            if self._capture is not None:
+                self._capture.exit_marker()
+                if self._steps_done >= self._capture.stop_step:
+                    self._close(None)
+
+    def close(self, reason: str) -> None:
+        """Closes an open window early, e.g. at the end of an epoch.
+
+        Args:
+            reason: why, for the evidence's notes (e.g. `EPOCH_ENDED`).
+        """
+        if not self._usable():
+            return
+        with self._guard(FEATURE), self._cleanup_on_failure():
+            if self._capture is not None:
+                self._close(reason)
+
+    def end_epoch(self) -> None:
+        """Closes an open window and converts a closed one (between steps)."""
+        self.close(EPOCH_ENDED)
+        self._convert()
+
+    def end_fit(self) -> None:
+        """Closes and converts whatever is left, and notes a window not reached."""
+        self.close(FIT_ENDED)
+        self._convert()
+        if isinstance(self.profile, tuple) and not self._taken and self._guard.enabled(FEATURE):
+            self.notes.append(
+                f"No profiler window: profile={self.profile} starts after the last "
+                f"step of this fit ({self._steps_done} steps). Pick steps inside the fit."
+            )
+
+    # Internals.
+
+    def _usable(self) -> bool:
+        if self._guard.enabled(FEATURE):
+            return True
+        self._abandon()
+        return False
+
+    def _due(self, clock) -> Optional[str]:
+        step = self._steps_done
+        if isinstance(self.profile, tuple):
+            start, stop = self.profile
+            if start <= step < stop:
+                return f"requested: profile={self.profile}"
+            return None
+        if step < self._next_check:
+            return None
+        self._next_check = 2 * step
+        stats = clock.stats(TRAIN)
+        if stats.verdict not in _INPUT_BOUND:
+            return None
+        return (
+            f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "
+            f"wait over {stats.steps} steps ({stats.verdict.value})"
+        )
+
+    def _open(self, trigger: str, timed) -> None:
+        tf = tensorflow()
+        self._taken = True
+        stop_step = (
+            self.profile[1] if isinstance(self.profile, tuple) else self._steps_done + self.steps
+        )
+        staging = tempfile.mkdtemp(prefix="keras_pipeline_tuner_capture_")
+        began = time.perf_counter()
+        try:
+            tf.profiler.experimental.start(staging)
+        except tf.errors.AlreadyExistsError:
+            shutil.rmtree(staging, ignore_errors=True)
+            note = (
+                "No profiler window: another TF Profiler session was already running "
+                "(for example keras.callbacks.TensorBoard(profile_batch=...)); its "
+                "capture is kept and this one was skipped."
+            )
+            logger.warning("keras-pipeline-tuner: %s", note)
+            self.notes.append(note)
+            return
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._capture = _Capture(
+            staging=staging,
+            trigger=trigger,
+            first_step=self._steps_done,
+            stop_step=stop_step,
+            timed=timed,
+            started_at=began,
+            start_s=time.perf_counter() - began,
+        )
+        if timed is not None:
+            timed.trace_step = self._mark
+        logger.info(
+            "keras-pipeline-tuner: profiling steps from %d (%s).", self._steps_done, trigger
+        )
+
+    def _mark(self, iterator):
+        # Runs inside TimedFunction's call: it must not raise into the user's step.
+        capture = self._capture
+        if capture is None or not self._guard.enabled(FEATURE):
+            return None
+        with self._guard(FEATURE):
+            if capture.dataset is None:
+                capture.dataset = getattr(iterator, "_dataset", None)
+            return tensorflow().profiler.experimental.Trace(
+                profile_evidence.STEP_MARKER, step_num=self._steps_done, _r=1
+            )
+        return None
+
+    def _close(self, reason: Optional[str]) -> None:
+        tf = tensorflow()
+        capture, self._capture = self._capture, None
+        capture.release()
+        began = time.perf_counter()
+        try:
+            tf.profiler.experimental.stop()
+        except BaseException:
+            shutil.rmtree(capture.staging, ignore_errors=True)
+            raise
+        capture.stop_s = time.perf_counter() - began
+        capture.steps = self._steps_done - capture.first_step
+        if reason is not None:
+            capture.notes.append(
+                f"The window closed after {capture.steps} of "
+                f"{capture.stop_step - capture.first_step} steps because {reason}: a "
+                "window does not span an epoch end (the iterator is rebuilt there "
+                "and validation runs)."
+            )
+        capture.run_dir, capture.xplane_path, capture.temporary = _publish(
+            capture.staging, self.log_dir
+        )
+        capture.window_s = time.perf_counter() - capture.started_at
+        self._pending = capture
+
+    def _convert(self) -> None:
+        capture, self._pending = self._pending, None
+        if capture is None or not self._guard.enabled(FEATURE):
+            return
+        evidence = ProfileEvidence(
+            run_dir=capture.run_dir,
+            xplane_path=capture.xplane_path,
+            temporary=capture.temporary,
+            trigger=capture.trigger,
+            first_step=capture.first_step,
+            stop_step=capture.first_step + capture.steps,
+            notes=list(capture.notes),
+        )
+        evidence.cost = profile_evidence.CaptureCost(
+            steps=capture.steps,
+            window_s=capture.window_s,
+            start_s=capture.start_s,
+            stop_s=capture.stop_s,
+            file_bytes=_file_bytes(capture.xplane_path),
+        )
+        if capture.temporary:
+            evidence.notes.append(
+                "The tuner has no log_dir, so the capture was written to the temporary "
+                f"directory {_log_dir_of(capture.run_dir)}; pass log_dir to keep it with "
+                "the run."
+            )
+        self.evidence = evidence
+        with self._guard(FEATURE):
+            stages, naming_note = _stages_of(capture.dataset)
+            analysed = profile_evidence.analyze_capture(capture.xplane_path, stages)
+            for field in (
+                "source",
+                "steps",
+                "input_fraction",
+                "verdict",
+                "conclusion",
+                "iterators",
+                "bottleneck",
+                "bottleneck_iterator",
+                "bottleneck_node",
+            ):
+                setattr(evidence, field, getattr(analysed, field))
+            evidence.cost.conversion_s = analysed.cost.conversion_s
+            evidence.notes += analysed.notes + ([naming_note] if naming_note else [])
+
+    def _abandon(self) -> None:
+        # Best effort, after a failure or an interrupted fit: the TF Profiler is
+        # process-wide, and a session left running would block the user's own.
+        capture, self._capture = self._capture, None
+        if capture is None:
+            return
+        capture.release()
+        try:
+            tensorflow().profiler.experimental.stop(save=False)
+        except Exception:  # noqa: BLE001 - nothing more can be done.
+            pass
+        shutil.rmtree(capture.staging, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _cleanup_on_failure(self):
+        try:
+            yield
+        except BaseException:
+            self._abandon()
+            raise
+
+
+class _Capture:
+    """One running or closed capture, from start to conversion."""
+
+    def __init__(self, staging, trigger, first_step, stop_step, timed, started_at, start_s):
+        self.staging = staging
+        self.trigger = trigger
+        self.first_step = first_step
+        self.stop_step = stop_step
+        self.timed = timed
+        self.started_at = started_at
+        self.start_s = start_s
+        self.stop_s = 0.0
+        self.window_s = 0.0
+        self.steps = 0
+        self.dataset = None
+        self.marker = None
+        self.notes: List[str] = []
+        self.run_dir = ""
+        self.xplane_path = ""
+        self.temporary = False
+
+    def enter_marker(self, step: int) -> None:
+        self.exit_marker()
+        self.marker = tensorflow().profiler.experimental.Trace(
+            profile_evidence.STEP_MARKER, step_num=step, _r=1
+        )
+        self.marker.__enter__()
+
+    def exit_marker(self) -> None:
+        marker, self.marker = self.marker, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+    def release(self) -> None:
+        """Stops marking steps."""
+        self.exit_marker()
+        if self.timed is not None:
+            self.timed.trace_step = None
+            self.timed = None
+
+
+def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
+    """Moves a capture from its staging directory to a run folder of its own.
+
+    The TF Profiler names run folders to the second, so two captures in one
+    second would land in one folder; capturing into a private directory and
+    claiming the final folder with an atomic `mkdir` keeps every capture.
+
+    Returns:
+        The run folder, the `.xplane.pb` path in it, and whether it is in a
+        temporary directory.
+    """
+    try:
+        staged = sorted(glob.glob(os.path.join(staging, "plugins", "profile", "*")))
+        if not staged:
+            raise RuntimeError("the TF Profiler wrote no capture")
+        temporary = log_dir is None
+        root = (
+            tempfile.mkdtemp(prefix="keras_pipeline_tuner_profile_")
+            if temporary
+            else os.path.join(log_dir, PROFILE_RUN)
+        )
+        profile_dir = os.path.join(root, "plugins", "profile")
+        os.makedirs(profile_dir, exist_ok=True)
+        base = os.path.basename(staged[0])
+        for index in itertools.count(1):
+            run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
+            try:
+                os.mkdir(run_dir)
+                break
+            except FileExistsError:
+                continue
+        for name in os.listdir(staged[0]):
+            shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    captures = glob.glob(os.path.join(run_dir, "*.xplane.pb"))
+    if not captures:
+        raise RuntimeError(f"the TF Profiler wrote no .xplane.pb into {run_dir}")
+    return run_dir, captures[0], temporary
+
+
+def _file_bytes(path: str) -> int:
+    # Outside the guard: a capture deleted with its log dir is reported by the
+    # conversion, inside the guard, not here.
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _log_dir_of(run_dir: str) -> str:
+    # <log_dir>/plugins/profile/<run>: the directory to give TensorBoard.
+    return os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
+
+
+def _stages_of(dataset):
+    if dataset is None:
+        return {}, (
+            "Stages are named by kind only: the profiled steps showed no tf.data "
+            "iterator to read the pipeline from (distributed input, or only whole "
+            "steps measured)."
+        )
+    try:
+        return stage_names.pipeline_stages(dataset), None
+    except Exception as error:  # noqa: BLE001 - names are a nicety, not the evidence.
+        return {}, (
+            f"Stages are named by kind only: the pipeline's graph could not be read "
+            f"({type(error).__name__}: {error})."
+        )

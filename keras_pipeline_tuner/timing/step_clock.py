@@ -1,0 +1,313 @@
+"""The step clock: a bounded record of when each step waited and computed.
+
+Every source of timings (the `model.fit` callback, the custom-loop decorator, the
+timed iterator) hands the clock rows of three timestamps per step, in seconds:
+
+    start   the step began asking for its batch,
+    ready   the batch was there (NaN when it could not be observed),
+    end     the step's outputs and weight updates were done.
+
+From these the clock derives input wait (`ready - start`), compute
+(`end - max(ready, start)`) and the host gap between steps, keeps the most recent
+rows in a fixed-size ring (memory does not grow with the run) and exact running
+totals per epoch, and summarises them as `StepStats`.
+"""
+
+import dataclasses
+import math
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import verdict_for
+
+TRAIN = "train"
+VALIDATION = "validation"
+_KINDS = (TRAIN, VALIDATION)
+
+
+@dataclasses.dataclass
+class FirstStep:
+    """The first step of a run, reported apart: it includes tracing.
+
+    Attributes:
+        wall_ms: wall time of the first call, measured from Python.
+        input_wait_ms: input wait measured inside the step (NaN if unknown).
+        compute_ms: compute measured inside the step.
+        tracing_ms: wall time not spent in the step itself: tracing and
+            graph optimisation of the step function.
+    """
+
+    wall_ms: float
+    input_wait_ms: Optional[float]
+    compute_ms: Optional[float]
+    tracing_ms: Optional[float]
+
+
+@dataclasses.dataclass
+class EpochBreakdown:
+    """Steady-state statistics of one epoch of one kind (train or validation).
+
+    Attributes:
+        epoch: the epoch number (as Keras counts them, from 0).
+        kind: "train" or "validation".
+        setup_ms: time from the start of the epoch to its first step: iterator
+            creation, and the destruction of the previous epoch's iterator.
+        stats: `StepStats` of the epoch's steps, the run's first step excluded.
+    """
+
+    epoch: int
+    kind: str
+    setup_ms: Optional[float]
+    stats: StepStats
+
+
+@dataclasses.dataclass
+class _Totals:
+    """Exact running sums, kept apart from the ring so they survive wrap-around."""
+
+    steps: int = 0
+    measured_steps: int = 0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+
+    def add(self, wait: np.ndarray, compute: np.ndarray) -> None:
+        measured = ~np.isnan(wait)
+        self.steps += int(wait.size)
+        self.measured_steps += int(measured.sum())
+        self.wait_s += float(wait[measured].sum())
+        self.step_s += float((wait[measured] + compute[measured]).sum())
+
+    def fraction(self) -> Optional[float]:
+        if self.measured_steps == 0:
+            return None
+        return self.wait_s / self.step_s if self.step_s > 0 else 0.0
+
+
+class StepClock:
+    """Bounded per-step timing records with per-epoch summaries.
+
+    Args:
+        capacity: how many of the most recent steps keep their individual
+            timings (for medians, percentiles and timelines). Totals and the input
+            fraction stay exact beyond it.
+
+    Example:
+
+    >>> clock = StepClock(capacity=100)
+    >>> clock.begin_epoch(0)
+    >>> clock.record("train", np.array([[0.0, 0.03, 0.04], [0.04, 0.07, 0.08]]))
+    >>> round(clock.stats("train").input_fraction, 2)
+    0.75
+    """
+
+    def __init__(self, capacity: int = 10_000):
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(
+                f"`buffer_steps` must be a positive integer, got {capacity!r}. "
+                "Pass e.g. buffer_steps=10000."
+            )
+        self.capacity = capacity
+        self._kind = np.zeros(capacity, dtype=np.int8)
+        self._epoch = np.zeros(capacity, dtype=np.int32)
+        self._start = np.zeros(capacity, dtype=np.float64)
+        self._wait = np.zeros(capacity, dtype=np.float64)
+        self._compute = np.zeros(capacity, dtype=np.float64)
+        self._gap = np.zeros(capacity, dtype=np.float64)
+        self._size = 0
+        self._next = 0
+        self._totals: Dict[str, _Totals] = {kind: _Totals() for kind in _KINDS}
+        self._epoch_totals: Dict[str, _Totals] = {kind: _Totals() for kind in _KINDS}
+        self._last_end: Dict[str, float] = {}
+        self._epoch_started: Dict[str, float] = {}
+        self._epoch_setup: Dict[str, Optional[float]] = {}
+        self.epoch = 0
+        self.first_steps: Dict[str, FirstStep] = {}
+        self.epochs: List[EpochBreakdown] = []
+
+    def begin_epoch(self, epoch: int, kind: str = TRAIN) -> None:
+        """Marks the start of an epoch; the time to its first step is its setup.
+
+        Args:
+            epoch: the epoch number.
+            kind: "train" or "validation".
+        """
+        if kind == TRAIN:
+            self.epoch = epoch
+        self._epoch_totals[kind] = _Totals()
+        self._epoch_started[kind] = time.time()
+        self._epoch_setup[kind] = None
+        self._last_end.pop(kind, None)
+
+    def record(self, kind: str, rows: np.ndarray, called_at: Optional[float] = None) -> None:
+        """Adds steps given as rows of (start, ready, end) timestamps in seconds.
+
+        Args:
+            kind: "train" or "validation".
+            rows: array of shape (steps, 3); `ready` may be NaN when the input
+                wait could not be separated from compute.
+            called_at: when the call that ran these steps began, seen from Python
+                (`time.time()`); ends the epoch's setup time. Defaults to the
+                first row's start.
+        """
+        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        self._note_setup(kind, rows, called_at)
+        if rows.shape[0] == 0:
+            return
+        start, ready, end = rows[:, 0], rows[:, 1], rows[:, 2]
+        began = np.fmax(ready, start)
+        wait = np.where(np.isnan(ready), np.nan, np.maximum(ready - start, 0.0))
+        compute = np.maximum(end - np.where(np.isnan(ready), start, began), 0.0)
+        previous_end = np.concatenate(
+            [[self._last_end.get(kind, np.nan)], end[:-1]]
+        )
+        gap = np.maximum(start - previous_end, 0.0)
+        self._last_end[kind] = float(end[-1])
+        self._totals[kind].add(wait, compute)
+        self._epoch_totals[kind].add(wait, compute)
+        self._append(_KINDS.index(kind), start, wait, compute, gap)
+
+    def record_first_step(
+        self, kind: str, wall_s: float, rows: np.ndarray, called_at: Optional[float] = None
+    ) -> None:
+        """Keeps a run's first step of `kind` apart: it includes tracing.
+
+        Args:
+            kind: "train" or "validation".
+            wall_s: wall time of the first call, measured from Python.
+            rows: its (start, ready, end) rows, as for `record`; with
+                `steps_per_execution > 1` the rows after the first are ordinary steps.
+            called_at: as for `record`.
+        """
+        rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        start, ready, end = rows[0]
+        measured = not math.isnan(ready)
+        self.first_steps[kind] = FirstStep(
+            wall_ms=wall_s * 1e3,
+            input_wait_ms=float(max(ready - start, 0.0) * 1e3) if measured else None,
+            compute_ms=float((end - (ready if measured else start)) * 1e3),
+            tracing_ms=float(max(wall_s - float(rows[-1, 2] - start), 0.0) * 1e3),
+        )
+        self._note_setup(kind, rows, called_at)
+        self._last_end[kind] = float(end)
+        self.record(kind, rows[1:])
+
+    def end_epoch(self, kind: str = TRAIN, epoch: Optional[int] = None) -> EpochBreakdown:
+        """Closes the current epoch of `kind` and keeps its breakdown.
+
+        Args:
+            kind: "train" or "validation".
+            epoch: the epoch number; defaults to the current training epoch.
+
+        Returns:
+            The `EpochBreakdown` of that epoch.
+        """
+        epoch = self.epoch if epoch is None else epoch
+        selected = self._select(kind, epoch)
+        breakdown = EpochBreakdown(
+            epoch=epoch,
+            kind=kind,
+            setup_ms=_ms(self._epoch_setup.get(kind)),
+            stats=self._summarise(selected, self._epoch_totals[kind]),
+        )
+        self.epochs.append(breakdown)
+        self._epoch_started.pop(kind, None)
+        return breakdown
+
+    def stats(self, kind: str = TRAIN) -> StepStats:
+        """Steady-state statistics of all steps of `kind` so far.
+
+        Args:
+            kind: "train" or "validation".
+
+        Returns:
+            A `StepStats`; percentiles come from the retained steps, the step count
+            and the input fraction are exact.
+        """
+        return self._summarise(self._select(kind), self._totals[kind])
+
+    def steps(self, kind: str = TRAIN) -> Dict[str, np.ndarray]:
+        """The retained per-step timings of `kind`, oldest first.
+
+        Args:
+            kind: "train" or "validation".
+
+        Returns:
+            A dict of equal-length arrays: "epoch", "start" (seconds since the
+            epoch), "wait", "compute" and "gap" (seconds).
+        """
+        return self._select(kind)
+
+    def step_numbers(self, kind: str = TRAIN) -> np.ndarray:
+        """The run-wide number of each retained step of `kind`, in `steps()` order.
+
+        Args:
+            kind: "train" or "validation".
+
+        Returns:
+            An int64 array; the first step (reported apart) is step 0, so the
+            retained steps end at the number of steps recorded.
+        """
+        retained = int(np.count_nonzero(self._kind[: self._size] == _KINDS.index(kind)))
+        total = self._totals[kind].steps
+        return np.arange(total - retained + 1, total + 1, dtype=np.int64)
+
+    @property
+    def retained_steps(self) -> int:
+        """How many per-step rows the ring holds now (at most `capacity`)."""
+        return self._size
+
+    # Internals.
+
+    def _note_setup(self, kind: str, rows: np.ndarray, called_at: Optional[float]) -> None:
+        if self._epoch_setup.get(kind) is not None or kind not in self._epoch_started:
+            return
+        if called_at is None:
+            if rows.shape[0] == 0:
+                return
+            called_at = float(rows[0, 0])
+        self._epoch_setup[kind] = max(0.0, called_at - self._epoch_started[kind])
+
+    def _append(self, kind_code, start, wait, compute, gap) -> None:
+        count = start.size
+        if count > self.capacity:
+            start, wait, compute, gap = (a[-self.capacity:] for a in (start, wait, compute, gap))
+            count = self.capacity
+        index = (self._next + np.arange(count)) % self.capacity
+        self._kind[index] = kind_code
+        self._epoch[index] = self.epoch
+        self._start[index] = start
+        self._wait[index] = wait
+        self._compute[index] = compute
+        self._gap[index] = gap
+        self._next = int((self._next + count) % self.capacity)
+        self._size = min(self._size + count, self.capacity)
+
+    def _select(self, kind: str, epoch: Optional[int] = None) -> Dict[str, np.ndarray]:
+        order = (self._next - self._size + np.arange(self._size)) % self.capacity
+        mask = self._kind[order] == _KINDS.index(kind)
+        if epoch is not None:
+            mask &= self._epoch[order] == epoch
+        order = order[mask]
+        return {
+            "epoch": self._epoch[order],
+            "start": self._start[order],
+            "wait": self._wait[order],
+            "compute": self._compute[order],
+            "gap": self._gap[order],
+        }
+
+    @staticmethod
+    def _summarise(selected: Dict[str, np.ndarray], totals: _Totals) -> StepStats:
+        stats = StepStats.from_arrays(selected["wait"], selected["compute"], selected["gap"])
+        stats.steps = totals.steps
+        stats.input_fraction = totals.fraction()
+        stats.verdict = verdict_for(stats.input_fraction)
+        return stats
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else float(seconds * 1e3)
+

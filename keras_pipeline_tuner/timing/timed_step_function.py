@@ -1,0 +1,205 @@
+"""An equivalent of Keras' compiled train/test function that also times each step.
+
+In Keras 3 (TensorFlow backend) the batch is fetched *inside* `model.train_function`,
+so callbacks alone cannot split input wait from compute. This module builds a
+replacement for `model.train_function` / `model.test_function` that runs the same
+step (`model.train_step` / `model.test_step`, under the model's distribution
+strategy, XLA-compiled when the model is) and takes `tf.timestamp()` around the
+batch fetch and after the step, in the outer, never XLA-compiled function.
+
+Each call returns Keras' logs unchanged; the timestamps are handed to a callback
+as rows of (start, ready, end), the format of `StepClock.record`.
+"""
+
+import logging
+import time
+from typing import Callable, Optional
+
+from keras_pipeline_tuner._util.tf_import import tensorflow
+
+logger = logging.getLogger(__name__)
+
+# Keras internals this module relies on, checked before anything is swapped.
+_REQUIRED_MODEL_ATTRIBUTES = (
+    "train_step",
+    "test_step",
+    "distribute_strategy",
+    "steps_per_execution",
+    "jit_compile",
+    "run_eagerly",
+    "_autoconvert_optionals",
+)
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Says why the step cannot be split into input wait and compute, if it cannot.
+
+    Args:
+        model: a compiled `keras.Model`.
+
+    Returns:
+        `None` when the timed replacement can be built, else a sentence saying
+        what differs from the Keras internals it was written for.
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return (
+            f"the Keras backend is {keras.backend.backend()!r}; input wait is only "
+            "measured inside the step on the TensorFlow backend"
+        )
+    missing = [name for name in _REQUIRED_MODEL_ATTRIBUTES if not hasattr(model, name)]
+    if missing:
+        return f"this Keras version ({keras.__version__}) has no model.{missing[0]}"
+    if getattr(model, "unrolled_steps_per_execution", 1) != 1:
+        return "unrolled_steps_per_execution != 1 is not supported"
+    try:
+        from keras.src.backend.tensorflow import trainer  # noqa: F401
+
+        if not hasattr(trainer, "reduce_per_replica"):
+            return f"this Keras version ({keras.__version__}) has no reduce_per_replica"
+    except ImportError:
+        return f"this Keras version ({keras.__version__}) has no TensorFlow trainer module"
+    return None
+
+
+class TimedFunction:
+    """Callable that replaces `model.train_function` or `model.test_function`.
+
+    Args:
+        model: the compiled `keras.Model`.
+        step_function: `model.train_step` or `model.test_step`.
+        original: the Keras function it replaces (called for inputs that are not
+            tf.data iterators, e.g. `train_on_batch`).
+        on_rows: called after each call with the (steps, 3) tensor of (start,
+            ready, end) seconds, the call's wall time in seconds, and when it
+            began (`time.time()`).
+        on_error: called with the exception when the user's step raises, before
+            it propagates (so the caller can restore Keras' functions).
+
+    Attributes:
+        armed: set by the caller before each call it expects. A call that finds
+            it unset comes from a fit that does not use the tuner any more (an
+            earlier fit was interrupted outside a step): it runs Keras' own
+            function and reports itself through `on_error(None)`.
+    """
+
+    def __init__(
+        self,
+        model,
+        step_function: Callable,
+        original: Callable,
+        on_rows: Callable[[object, float, float], None],
+        on_error: Callable[[Optional[BaseException]], None],
+    ):
+        tf = tensorflow()
+        from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+        self.original = original
+        self.armed = False
+        # Set by the profiler window: called with the call's iterator (whose
+        # dataset names the profiled stages), returns a context manager that
+        # marks one step for the TF Profiler's step detection, or None.
+        self.trace_step: Optional[Callable[[object], object]] = None
+        self._on_rows = on_rows
+        self._on_error = on_error
+        self._iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
+        steps_per_execution = int(model.steps_per_execution)
+        strategy = model.distribute_strategy
+
+        def one_step_on_data(data):
+            outputs = strategy.run(step_function, args=(data,))
+            return reduce_per_replica(outputs, strategy, reduction="auto")
+
+        if not model.run_eagerly:
+            one_step_on_data = tf.function(
+                one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile
+            )
+        one_step_on_data = model._autoconvert_optionals(one_step_on_data)
+
+        def after(tensors, structure):
+            # A timestamp that cannot run before `structure` is computed: the
+            # control edge on a nested function call waits for all its side
+            # effects (the weight updates), not just its return values.
+            with tf.control_dependencies(
+                tf.nest.flatten(structure, expand_composites=True) + list(tensors)
+            ):
+                return tf.timestamp()
+
+        def timed_steps(iterator):
+            start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                # get_next raises OutOfRangeError at the end of the data, which
+                # Keras' epoch iterator turns into the end of the epoch.
+                data = iterator.get_next()
+            ready = after([], data)
+            with tf.control_dependencies([ready]):
+                outputs = one_step_on_data(data)
+            end = after([], outputs)
+            if steps_per_execution == 1:
+                return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
+
+            rows = tf.TensorArray(tf.float64, size=steps_per_execution)
+            rows = rows.write(0, tf.stack([start, ready, end]))
+            # Fetch the next batch while nothing waits on it, so it overlaps the
+            # step, as Keras' own loop does (an implicit one-batch prefetch).
+            next_inputs = iterator.get_next_as_optional()
+            next_ready = after([], next_inputs.has_value())
+
+            def cond(step, outputs, next_inputs, next_ready, previous_end, rows):
+                return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
+
+            def body(step, outputs, next_inputs, next_ready, previous_end, rows):
+                with tf.control_dependencies([next_ready]):
+                    outputs = one_step_on_data(next_inputs.get_value())
+                end = after([], outputs)
+                rows = rows.write(step, tf.stack([previous_end, next_ready, end]))
+                following = tf.cond(
+                    step + 1 < steps_per_execution,
+                    iterator.get_next_as_optional,
+                    lambda: next_inputs,
+                )
+                return (
+                    step + 1,
+                    outputs,
+                    following,
+                    after([], following.has_value()),
+                    end,
+                    rows,
+                )
+
+            steps, outputs, _, _, _, rows = tf.while_loop(
+                cond,
+                body,
+                loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, end, rows],
+            )
+            return outputs, rows.stack()[:steps]
+
+        if not model.run_eagerly:
+            timed_steps = tf.function(timed_steps, reduce_retracing=True)
+        self._timed_steps = timed_steps
+
+    def __call__(self, iterator):
+        if not isinstance(iterator, self._iterator_types):
+            return self.original(iterator)
+        if not self.armed:
+            self._on_error(None)
+            return self.original(iterator)
+        self.armed = False
+        called_at = time.time()
+        began = time.perf_counter()
+        try:
+            marker = self.trace_step(iterator) if self.trace_step is not None else None
+            if marker is None:
+                outputs, rows = self._timed_steps(iterator)
+            else:
+                with marker:
+                    outputs, rows = self._timed_steps(iterator)
+            # Inside the `try`: Ctrl-C often lands here, just after the step.
+            self._on_rows(rows, time.perf_counter() - began, called_at)
+        except BaseException as error:
+            # OutOfRangeError is the normal end of an epoch, not a failure.
+            if not isinstance(error, tensorflow().errors.OutOfRangeError):
+                self._on_error(error)
+            raise
+        return outputs

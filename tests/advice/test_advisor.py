@@ -1,0 +1,326 @@
+"""The advisor: rules on hand-built evidence, then on two real fits."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice import advisor
+from keras_pipeline_tuner.advice import recommendation
+from keras_pipeline_tuner.advice.recommendation import Evidence
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.pipeline.findings import Finding
+from keras_pipeline_tuner.pipeline.findings import Severity
+from keras_pipeline_tuner.profiling.evidence import IteratorTime
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from tests.helpers import advised_fits
+
+
+def stats(wait_ms: float, compute_ms: float, steps: int = 20) -> StepStats:
+    return StepStats.from_arrays(
+        np.full(steps, wait_ms / 1e3), np.full(steps, compute_ms / 1e3)
+    )
+
+
+def finding(id, severity, stage, function=None):
+    return Finding(
+        id=id,
+        severity=Severity(severity),
+        stage=stage,
+        node=f"{stage}/node",
+        op="MapDataset" if stage.startswith("map") else "BatchDatasetV2",
+        function=function,
+        reason=f"why {id} matters",
+        fix=f"# the fix for {id}",
+    )
+
+
+def profile(bottleneck="map(load_image)", share=0.75, verdict=Verdict.HIGHLY_INPUT_BOUND):
+    iterators = [
+        IteratorTime(
+            iterator="Iterator::Root::Prefetch",
+            stage="prefetch",
+            stage_node=None,
+            dataset_op=None,
+            calls=20,
+            self_ms=500.0,
+            total_ms=600.0,
+            self_share=0.9,
+            waiting=True,
+        ),
+        IteratorTime(
+            iterator="Iterator::Root::Prefetch::Map",
+            stage=bottleneck,
+            stage_node=None,
+            dataset_op="MapDataset:1",
+            calls=20,
+            self_ms=300.0 * share,
+            total_ms=300.0,
+            self_share=share,
+            waiting=False,
+        ),
+    ]
+    return ProfileEvidence(
+        first_step=10,
+        stop_step=25,
+        input_fraction=0.7,
+        verdict=verdict,
+        iterators=iterators,
+        bottleneck=bottleneck,
+        bottleneck_iterator="Iterator::Root::Prefetch::Map",
+    )
+
+
+MIXED_FINDINGS = [
+    finding("missing-prefetch", "info", "batch(32)"),
+    finding("cache-after-random", "error", "map(augment)", "augment"),
+    finding("vectorize-map", "warning", "map(scale)", "scale"),
+    finding("sequential-map", "warning", "map(load_image)", "load_image"),
+]
+
+
+# The expected gain.
+
+
+def test_free_input_gain_is_step_over_compute():
+    gain = recommendation.free_input_gain(stats(30.0, 10.0))
+    assert gain.speedup == pytest.approx(4.0)
+    assert gain.step_ms == pytest.approx(40.0)
+    assert gain.step_ms_after == pytest.approx(10.0)
+    assert gain.basis == recommendation.MEASURED
+    assert "10.00 ms instead of 40.00 ms" in gain.statement
+
+
+def test_free_input_gain_needs_a_measured_wait():
+    whole_steps = StepStats.from_arrays(np.full(5, np.nan), np.full(5, 0.01))
+    assert recommendation.free_input_gain(whole_steps) is None
+
+
+# The rules.
+
+
+def test_input_bound_bottleneck_finding_ranks_first():
+    ranked = advisor.advise(stats(30.0, 10.0), profile(), MIXED_FINDINGS, cpu_count=2)
+    assert [r.id for r in ranked] == [
+        "sequential-map",  # at the profiler's bottleneck
+        "cache-after-random",  # errors next
+        "vectorize-map",  # then speed findings, warnings before info
+        "missing-prefetch",
+    ]
+    top = ranked[0]
+    assert top.stage == "map(load_image)"
+    assert top.title == "Parallelise map(load_image)"
+    assert [e.source for e in top.evidence] == [recommendation.LINT, recommendation.PROFILER, recommendation.STEP_CLOCK]
+    assert "the bottleneck stage" in top.evidence[1].detail
+    # Free, the stage gives back 75 % of the 30 ms wait: 40 ms -> 17.5 ms. Spread
+    # over 2 cores it gives back half of that: 40 ms -> 28.75 ms.
+    assert top.expected_gain.basis == recommendation.MEASURED
+    assert top.expected_gain.speedup == pytest.approx(40.0 / 17.5)
+    assert top.expected_gain.likely_speedup == pytest.approx(40.0 / 28.75)
+    assert top.fix == "# the fix for sequential-map"
+
+
+def test_errors_carry_no_speed_claim():
+    ranked = advisor.advise(stats(30.0, 10.0), profile(), MIXED_FINDINGS)
+    error = next(r for r in ranked if r.id == "cache-after-random")
+    assert error.severity == "error"
+    assert error.expected_gain is None
+    assert recommendation.describe_gain(error.expected_gain) == "correctness, not speed"
+
+
+def test_missing_prefetch_gain_is_the_overlap():
+    prefetch = finding("missing-prefetch", "warning", "batch(32)")
+    ranked = advisor.advise(stats(30.0, 10.0), None, [prefetch])
+    gain = ranked[0].expected_gain
+    # Overlapped, a step takes the longer of wait and compute: 40 ms -> 30 ms.
+    assert gain.speedup == pytest.approx(40.0 / 30.0)
+    assert gain.basis == recommendation.ESTIMATED
+
+
+def test_finding_without_profile_is_estimated_against_the_bound():
+    sequential = finding("sequential-map", "warning", "map(f)")
+    ranked = advisor.advise(stats(30.0, 10.0), None, [sequential])
+    assert ranked[0].expected_gain.speedup == pytest.approx(4.0)
+    assert ranked[0].expected_gain.basis == recommendation.ESTIMATED
+    assert "no profile timed it" in ranked[0].expected_gain.statement
+
+
+def test_bottleneck_without_finding_is_recommended_from_the_profile():
+    ranked = advisor.advise(stats(30.0, 10.0), profile("map(decode_jpeg)"), [])
+    assert [r.id for r in ranked] == [advisor.BOTTLENECK_STAGE]
+    assert "map(decode_jpeg" in ranked[0].fix and "num_parallel_calls" in ranked[0].fix
+    assert {e.source for e in ranked[0].evidence} == {recommendation.PROFILER, recommendation.STEP_CLOCK}
+
+
+def test_input_bound_without_any_other_evidence_says_where_to_look():
+    ranked = advisor.advise(stats(30.0, 10.0))
+    assert [r.id for r in ranked] == [advisor.FIND_THE_BOTTLENECK]
+    assert ranked[0].expected_gain.speedup == pytest.approx(4.0)
+    assert "kpt.inspect" in ranked[0].fix
+
+
+def test_not_input_bound_gets_no_speed_advice():
+    quiet = profile(verdict=Verdict.NOT_INPUT_BOUND)
+    ranked = advisor.advise(stats(0.2, 20.0), quiet, MIXED_FINDINGS)
+    assert [r.id for r in ranked] == [advisor.NOT_THE_BOTTLENECK, "cache-after-random"]
+    assert ranked[0].expected_gain.speedup == pytest.approx(20.2 / 20.0)
+    assert ranked[0].fix == ""
+
+
+def test_whole_step_timing_falls_back_to_the_profiler_verdict():
+    whole_steps = StepStats.from_arrays(np.full(5, np.nan), np.full(5, 0.02))
+    quiet = profile(verdict=Verdict.NOT_INPUT_BOUND)
+    quiet.input_fraction = 0.01
+    ranked = advisor.advise(whole_steps, quiet, MIXED_FINDINGS)
+    assert ranked[0].id == advisor.NOT_THE_BOTTLENECK
+    assert any(e.source == recommendation.PROFILER for e in ranked[0].evidence)
+
+
+def test_finding_and_profile_stage_labels_match_across_arguments():
+    ranked = advisor.advise(
+        stats(30.0, 10.0),
+        profile("map(load_image)"),
+        [finding("fixed-parallelism", "warning", "map(load_image, num_parallel_calls=2)")],
+    )
+    assert ranked[0].id == "fixed-parallelism"
+    assert any(e.source == recommendation.PROFILER for e in ranked[0].evidence)
+
+
+finding_ids = st.sampled_from(
+    ["missing-prefetch", "sequential-map", "cache-after-random", "vectorize-map", "cache-missing"]
+)
+stages = st.sampled_from(["map(load_image)", "map(other)", "batch(8)", "interleave(read)"])
+severities = st.sampled_from(["error", "warning", "info"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    wait_ms=st.floats(0.0, 100.0),
+    compute_ms=st.floats(0.01, 100.0),
+    drawn=st.lists(st.tuples(finding_ids, severities, stages), max_size=5),
+    bottleneck=st.none() | stages,
+)
+def test_every_recommendation_rests_on_evidence(wait_ms, compute_ms, drawn, bottleneck):
+    findings = [finding(i, s, stage) for i, s, stage in drawn]
+    step_stats = stats(wait_ms, compute_ms)
+    evidence = profile(bottleneck) if bottleneck else None
+    ranked = advisor.advise(step_stats, evidence, findings, cpu_count=4)
+    for recommendation in ranked:
+        assert recommendation.evidence, recommendation
+        gain = recommendation.expected_gain
+        if gain is not None and gain.speedup is not None:
+            # Nothing in the input pipeline beats free input.
+            assert 1.0 <= gain.speedup <= 1.0 / (1.0 - step_stats.input_fraction) + 1e-9
+            if gain.likely_speedup is not None:
+                assert 1.0 <= gain.likely_speedup <= gain.speedup + 1e-9
+    if step_stats.verdict == Verdict.NOT_INPUT_BOUND:
+        assert ranked[0].id == advisor.NOT_THE_BOTTLENECK
+        assert all(r.severity == "error" for r in ranked[1:])
+    else:
+        assert ranked, "an input-bound job always gets advice"
+        at_bottleneck = [r for r in ranked if bottleneck and r.stage == bottleneck]
+        if at_bottleneck:
+            assert ranked[0].stage == bottleneck
+
+
+# The report carries recommendations through JSON.
+
+
+def test_recommendations_round_trip_through_json():
+    ranked = advisor.advise(stats(30.0, 10.0), profile(), MIXED_FINDINGS, cpu_count=2)
+    report = kpt.Report(
+        verdict=Verdict.HIGHLY_INPUT_BOUND, input_fraction=0.75, recommendations=ranked
+    )
+    again = kpt.Report.from_json(report.to_json())
+    assert again.recommendations == ranked
+    assert isinstance(again.recommendations[0], Recommendation)
+    assert isinstance(again.recommendations[0].evidence[0], Evidence)
+    assert isinstance(again.recommendations[0].expected_gain, ExpectedGain)
+
+
+def test_bad_recommendation_names_the_field():
+    with pytest.raises(ValueError, match=r"report\.recommendations\[0\]\.expected_gain\.speedup"):
+        kpt.Report.from_json(
+            '{"recommendations": [{"id": "x", "title": "t", "severity": "info", '
+            '"expected_gain": {"speedup": "fast"}}]}'
+        )
+
+
+# Real fits.
+
+
+def test_input_bound_fit_recommends_parallelising_the_profiled_map(tmp_path_factory):
+    run = advised_fits.input_bound_run(tmp_path_factory)
+    report = run.report
+    assert report.verdict == Verdict.HIGHLY_INPUT_BOUND
+    assert report.profile is not None, report.notes
+    assert report.profile.bottleneck == "map(load_slowly)"
+    top = report.recommendations[0]
+    assert top.id in ("sequential-map", "py-function-in-map")
+    assert top.stage == report.profile.bottleneck
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in top.fix
+    profiler = [e for e in top.evidence if e.source == recommendation.PROFILER]
+    assert profiler and "map(load_slowly)" in profiler[0].detail
+    assert "bottleneck" in profiler[0].detail
+    gain = top.expected_gain
+    assert gain.basis == recommendation.MEASURED
+    # The wait is ~15 ms a step and compute well under one: free input would be
+    # many times faster; the map spread over this machine's cores, less so.
+    assert gain.speedup > 3.0
+    assert gain.step_ms == pytest.approx(report.train.step.mean_ms)
+    if gain.likely_speedup is not None:
+        assert 1.0 < gain.likely_speedup <= gain.speedup
+
+
+def test_compute_bound_fit_gets_no_speed_advice(tmp_path_factory):
+    run = advised_fits.compute_bound_run(tmp_path_factory)
+    report = run.report
+    assert report.verdict == Verdict.NOT_INPUT_BOUND
+    finding_ids = {f.id for f in report.findings}
+    assert {"cache-after-random", "sequential-map"} <= finding_ids
+    assert [r.id for r in report.recommendations] == [
+        advisor.NOT_THE_BOTTLENECK,
+        "cache-after-random",
+    ]
+    assert report.recommendations[0].expected_gain.speedup < 1.1
+
+
+def test_graph_nodes_tell_apart_stages_written_alike():
+    first = finding("sequential-map", "warning", "map(f)")
+    second = finding("py-function-in-map", "warning", "map(f)")
+    first.node, second.node = "MapDataset/_1", "MapDataset/_4"
+    evidence = profile("map(f)")
+    evidence.bottleneck_node = evidence.iterators[1].stage_node = "MapDataset/_4"
+    ranked = advisor.advise(stats(30.0, 10.0), evidence, [first, second])
+    assert [r.id for r in ranked] == ["py-function-in-map", "sequential-map"]
+    assert [e.source for e in ranked[1].evidence] == [recommendation.LINT, recommendation.STEP_CLOCK]
+
+
+def test_unmeasured_wait_gives_advice_without_a_number():
+    whole_steps = StepStats.from_arrays(np.full(5, np.nan), np.full(5, 0.02))
+    ranked = advisor.advise(whole_steps, None, MIXED_FINDINGS)
+    assert ranked[0].id == "cache-after-random"
+    speed = [r for r in ranked if r.severity != "error"]
+    assert speed and all(recommendation.describe_gain(r.expected_gain) == "gain not measured" for r in speed)
+
+
+def test_a_what_if_replay_measures_the_floor():
+    from keras_pipeline_tuner.timing.step_stats import Distribution
+    from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+
+    replay = WhatIfResult(
+        speedup_if_input_free=40.0 / 12.5,
+        pipeline_step=Distribution(mean_ms=40.0, median_ms=40.0, p90_ms=41.0),
+        replay_step=Distribution(mean_ms=12.5, median_ms=12.5, p90_ms=13.0),
+    )
+    ranked = advisor.advise(stats(30.0, 10.0), None, [], what_if=replay)
+    gain = ranked[0].expected_gain
+    # Replayed, the step takes 12.5 ms, not the 10 ms of compute the clock saw.
+    assert gain.speedup == pytest.approx(3.2)
+    assert gain.step_ms_after == pytest.approx(12.5)
+    assert any(e.source == recommendation.REPLAY for e in ranked[0].evidence)

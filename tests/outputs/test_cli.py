@@ -1,0 +1,65 @@
+"""The `keras-pipeline-tuner` command, run as a user runs it."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+
+import keras_pipeline_tuner as kpt
+from tests.helpers.training_data import slow_source
+from tests.helpers.training_data import tiny_model
+
+COMMAND = shutil.which("keras-pipeline-tuner")
+
+
+def run(*args, timeout=300):
+    command = [COMMAND] if COMMAND else [sys.executable, "-m", "keras_pipeline_tuner.cli"]
+    return subprocess.run(
+        command + list(args), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_help():
+    done = run("--help")
+    assert done.returncode == 0
+    assert "demo" in done.stdout and "report" in done.stdout
+
+
+def test_report_of_a_real_fit(tmp_path):
+    log_dir = tmp_path / "run"
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile="off")
+    tiny_model().fit(slow_source(8, 0.015).batch(1), epochs=1, callbacks=[tuner], verbose=0)
+    stored = json.loads((log_dir / "report.json").read_text())
+    assert stored["verdict"] == "highly input-bound"
+    done = run("report", str(log_dir))
+    assert done.returncode == 0, done.stderr
+    assert "highly input-bound" in done.stdout
+    assert f"{tuner.report.input_fraction * 100:.1f} %" in done.stdout
+
+
+def test_report_of_a_directory_without_report(tmp_path):
+    done = run("report", str(tmp_path))
+    assert done.returncode == 2
+    assert "no report" in done.stderr and "report.json" in done.stderr
+
+
+def test_report_of_a_corrupt_report(tmp_path):
+    (tmp_path / "report.json").write_text('{"verdict": 3}')
+    done = run("report", str(tmp_path))
+    assert done.returncode == 2
+    assert "report.verdict" in done.stderr
+
+
+def test_demo_quick(tmp_path):
+    log_dir = tmp_path / "demo"
+    done = run("demo", "--quick", "--log-dir", str(log_dir), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Naive pipeline: highly input-bound" in done.stdout
+    assert "Speed-up:" in done.stdout
+    assert f"tensorboard --logdir {log_dir}" in done.stdout
+    for name in ("naive", "tuned"):
+        assert (log_dir / name / "report.json").is_file()
+        assert list((log_dir / name).rglob("*tfevents*")), f"no event file under {name}"
+    assert re.search(r"^Tuned: .*num_parallel_calls=AUTOTUNE", done.stdout, re.MULTILINE)

@@ -1,0 +1,50 @@
+"""Report JSON round trip and clear errors for what is not a report."""
+
+import numpy as np
+import pytest
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.timing.step_clock import StepClock
+
+
+def measured_report():
+    clock = StepClock()
+    clock.begin_epoch(0)
+    clock.record_first_step("train", 0.5, np.array([[0.0, 0.01, 0.3]]))
+    clock.record("train", np.array([[1.0, 1.02, 1.03], [1.03, 1.05, 1.06]]))
+    clock.end_epoch("train")
+    stats = clock.stats("train")
+    return kpt.Report(
+        verdict=stats.verdict,
+        input_fraction=stats.input_fraction,
+        train=stats,
+        epochs=clock.epochs,
+        first_steps=clock.first_steps,
+        notes=["a note with <b>markup</b>"],
+        environment={"keras": "3"},
+    )
+
+
+def test_round_trip_is_lossless():
+    report = measured_report()
+    again = kpt.Report.from_json(report.to_json())
+    assert again == report
+    assert again.verdict is kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert isinstance(again.epochs[0], kpt.EpochBreakdown)
+    assert isinstance(again.first_steps["train"], kpt.FirstStep)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("not json", "invalid JSON"),
+        ("[1, 2]", "not an object"),
+        ('{"verdict": "very slow"}', "report.verdict"),
+        ('{"input_fraction": "half"}', "report.input_fraction"),
+        ('{"train": {"steps": "many"}}', "report.train.steps"),
+        ('{"epochs": {}}', "report.epochs"),
+    ],
+)
+def test_bad_reports_name_the_field(text, message):
+    with pytest.raises(ValueError, match=message):
+        kpt.Report.from_json(text)

@@ -1,0 +1,236 @@
+"""What a fit writes to log_dir, read back with TensorBoard's own event reader."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
+from keras_pipeline_tuner.outputs import timeline_image
+from keras_pipeline_tuner.outputs import trace as trace_export
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.profiling.evidence import trace_events
+from keras_pipeline_tuner.outputs.markdown import render_markdown
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from tests.helpers import advised_fits
+
+
+def accumulator(run_dir) -> event_accumulator.EventAccumulator:
+    # Keep every event: the default size guidance samples them.
+    keep_all = {event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0}
+    events = event_accumulator.EventAccumulator(str(run_dir), size_guidance=keep_all)
+    events.Reload()
+    return events
+
+
+def values(events, tag):
+    return [(e.step, tf.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)]
+
+
+def texts(events):
+    rows = values(events, tensorboard_sink.REPORT_TAG)
+    return [(step, value.item().decode()) for step, value in rows]
+
+
+def decoded_timeline(events) -> np.ndarray:
+    # An image summary holds [width, height, png bytes].
+    step, image = values(events, tensorboard_sink.TIMELINE_TAG)[-1]
+    return tf.io.decode_png(image[2], channels=3).numpy()
+
+
+def colour_share(image: np.ndarray, colour: str) -> float:
+    rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
+    return float(np.mean(np.abs(image.astype(int) - rgb).sum(axis=-1) < 30))
+
+
+@pytest.fixture(scope="module")
+def input_bound(tmp_path_factory):
+    return advised_fits.input_bound_run(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def compute_bound(tmp_path_factory):
+    return advised_fits.compute_bound_run(tmp_path_factory)
+
+
+def test_scalars_are_the_step_clock_per_step(input_bound):
+    events = accumulator(input_bound.log_dir / tensorboard_sink.RUN)
+    tags = set(events.Tags()["tensors"])
+    assert set(tensorboard_sink.SCALAR_TAGS) <= tags
+    assert all(tag.startswith("input_pipeline/") for tag in tags)
+    steps = input_bound.report.train.steps
+    columns = {}
+    for tag in tensorboard_sink.SCALAR_TAGS:
+        assert events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        rows = values(events, tag)
+        assert [step for step, _ in rows] == list(range(1, steps + 1)), tag
+        columns[tag.split("/")[1]] = np.array([float(value) for _, value in rows])
+    # Each py_function call sleeps 15 ms: that is what most steps wait.
+    wait = columns["input_wait_ms"]
+    assert np.median(wait) >= 0.8 * advised_fits.MAP_DELAY_S * 1e3
+    assert np.median(wait) < 20 * advised_fits.MAP_DELAY_S * 1e3
+    np.testing.assert_allclose(
+        columns["step_ms"], wait + columns["compute_ms"], rtol=1e-5, atol=1e-3
+    )
+    fraction = columns["input_fraction"]
+    assert np.all((fraction >= 0) & (fraction <= 1))
+    assert np.median(fraction) > 0.8
+    assert np.median(wait) == pytest.approx(input_bound.report.train.input_wait.median_ms, rel=1e-4)
+
+
+def test_text_tab_holds_the_report_as_markdown(input_bound):
+    events = accumulator(input_bound.log_dir / tensorboard_sink.RUN)
+    step, text = texts(events)[-1]
+    assert step == input_bound.report.train.steps
+    assert text.startswith("## Input pipeline: highly input-bound")
+    assert f"**{input_bound.report.input_fraction * 100:.1f} %**" in text
+    assert "| train |" in text
+    assert "### Recommendations" in text
+    top = input_bound.report.recommendations[0]
+    assert f"#### 1. {top.title}" in text.replace("\\_", "_")
+    assert f"```python\n{top.fix}\n```" in text
+    assert "### Profiler window" in text
+
+
+def test_text_tab_is_updated_each_epoch(compute_bound):
+    events = accumulator(compute_bound.log_dir / tensorboard_sink.RUN)
+    written = texts(events)
+    steps = [step for step, _ in written]
+    assert len(written) == 2 and steps == sorted(set(steps)), steps
+    assert "after epoch 1" in written[0][1] and "after epoch 2" in written[1][1]
+    assert written[-1][1].startswith("## Input pipeline: not input-bound")
+    assert "The input pipeline is not the bottleneck" in written[-1][1]
+
+
+def test_images_tab_holds_a_timeline_of_waits_and_compute(input_bound, compute_bound):
+    waiting = decoded_timeline(accumulator(input_bound.log_dir / tensorboard_sink.RUN))
+    computing = decoded_timeline(accumulator(compute_bound.log_dir / tensorboard_sink.RUN))
+    assert waiting.shape[1] == computing.shape[1] == 1000
+    # With a profile, a second panel: one row per tf.data stage.
+    assert waiting.shape[0] > computing.shape[0]
+    wait, compute = timeline_image.WAIT_COLOUR, timeline_image.COMPUTE_COLOUR
+    assert colour_share(waiting, wait) > 3 * colour_share(waiting, compute)
+    assert colour_share(computing, compute) > 3 * colour_share(computing, wait)
+    # The latest timeline is also a plain PNG file in the run.
+    png = (input_bound.log_dir / tensorboard_sink.RUN / tensorboard_sink.TIMELINE_FILENAME)
+    np.testing.assert_array_equal(tf.io.decode_png(png.read_bytes(), channels=3).numpy(), waiting)
+
+
+def test_keras_tensorboard_callback_keeps_its_own_runs(input_bound):
+    train = accumulator(input_bound.log_dir / "train")
+    assert "epoch_loss" in train.Tags()["tensors"]
+    assert not any(tag.startswith("input_pipeline/") for tag in train.Tags()["tensors"])
+
+
+def test_profile_capture_sits_in_the_run(input_bound):
+    profile = input_bound.report.profile
+    run_dir = input_bound.log_dir / tensorboard_sink.RUN
+    captures = list((run_dir / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert [str(path) for path in captures] == [profile.xplane_path]
+
+
+def test_profile_rows_name_the_bottleneck_stage(input_bound):
+    profile = input_bound.report.profile
+    stages = {it.iterator: it.stage for it in profile.iterators if not it.waiting}
+    rows = timeline_image.profile_rows(trace_events(profile.xplane_path), stages)
+    labels = [row.label for row in rows]
+    assert labels[:2] == ["train step", "get_next"]
+    assert profile.bottleneck in labels
+    # Each profiled step waits while the map works for it: ~15 ms bars.
+    map_row = rows[labels.index(profile.bottleneck)]
+    durations = [duration for _, duration in map_row.spans_ms]
+    assert np.median(durations) >= 0.8 * advised_fits.MAP_DELAY_S * 1e3
+
+
+def test_chrome_trace_has_a_slice_per_wait_and_compute(input_bound):
+    trace = json.loads((input_bound.log_dir / trace_export.TRACE_FILENAME).read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    waits = [e for e in slices if e["name"] == "input wait"]
+    computes = [e for e in slices if e["name"] == "compute"]
+    steps = input_bound.report.train.steps
+    assert len(waits) == len(computes) == steps
+    assert [e["args"]["step"] for e in waits] == list(range(1, steps + 1))
+    median_wait_ms = np.median([e["dur"] for e in waits]) / 1e3
+    assert median_wait_ms == pytest.approx(input_bound.report.train.input_wait.median_ms, rel=1e-3)
+    for wait, compute in zip(waits, computes):
+        assert compute["ts"] == pytest.approx(wait["ts"] + wait["dur"], abs=0.01)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert "training steps" in names
+
+
+def test_report_json_round_trips_with_its_recommendations(input_bound):
+    stored = kpt.Report.from_json((input_bound.log_dir / "report.json").read_text())
+    assert stored.recommendations == input_bound.report.recommendations
+    assert stored.recommendations[0].expected_gain.speedup > 1
+
+
+def test_scalars_are_written_before_the_ring_drops_them(tmp_path):
+    clock = StepClock(capacity=50)
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path), FeatureGuard(), flush_every=40)
+    clock.begin_epoch(0)
+    clock.record_first_step("train", 0.5, np.array([[0.0, 0.2, 0.3]]))
+    for step in range(1, 131):
+        start = float(step)
+        clock.record("train", np.array([[start, start + 0.003, start + 0.004]]))
+        sink.step_ended(clock)
+    sink.finish(clock, kpt.Report())
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    rows = values(events, "input_pipeline/input_wait_ms")
+    assert [step for step, _ in rows] == list(range(1, 131))
+    assert all(float(value) == pytest.approx(3.0, abs=1e-3) for _, value in rows)
+    assert sink.guard.failures == {}
+
+
+def test_bulk_scalars_match_the_clock(tmp_path):
+    # Enough rows at once for the compiled writer.
+    clock = StepClock()
+    clock.begin_epoch(0)
+    rng = np.random.default_rng(0)
+    wait, compute = rng.uniform(0.001, 0.05, 450), rng.uniform(0.001, 0.05, 450)
+    start = np.cumsum(wait + compute + 0.001)
+    clock.record("train", np.stack([start, start + wait, start + wait + compute], axis=1))
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path), FeatureGuard())
+    assert sink.write_scalars(clock) == 450
+    assert sink.write_scalars(clock) == 0  # nothing new
+    sink.flush()
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    written = np.array([float(v) for _, v in values(events, "input_pipeline/input_wait_ms")])
+    np.testing.assert_allclose(written, clock.steps("train")["wait"] * 1e3, rtol=1e-6)
+    fraction = np.array([float(v) for _, v in values(events, "input_pipeline/input_fraction")])
+    np.testing.assert_allclose(fraction, wait / (wait + compute), rtol=1e-4)
+    for tag in tensorboard_sink.SCALAR_TAGS:
+        assert events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+
+
+def test_markdown_escapes_user_text():
+    report = kpt.Report(notes=["map_fn *really* [slow] | here"])
+    text = render_markdown(report)
+    assert r"map\_fn \*really\* \[slow\] \| here" in text
+    assert "None: no evidence points at a change." in text
+
+
+def test_timeline_png_without_steps_says_so():
+    png = timeline_image.timeline_png([], "")
+    image = tf.io.decode_png(png).numpy()
+    assert image.shape[0] > 50 and image.shape[1] == 1000
+
+
+def test_a_failing_output_turns_off_alone(tmp_path, monkeypatch):
+    guard = FeatureGuard()
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path), guard)
+    clock = StepClock()
+    clock.begin_epoch(0)
+    clock.record("train", np.array([[0.0, 0.01, 0.02], [0.02, 0.03, 0.04]]))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(timeline_image, "timeline_png", broken)
+    sink.finish(clock, kpt.Report())
+    assert set(guard.failures) == {tensorboard_sink.TIMELINE}
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    assert len(values(events, "input_pipeline/step_ms")) == 2
+    assert len(texts(events)) == 1

@@ -1,0 +1,197 @@
+"""Faults injected into each of the tuner's features during a real fit.
+
+Whatever fails inside the tuner, training must end with the history and the
+weights of a run without the tuner, with one clear warning per failed feature,
+while the other features keep working. The faults are raised by the tuner's own
+collaborators (our modules), or made for real (a corrupted capture); TensorFlow,
+Keras, TensorBoard and xprof run unmodified.
+"""
+
+import glob
+import logging
+import os
+
+import keras
+import pytest
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+from keras_pipeline_tuner.run import tuner as pipeline_tuner
+from keras_pipeline_tuner.profiling import evidence as profile_evidence
+from keras_pipeline_tuner.profiling import window as profiler_window
+from keras_pipeline_tuner.outputs import markdown as report_markdown
+from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
+from keras_pipeline_tuner.outputs import terminal as terminal_summary
+from keras_pipeline_tuner.outputs import timeline_image
+from keras_pipeline_tuner.instrument import what_if_replay
+from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from tests.helpers.fault_injection import EPOCHS
+from tests.helpers.fault_injection import STEPS_PER_EPOCH
+from tests.helpers.fault_injection import assert_training_intact
+from tests.helpers.fault_injection import raise_injected
+from tests.helpers.fault_injection import train
+from tests.helpers.fault_injection import tuner_warnings
+
+PROFILE = (2, 6)
+
+
+@pytest.fixture(scope="module")
+def plain_run():
+    return train()
+
+
+# Feature name in the warning: what to break (module or class, attribute).
+FAULTS = {
+    # At the end of the first epoch, so that steps were recorded (and scalars written).
+    pipeline_tuner.STEP_CLOCK: (StepClock, "end_epoch"),
+    profiler_window.FEATURE: (profiler_window, "_publish"),
+    pipeline_tuner.INSPECTION: (pipeline_lint, "inspect"),
+    pipeline_tuner.ADVICE: (pipeline_tuner, "advise"),
+    pipeline_tuner.REPORT_FILE: (pipeline_tuner, "write_report"),
+    pipeline_tuner.STEP_TRACE: (pipeline_tuner, "write_trace"),
+    pipeline_tuner.SUMMARY: (terminal_summary, "print_summary"),
+    pipeline_tuner.WHAT_IF: (what_if_replay, "replay_after_fit"),
+    tensorboard_sink.SCALARS: (tensorboard_sink.TensorBoardSink, "_write_scalar_rows"),
+    tensorboard_sink.TEXT: (report_markdown, "render_markdown"),
+    tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
+    pipeline_tuner.CPU_USAGE: (CpuMeter, "usage"),
+}
+
+
+def make_tuner(log_dir):
+    return kpt.PipelineTuner(log_dir=log_dir, verbose=1, profile=PROFILE, what_if=4)
+
+
+def test_every_feature_failing_at_once_leaves_training_intact(
+    tmp_path, monkeypatch, caplog, capsys, plain_run
+):
+    tuner = make_tuner(tmp_path)
+    # Broken once the tuner exists: the faults happen during fit.
+    for owner, attribute in FAULTS.values():
+        monkeypatch.setattr(owner, attribute, raise_injected)
+    monkeypatch.setattr(profile_evidence, "analyze_capture", raise_injected)
+    monkeypatch.setattr(CpuMeter, "restart", raise_injected)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    # The what-if replay compares with the step clock's steps: with the clock
+    # off it does not run, and says so in the report instead of failing.
+    failed = [feature for feature in FAULTS if feature != pipeline_tuner.WHAT_IF]
+    for feature in failed:
+        naming = [message for message in warnings if f"{feature} turned off" in message]
+        assert len(naming) == 1, (feature, warnings)
+    assert len(warnings) == len(failed), warnings
+    assert all("InjectedFault" in message for message in warnings)
+    # The report in memory still says which features were lost and why.
+    report = tuner.report
+    for feature in failed:
+        assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
+    assert any("what-if replay did not run" in note for note in report.notes)
+    assert capsys.readouterr().out == ""
+
+
+SINGLE_FAULTS = [(feature, *broken) for feature, broken in FAULTS.items()] + [
+    # On every step, from the first one.
+    (pipeline_tuner.STEP_CLOCK, StepClock, "record"),
+    # At the start of fit.
+    (pipeline_tuner.CPU_USAGE, CpuMeter, "restart"),
+]
+
+
+@pytest.mark.parametrize(
+    "feature, owner, attribute",
+    SINGLE_FAULTS,
+    ids=[f"{feature}-{attribute}" for feature, _, attribute in SINGLE_FAULTS],
+)
+def test_one_feature_failing_leaves_the_rest_working(
+    feature, owner, attribute, tmp_path, monkeypatch, caplog, plain_run
+):
+    tuner = make_tuner(tmp_path)
+    monkeypatch.setattr(owner, attribute, raise_injected)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert f"{feature} turned off" in warnings[0]
+    assert "InjectedFault: injected for the test" in warnings[0]
+    assert "Training continues" in warnings[0]
+
+    report = tuner.report
+    assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
+    if feature != pipeline_tuner.STEP_CLOCK:
+        assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+        assert report.validation.steps > 0
+    if feature != pipeline_tuner.REPORT_FILE:
+        stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
+        assert any(note.startswith(f"{feature} was turned off") for note in stored.notes)
+    if feature not in (profiler_window.FEATURE, pipeline_tuner.STEP_CLOCK):
+        assert report.profile is not None and report.profile.steps, report.notes
+    if feature != pipeline_tuner.INSPECTION:
+        assert report.findings
+    if feature == pipeline_tuner.STEP_CLOCK:
+        assert report.what_if is None
+        assert any("what-if replay did not run" in note for note in report.notes)
+    elif feature != pipeline_tuner.WHAT_IF:
+        assert report.what_if is not None
+    if feature != pipeline_tuner.STEP_TRACE:
+        assert (tmp_path / "step_timeline.trace.json").is_file()
+    if feature not in (tensorboard_sink.SCALARS, tensorboard_sink.TEXT, tensorboard_sink.TIMELINE):
+        assert glob.glob(os.path.join(tmp_path, "pipeline_tuner", "*tfevents*"))
+
+
+def test_a_corrupt_capture_turns_off_the_profile_only(tmp_path, caplog, plain_run):
+    """The capture is overwritten on disk before xprof converts it: a real failure."""
+
+    class CorruptCaptures(keras.callbacks.Callback):
+        # Runs before the tuner's on_epoch_end, where the capture is converted.
+        def on_epoch_end(self, epoch, logs=None):
+            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
+                with open(path, "wb") as file:
+                    file.write(b"\x00\xffnot a profile" * 1000)
+
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([CorruptCaptures(), tuner])
+    assert_training_intact(run, plain_run)
+    report = tuner.report
+    assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+    assert report.profile is not None
+    # Either xprof refuses the file (one warning, the feature off) or it finds no steps.
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) <= 1, warnings
+    if warnings:
+        assert f"{profiler_window.FEATURE} turned off" in warnings[0]
+    else:
+        assert not report.profile.steps
+    kpt.Report.from_json((tmp_path / "report.json").read_text())
+
+
+def test_a_capture_deleted_before_conversion(tmp_path, caplog, plain_run):
+    class DeleteCaptures(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
+                os.remove(path)
+
+    tuner = make_tuner(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([DeleteCaptures(), tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert f"{profiler_window.FEATURE} turned off" in warnings[0]
+    assert tuner.report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+
+
+def test_report_building_failing_leaves_training_intact(tmp_path, monkeypatch, caplog, plain_run):
+    # The report is built from the clock's statistics at every epoch end.
+    monkeypatch.setattr(StepClock, "stats", raise_injected)
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=1, profile="off")
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        run = train([tuner])
+    assert_training_intact(run, plain_run)
+    warnings = tuner_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert f"{pipeline_tuner.REPORT} turned off: InjectedFault" in warnings[0]
