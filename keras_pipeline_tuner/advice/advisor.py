@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
     from keras_pipeline_tuner.pipeline.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-    from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 

@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
@@ -46,9 +47,9 @@ REPORT_TAG = f"{TAG_PREFIX}/report"
 TIMELINE_TAG = f"{TAG_PREFIX}/timeline"
 TIMELINE_FILENAME = "timeline.png"
 
-SCALARS = "TensorBoard scalars"
-TEXT = "TensorBoard report text"
-TIMELINE = "TensorBoard timeline image"
+SCALARS = features.TENSORBOARD_SCALARS
+TEXT = features.TENSORBOARD_TEXT
+TIMELINE = features.TENSORBOARD_TIMELINE
 
 # Below this many rows, writing eagerly (about 0.45 ms a step) beats tracing the
 # compiled writer (0.2-0.3 s once; then about 20 us a step).

@@ -65,11 +65,11 @@ def test_a_killed_process_keeps_the_summaries_of_the_last_seconds(tmp_path):
         import signal, time
         import keras
         import keras_pipeline_tuner as kpt
-        from keras_pipeline_tuner.run import tuner as pipeline_tuner
+        from keras_pipeline_tuner.run import lifecycle
         from tests.helpers.training_data import cached_source, tiny_model
 
         # Checkpoints every 0.2 s instead of every few seconds, to keep the test short.
-        pipeline_tuner.CHECKPOINT_S = 0.2
+        lifecycle.CHECKPOINT_S = 0.2
 
         class SlowThenKill(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):

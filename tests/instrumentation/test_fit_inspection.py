@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.instrument import fit_input
+from keras_pipeline_tuner.instrumentation import fit_input
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
