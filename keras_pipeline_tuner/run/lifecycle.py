@@ -25,6 +25,7 @@ import numpy as np
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
@@ -310,9 +311,11 @@ class Run:
                 "No training step was measured: the dataset gave no batch, or fit has not "
                 "run a step yet."
             )
+        # The one verdict: the terminal line, the file and the advice agree.
+        judgement = judge(train, self.window.evidence)
         report = Report(
-            verdict=train.verdict,
-            input_fraction=train.input_fraction,
+            verdict=judgement.verdict,
+            input_fraction=judgement.input_fraction,
             train=train,
             validation=validation if validation.steps else None,
             epochs=list(self.clock.epochs),
