@@ -14,6 +14,8 @@ from tests.helpers.fault_injection import run_script
 from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import tiny_model
 
+pytestmark = pytest.mark.slow
+
 
 def test_thousands_of_steps_keep_the_buffers_bounded():
     steps = 3000
