@@ -53,6 +53,7 @@ from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
+from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
@@ -130,6 +131,7 @@ def advise(
     what_if: Optional["WhatIfResult"] = None,
     cpu: Optional["CpuUsage"] = None,
     workers: Optional["MultiWorkerSummary"] = None,
+    judgement: Optional[Judgement] = None,
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -146,6 +148,9 @@ def advise(
             CPUs make the tf.data service the advice (see `scale_out_advice`).
         workers: the chief's `MultiWorkerSummary` of a multi-worker run: the job
             is judged by its straggler, which is named first.
+        judgement: the run's `Judgement` (see `advice.verdict`), so that the
+            advice follows the report's verdict; judged from `stats` and
+            `profile` when not given, and always for a multi-worker job.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -160,7 +165,9 @@ def advise(
     # Findings from `kpt.inspect` carry the pipeline they were read from.
     pipeline = getattr(findings, "pipeline", None)
     stats = scale_out_advice.job_stats(stats, workers)
-    run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if)
+    if workers is not None or judgement is None:
+        judgement = judge(stats, profile)
+    run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if, judgement)
     findings = list(findings or ())
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return [_not_the_bottleneck(run)] + [
@@ -193,7 +200,7 @@ def advise(
 class _Run:
     """The evidence of one run, and what every rule derives from it."""
 
-    def __init__(self, stats: StepStats, profile, cpu_count: int, what_if=None):
+    def __init__(self, stats: StepStats, profile, cpu_count: int, what_if, judgement: Judgement):
         self.stats = stats
         self.profile = profile
         self.cpu_count = cpu_count
@@ -203,7 +210,8 @@ class _Run:
         if replayed is not None:
             self.bound = replayed
             self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
-        self.verdict = judge(stats, profile).verdict
+        self.judgement = judgement
+        self.verdict = judgement.verdict
 
 
 # Rules.
@@ -211,9 +219,11 @@ class _Run:
 
 def _not_the_bottleneck(run: _Run) -> Recommendation:
     stats = run.stats
-    fraction = stats.input_fraction
+    fraction = run.judgement.input_fraction
     evidence = list(run.clock_evidence)
     if fraction is None:
+        fraction = stats.input_fraction
+    if fraction is None or run.judgement.source == PROFILER:
         fraction = run.profile.input_fraction
         evidence.append(
             Evidence(PROFILER, f"input is {fraction * 100:.1f} % of step time in the window.")

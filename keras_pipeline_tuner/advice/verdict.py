@@ -1,12 +1,55 @@
-"""The run's verdict, decided in one place for the report, the terminal and the advice."""
+"""The run's verdict, decided in one place for the report, the terminal and the advice.
+
+The verdict describes the steady state of training, with one-off costs reported
+apart with their size:
+
+- **Epoch starts.** The first `EPOCH_START_STEPS` steps of every epoch wait for
+  a new iterator, a refilling shuffle buffer, parallel calls warming up. Their
+  wait is totalled apart (`StepClock.epoch_start_share`) and left out.
+- **A warm-up epoch.** When the first epoch's steps waited, per step, more than
+  twice as long as the later epochs' (and by at least `WARMUP_MIN_MS`), and the
+  later epochs alone earn a milder verdict, the first epoch did one-off work
+  (filling a cache, a first pass over files): the later epochs decide.
+- **Contention.** Where the input pipeline and the model share CPU cores, the
+  pipeline's work slows the step itself and is booked as compute. A replay of
+  cached batches through the compiled step after training (the what-if replay)
+  times the step with input free; when the real steady step is slower than the
+  replayed one by at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
+  `1 - replayed / real`, is the input's cost, and decides when it is larger
+  than the wait's.
+
+The thresholds are the TF Profiler's (see `timing.step_stats`). When the step
+clock timed whole steps only, the profiler window's split decides.
+"""
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional, Sequence
 
 from keras_pipeline_tuner.advice.recommendation import PROFILER
+from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
+from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_clock import Share
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import verdict_for
+
+# A first epoch is a warm-up when its steps waited more than this many times
+# the later epochs' wait per step, and at least this many ms more.
+WARMUP_RATIO = 2.0
+WARMUP_MIN_MS = 1.0
+# The replayed step must be at least this much faster than the real one for
+# the difference to count as input cost: below it, the two are within the
+# noise of these machines (steps come out two-valued in 10 ms thread slices).
+CONTENTION_MIN_SPEEDUP = 1.10
+
+_SEVERITY = {
+    Verdict.NOT_INPUT_BOUND: 0,
+    Verdict.MODERATELY_INPUT_BOUND: 1,
+    Verdict.HIGHLY_INPUT_BOUND: 2,
+    Verdict.UNKNOWN: -1,
+}
 
 
 @dataclasses.dataclass
@@ -15,27 +58,45 @@ class Judgement:
 
     Attributes:
         verdict: the `Verdict`.
-        input_fraction: the share of step time spent waiting for input, or
-            `None` when nothing measured it.
-        source: what measured it: "step clock", or "profiler" when the step
-            clock timed whole steps only and a profiler window split them.
+        input_fraction: the share of steady-state step time the input costs,
+            or `None` when nothing measured it.
+        source: what decided: "step clock" (the wait at the batch fetch),
+            "what-if replay" (the step with input free was faster by more than
+            the wait explains: contention), or "profiler" (the step clock
+            timed whole steps only; the window split them).
+        line: the verdict in one sentence, with what decided and where the
+            step clock and the profiler window differ.
+        one_off: one-off input costs left out of the verdict, each with its size.
+        wait_fraction: the steady-state share of step time waiting at the fetch.
+        contention_fraction: `1 - replayed / real` step time, when a replay ran.
     """
 
     verdict: Verdict = Verdict.UNKNOWN
     input_fraction: Optional[float] = None
     source: Optional[str] = None
+    line: str = ""
+    one_off: List[str] = dataclasses.field(default_factory=list)
+    wait_fraction: Optional[float] = None
+    contention_fraction: Optional[float] = None
 
 
-def judge(stats: StepStats, profile=None) -> Judgement:
-    """Decides the verdict of a run from its step statistics and profiler window.
-
-    The step clock decides whenever it split wait from compute: it saw every
-    step, the window only a few. When it timed whole steps only, the window's
-    split decides.
+def judge(
+    stats: StepStats,
+    profile=None,
+    epochs: Sequence = (),
+    steady: Optional[Share] = None,
+    epoch_starts: Optional[Share] = None,
+    what_if=None,
+) -> Judgement:
+    """Decides the steady-state verdict of a run from all the evidence it has.
 
     Args:
         stats: `StepStats` of the training steps.
         profile: the run's `ProfileEvidence`, if a window was converted.
+        epochs: the run's `EpochBreakdown`s.
+        steady: the clock's `steady_share()` of training steps (epoch starts out).
+        epoch_starts: the clock's `epoch_start_share()` of training steps.
+        what_if: the run's `WhatIfResult`, if a replay ran.
 
     Returns:
         The `Judgement`.
@@ -46,8 +107,122 @@ def judge(stats: StepStats, profile=None) -> Judgement:
     >>> judge(stats).verdict.value
     'highly input-bound'
     """
-    if stats.verdict != Verdict.UNKNOWN:
-        return Judgement(stats.verdict, stats.input_fraction, STEP_CLOCK)
+    if stats.verdict == Verdict.UNKNOWN:
+        return _from_profile(profile)
+    one_off: List[str] = []
+    share = steady if steady is not None and steady.steps else None
+    scope = "over all steps"
+    if share is not None:
+        scope = "in steady state"
+        if epoch_starts is not None and epoch_starts.steps and epoch_starts.wait_ms > 0:
+            total = share.plus(epoch_starts)
+            one_off.append(
+                f"Epoch starts: the first {EPOCH_START_STEPS} steps of each epoch waited "
+                f"{epoch_starts.wait_ms:.1f} ms in all ({_percent(epoch_starts.wait_ms, total.step_ms)}"
+                " of training step time): new iterators, refilling shuffle buffers; left "
+                "out of the verdict."
+            )
+        warm = _warm_up(epochs)
+        if warm is not None:
+            first, later, extra_ms = warm
+            one_off.append(
+                f"Epoch {first.epoch + 1} waited {extra_ms / 1e3:.2f} s more than later epochs "
+                f"({first.steady.mean_wait_ms:.2f} ms a step against "
+                f"{later.mean_wait_ms:.2f} ms): one-off work such as filling a cache; later "
+                f"epochs {later.input_fraction * 100:.1f} % input. Left out of the verdict."
+            )
+            share = later
+    wait_fraction = share.input_fraction if share is not None else stats.input_fraction
+    fraction, source = wait_fraction, STEP_CLOCK
+    contention = _contention(what_if, share, stats)
+    if contention is not None and contention > fraction:
+        fraction, source = contention, REPLAY
+    verdict = verdict_for(fraction)
+    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, profile)
+    return Judgement(
+        verdict, fraction, source, line, one_off, wait_fraction, contention
+    )
+
+
+def _from_profile(profile) -> Judgement:
     if profile is not None and profile.verdict != Verdict.UNKNOWN:
-        return Judgement(profile.verdict, profile.input_fraction, PROFILER)
-    return Judgement()
+        return Judgement(
+            profile.verdict,
+            profile.input_fraction,
+            PROFILER,
+            f"{profile.verdict.value}: {profile.input_fraction * 100:.1f} % of step time is "
+            f"input in the profiler window ({len(profile.steps)} steps); the step clock timed "
+            "whole steps only.",
+        )
+    return Judgement(line="unknown: input wait was not separated from compute.")
+
+
+def _warm_up(epochs: Sequence):
+    """(first epoch, later epochs' share, extra wait in ms) when epoch 1 was a warm-up."""
+    train = [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
+    if len(train) < 2:
+        return None
+    first = train[0]
+    later = Share()
+    for epoch in train[1:]:
+        later = later.plus(epoch.steady)
+    first_wait, later_wait = first.steady.mean_wait_ms, later.mean_wait_ms
+    if first_wait is None or later_wait is None:
+        return None
+    if first_wait < WARMUP_RATIO * later_wait or first_wait - later_wait < WARMUP_MIN_MS:
+        return None
+    first_verdict = verdict_for(first.steady.input_fraction)
+    if _SEVERITY[verdict_for(later.input_fraction)] >= _SEVERITY[first_verdict]:
+        return None
+    return first, later, (first_wait - later_wait) * first.steady.steps
+
+
+def _contention(what_if, share: Optional[Share], stats: StepStats) -> Optional[float]:
+    """`1 - replayed / real` steady step time, when the replay is clearly faster."""
+    if what_if is None or what_if.replay_step.mean_ms is None:
+        return None
+    real_ms = (
+        share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
+    )
+    replayed_ms = what_if.replay_step.mean_ms
+    if not real_ms or replayed_ms <= 0:
+        return None
+    if real_ms / replayed_ms < CONTENTION_MIN_SPEEDUP:
+        return 0.0
+    return 1.0 - replayed_ms / real_ms
+
+
+def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, profile) -> str:
+    if source == REPLAY:
+        line = (
+            f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
+            f"steps took {what_if.replay_step.mean_ms:.2f} ms on replayed cached batches "
+            f"against {_real_ms(fraction, what_if):.2f} ms with the pipeline, which shares the "
+            f"CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} % (step clock)."
+        )
+    else:
+        line = f"{verdict.value}: {fraction * 100:.1f} % of step time waits for input {scope} (step clock)."
+        if contention is not None:
+            line += (
+                f" A replay with input free ran {what_if.replay_step.mean_ms:.2f} ms a step: "
+                "no contention beyond that."
+            )
+    if profile is not None and profile.input_fraction is not None:
+        window = verdict_for(profile.input_fraction)
+        line += f" The profiler window measured {profile.input_fraction * 100:.1f} % over {len(profile.steps)} steps"
+        if window != verdict:
+            line += (
+                "; it saw those steps only, while the step clock saw every step, so the "
+                "step clock decides."
+            )
+        else:
+            line += "."
+    return line
+
+
+def _real_ms(fraction: float, what_if) -> float:
+    return what_if.replay_step.mean_ms / (1.0 - fraction)
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{part / whole * 100:.1f} %" if whole > 0 else "0 %"

@@ -13,6 +13,7 @@ import logging
 import sys
 from typing import Any, Optional
 
+from keras_pipeline_tuner.pipeline import lint as pipeline_lint
 from keras_pipeline_tuner.pipeline.findings import Findings
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -91,8 +92,6 @@ def inspect_fit_input(model) -> Findings:
     Raises:
         RuntimeError: if the training data cannot be found (says why).
     """
-    from keras_pipeline_tuner.pipeline import lint as pipeline_lint
-
     fit_input = find_fit_input(model)
     if fit_input is None:
         raise RuntimeError(

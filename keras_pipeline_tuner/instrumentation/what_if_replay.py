@@ -21,6 +21,8 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
+from keras_pipeline_tuner.instrumentation import fit_input
+from keras_pipeline_tuner.timing import timed_step_function
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -186,8 +188,6 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         ValueError: when fit was not given a tf.data dataset or the real
             steps' times are unknown (says which).
     """
-    from keras_pipeline_tuner.instrumentation import fit_input
-
     found = fit_input.find_fit_input(model)
     if found is None or found.kind != fit_input.TF_DATASET or found.source is None:
         kind = "no data it could find" if found is None else f"{found.kind} data"
@@ -198,6 +198,54 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
     return what_if(model, found.source, steps=steps, pipeline_stats=train_stats)
+
+
+# The contention check after fit: a replay bounded to about a second.
+CONTENTION_MIN_STEPS = 10
+CONTENTION_STEPS = 10
+CONTENTION_CACHED_BATCHES = 4
+CONTENTION_METHOD = (
+    "automatic contention check after training (the model computes on the CPU, "
+    "which the input pipeline shares), on the trained model, with its weights, "
+    "optimizer, metric and random seed state restored afterwards"
+)
+
+
+def computes_on_cpu() -> bool:
+    """Whether the model's step runs on the CPU (no GPU or TPU is visible)."""
+    tf = tensorflow()
+    return not any(
+        device.device_type in ("GPU", "TPU") for device in tf.config.list_logical_devices()
+    )
+
+
+def can_replay(model) -> bool:
+    """Whether fit was given a tf.data dataset the replay can cache batches of."""
+    found = fit_input.find_fit_input(model)
+    return found is not None and found.kind == fit_input.TF_DATASET and found.source is not None
+
+
+def contention_check(model, train_stats: StepStats) -> WhatIfResult:
+    """A short what-if replay after fit, to count the pipeline's share of the step.
+
+    Args:
+        model: the model `fit` trained (TensorFlow backend, tf.data input).
+        train_stats: the step clock's statistics of the training steps.
+
+    Returns:
+        The `WhatIfResult`, its `method` saying it ran on its own.
+    """
+    found_steps = min(CONTENTION_STEPS, max(train_stats.steps, 1))
+    found = fit_input.find_fit_input(model)
+    result = what_if(
+        model,
+        found.source,
+        steps=found_steps,
+        cached_batches=CONTENTION_CACHED_BATCHES,
+        pipeline_stats=train_stats,
+    )
+    result.method = CONTENTION_METHOD
+    return result
 
 
 def checked_steps(what_if) -> int:
@@ -264,8 +312,6 @@ def _stats(rows: np.ndarray) -> StepStats:
 
 def _timed_steps_of(model) -> Callable:
     """Builds the model's timed training step, as the `PipelineTuner` runs it in fit."""
-    from keras_pipeline_tuner.timing import timed_step_function
-
     reason = timed_step_function.unsupported_reason(model)
     if reason is None and model.run_eagerly:
         reason = "the model runs eagerly (run_eagerly=True)"

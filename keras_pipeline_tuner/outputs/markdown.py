@@ -11,6 +11,8 @@ import html
 import re
 from typing import List, Optional
 
+from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
+from keras_pipeline_tuner.workers.exchange import worker_rows
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
@@ -49,6 +51,9 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
         lines.append("The input wait could not be separated from compute (see the notes).")
     if heading:
         lines[-1] += f" Report {escape(heading)}."
+    if report.judgement is not None and report.judgement.line:
+        lines += ["", escape(report.judgement.line)]
+        lines += [f"- {escape(cost)}" for cost in report.judgement.one_off]
     lines += [""] + _timings_table(report)
     if report.workers is not None:
         lines += _workers(report.workers)
@@ -172,9 +177,6 @@ def _profile(report: Report) -> List[str]:
 
 
 def _workers(view) -> List[str]:
-    from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
-    from keras_pipeline_tuner.workers.exchange import worker_rows
-
     if view.task != view.chief:
         return ["", escape(f"This is {view.task}; the chief ({view.chief}) compares the workers.")]
     lines = [

@@ -12,6 +12,7 @@ from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
 from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.pipeline.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
@@ -59,6 +60,8 @@ class Report:
             are this worker's own measurements; the recommendations judge the
             job, that is the straggler.
         cpu: `CpuUsage` of the host over the training steps so far.
+        judgement: how the verdict was decided (`advice.verdict.Judgement`):
+            the steady state, what decided, one-off costs left out.
 
     Example:
 
@@ -83,6 +86,7 @@ class Report:
     what_if: Optional[WhatIfResult] = None
     workers: Optional[MultiWorkerSummary] = None
     cpu: Optional[CpuUsage] = None
+    judgement: Optional[Judgement] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -11,6 +11,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
+from keras_pipeline_tuner.workers.exchange import worker_rows
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.report import Report
@@ -38,12 +40,30 @@ def verdict_line(report: Report) -> str:
     Returns:
         The line, without markup.
     """
+    if report.judgement is not None and report.judgement.line:
+        return report.judgement.line
     if report.input_fraction is None:
         return f"{report.verdict.value}: input wait could not be measured"
     return (
         f"{report.verdict.value}: {report.input_fraction * 100:.1f} % of step time "
         "waits for input"
     )
+
+
+def print_line(line: str, file: Optional[IO[str]] = None) -> None:
+    """Prints one line of the tuner's between Keras' progress-bar updates.
+
+    On a terminal the progress bar redraws its line in place; the line is put on
+    a line of its own so that the bar carries on below it.
+
+    Args:
+        line: the text (shown literally, no markup).
+        file: where to write; standard output by default.
+    """
+    console = Console(file=file, highlight=False, soft_wrap=True)
+    if console.is_terminal:
+        console.file.write("\n")
+    console.print(Text(_CONTROL.sub("", line)))
 
 
 def print_summary(
@@ -88,6 +108,9 @@ def print_summary(
             "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
         )
     console.print(table)
+    if report.judgement is not None:
+        for cost in report.judgement.one_off:
+            console.print(Text(cost))
     if report.train.host_gap.median_ms:
         console.print(
             f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
@@ -187,9 +210,6 @@ def _print_recommendations(report: Report, console: Console) -> None:
 
 
 def _print_workers(view, console: Console) -> None:
-    from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
-    from keras_pipeline_tuner.workers.exchange import worker_rows
-
     if view.task != view.chief:
         console.print(f"This is {view.task}; the chief ({view.chief}) compares the workers.")
         return

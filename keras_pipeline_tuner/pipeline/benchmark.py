@@ -13,6 +13,8 @@ from typing import Optional
 
 import numpy as np
 
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline.rewrite import graph_def_of
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner._util.argument_checks import verbosity
@@ -183,9 +185,6 @@ def _summarise(began, ends, examples, warmup, complete) -> BenchmarkResult:
 
 def _batches(dataset) -> bool:
     """Whether the dataset's elements are batches (the last batch-like stage is not undone)."""
-    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
-    from keras_pipeline_tuner.pipeline.rewrite import graph_def_of
-
     try:
         stages = pipeline_graph.pipeline_from_graph_def(graph_def_of(dataset)).stages
     except Exception as error:  # noqa: BLE001 - counting examples is a nicety.

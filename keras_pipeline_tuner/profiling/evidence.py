@@ -46,6 +46,11 @@ _FETCH_EVENTS = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::D
 _STEP_NUMBER = re.compile(r"(\d+)\s*$")
 
 
+# Steps a window needs before its stage table may name a bottleneck: fewer are
+# a sample of noise (a window opened at a run's last step closed with none).
+MIN_STEPS = 5
+_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+
 @dataclasses.dataclass
 class ProfiledStep:
     """One profiled step, as the analyzer (or the trace) timed it.
@@ -200,7 +205,9 @@ class ProfileEvidence:
 
 
 def analyze_capture(
-    xplane_path: str, stages: Optional[Dict[str, "pipeline_graph.Stage"]] = None
+    xplane_path: str,
+    stages: Optional[Dict[str, "pipeline_graph.Stage"]] = None,
+    window_steps: Optional[int] = None,
 ) -> ProfileEvidence:
     """Converts a capture with xprof and reads the input-pipeline evidence.
 
@@ -209,6 +216,8 @@ def analyze_capture(
             markers named `STEP_MARKER`.
         stages: `stage_names.pipeline_stages` of the profiled pipeline, to name
             stages as the user wrote them; `None` names them by kind.
+        window_steps: training steps the window covered (a marker holds several
+            with `steps_per_execution > 1`); the markers found by default.
 
     Returns:
         A `ProfileEvidence` with the figures, the ranked iterators, the
@@ -270,11 +279,29 @@ def analyze_capture(
         iterators_table, _iterator_ops(events), stages or {}
     )
     bottleneck = next((it for it in evidence.iterators if not it.waiting), None)
+    covered = len(steps) if window_steps is None else max(window_steps, len(steps))
+    if not steps:
+        covered = 0
+    if bottleneck is not None and covered < MIN_STEPS:
+        # A stage table from a handful of steps (or none) says nothing about
+        # where training waits.
+        evidence.notes.append(
+            f"The window holds {covered} step(s), fewer than the {MIN_STEPS} it needs to "
+            "name a bottleneck: its stage table is shown, no stage is named."
+        )
+        bottleneck = None
+    elif bottleneck is not None and evidence.verdict not in _INPUT_BOUND:
+        evidence.notes.append(
+            f"The window measured {evidence.input_fraction * 100:.1f} % input "
+            f"({evidence.verdict.value}): no stage limits training, so none is named "
+            "the bottleneck."
+        )
+        bottleneck = None
     if bottleneck is not None:
         evidence.bottleneck = bottleneck.stage
         evidence.bottleneck_iterator = bottleneck.iterator
         evidence.bottleneck_node = bottleneck.stage_node
-    elif not evidence.iterators:
+    if not evidence.iterators:
         evidence.notes.append("The capture holds no tf.data iterator activity.")
     return evidence
 

@@ -9,11 +9,10 @@ user's functions. This module joins the two, and nothing else.
 """
 
 import re
-import typing
 from typing import Dict, Iterable, Optional
 
-if typing.TYPE_CHECKING:
-    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph
 
 # Iterator kinds (version suffix removed) and the Dataset method that creates them.
 _TRANSFORMATIONS = {
@@ -118,9 +117,6 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
         `pipeline_graph.Stage` of that op.
     """
     from tensorflow.core.framework import dataset_metadata_pb2
-
-    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
-    from keras_pipeline_tuner._util.tf_import import tensorflow
 
     tf = tensorflow()
     pipeline = pipeline_graph.read_pipeline(dataset)

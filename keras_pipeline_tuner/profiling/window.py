@@ -124,6 +124,11 @@ class ProfilerWindow:
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
 
+    @property
+    def capturing(self) -> bool:
+        """Whether a window is open now (its steps are being captured)."""
+        return self._capture is not None
+
     # Hooks.
 
     def begin_fit(self) -> None:
@@ -332,7 +337,9 @@ class ProfilerWindow:
         self.evidence = evidence
         with self._guard(FEATURE):
             stages, naming_note = _stages_of(capture.dataset)
-            analysed = profile_evidence.analyze_capture(capture.xplane_path, stages)
+            analysed = profile_evidence.analyze_capture(
+                capture.xplane_path, stages, window_steps=capture.steps
+            )
             for field in (
                 "source",
                 "steps",

@@ -49,6 +49,12 @@ CHECKPOINT_S = 5.0
 # between steps (e.g. Ctrl-C) keeps the report up to that point.
 _RUNNING = weakref.WeakSet()
 
+# The early verdict: said once the steady state has this many steps and no
+# profiler window is open, or at the latest after these many steps or seconds.
+EARLY_MIN_STEPS = 20
+EARLY_MAX_STEPS = 500
+EARLY_MAX_S = 60.0
+
 # `Report.measurement` of a run timed inside the step, and of one timed whole.
 IN_STEP = "in-step"
 WHOLE_STEP = "whole-step"
@@ -124,6 +130,8 @@ class Run:
         self.worker_view: Optional[worker_reports.MultiWorkerSummary] = None
         self.output_dir = settings.log_dir
         self.tensorboard: Optional[TensorBoardSink] = None
+        self.early_verdict: Optional[str] = None
+        self._began = time.monotonic()
 
     # Lifecycle.
 
@@ -135,6 +143,7 @@ class Run:
                 `None`.
         """
         _RUNNING.add(self)
+        self._began = time.monotonic()
         self._restart_cpu_meter()
         self._join_workers(worker_identity)
         self.window.begin_fit()
@@ -205,6 +214,8 @@ class Run:
         """Between steps: counts them for TensorBoard, checkpoints every few seconds."""
         if steps and self.tensorboard is not None:
             self.tensorboard.step_ended(self.clock, steps)
+        if self.early_verdict is None and self._early_verdict_due():
+            self._say_early_verdict()
         if time.monotonic() >= self._next_checkpoint:
             self.checkpoint()
 
@@ -312,7 +323,14 @@ class Run:
                 "run a step yet."
             )
         # The one verdict: the terminal line, the file and the advice agree.
-        judgement = judge(train, self.window.evidence)
+        judgement = judge(
+            train,
+            self.window.evidence,
+            self.clock.epochs,
+            self.clock.steady_share(TRAIN),
+            self.clock.epoch_start_share(TRAIN),
+            self.what_if,
+        )
         report = Report(
             verdict=judgement.verdict,
             input_fraction=judgement.input_fraction,
@@ -329,6 +347,7 @@ class Run:
             workers=self.worker_view,
             cpu=self._cpu_usage(),
             environment=_environment(keras.__version__),
+            judgement=judgement,
         )
         if self.guard.enabled(features.ADVICE):
             with self.guard(features.ADVICE):
@@ -340,6 +359,7 @@ class Run:
                     what_if=report.what_if,
                     cpu=report.cpu,
                     workers=report.workers,
+                    judgement=judgement,
                 )
         return report
 
@@ -351,6 +371,44 @@ class Run:
         ]
 
     # Internals.
+
+    def _early_verdict_due(self) -> bool:
+        # Between steps: a few integer comparisons.
+        steady = self.clock.steady_share(TRAIN).steps
+        if steady < EARLY_MIN_STEPS or self.measurement == WHOLE_STEP:
+            return False
+        if not self.window.capturing:
+            return True
+        return steady >= EARLY_MAX_STEPS or time.monotonic() - self._began >= EARLY_MAX_S
+
+    def _say_early_verdict(self) -> None:
+        """One line with the steady-state verdict and the top fix, and the outputs so far.
+
+        A long job learns within its first minute what the end of fit would say;
+        the final report refines it.
+        """
+        self.early_verdict = ""
+        if not self.guard.enabled(features.EARLY_VERDICT):
+            return
+        report = self.built_report()
+        if report is None:
+            return
+        with self.guard(features.EARLY_VERDICT):
+            steps = report.train.steps
+            line = f"keras-pipeline-tuner, early verdict after {steps} steps: "
+            line += terminal_summary.verdict_line(report)
+            speed = [r for r in report.recommendations if r.expected_gain is not None]
+            if speed:
+                line += f" Top fix: {speed[0].title}."
+            line += " The final report follows at the end of training."
+            self.early_verdict = line
+            logger.info("%s", line)
+            if self.settings.verbose:
+                terminal_summary.print_line(line)
+        self._write_report_file(report)
+        if self.tensorboard is not None:
+            self.tensorboard.write_report(report, report.train.steps)
+            self.tensorboard.flush()
 
     def _write_report_file(self, report: Report) -> None:
         if self.output_dir is not None and self.guard.enabled(features.REPORT_FILE):

@@ -25,6 +25,8 @@ from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 _PROFILE_MODES = ("auto", "off")
@@ -75,6 +77,11 @@ class PipelineTuner(keras.callbacks.Callback):
             (`tuner.report.workers`); give every worker the same `log_dir`.
         worker_timeout_s: how long the chief waits at the end of fit for the
             other workers' summaries before reporting without them.
+        check_contention: on the CPU, where the pipeline and the model share
+            cores, replay a few cached batches after fit (about a second,
+            state restored) and count the step time the pipeline costs beyond
+            its wait (see `tuner.report.judgement`). Runs only when the wait
+            alone does not already judge the job highly input-bound.
 
     Example:
 
@@ -95,6 +102,7 @@ class PipelineTuner(keras.callbacks.Callback):
         what_if: Union[bool, int] = False,
         tensorboard_workers: str = "chief",
         worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S,
+        check_contention: bool = True,
     ):
         super().__init__()
         # What a copy (keras-tuner copies callbacks per trial) starts from.
@@ -107,7 +115,14 @@ class PipelineTuner(keras.callbacks.Callback):
             what_if=what_if,
             tensorboard_workers=tensorboard_workers,
             worker_timeout_s=worker_timeout_s,
+            check_contention=check_contention,
         )
+        if not isinstance(check_contention, bool):
+            raise ValueError(
+                f"`check_contention` must be True or False, got {check_contention!r}. Pass "
+                "check_contention=False to skip the short replay after fit on the CPU."
+            )
+        self.check_contention = check_contention
         self.what_if_steps = what_if_replay.checked_steps(what_if)
         self.log_dir = _checked_log_dir(log_dir)
         self.tensorboard_workers = worker_reports.checked_tensorboard_workers(
@@ -231,6 +246,9 @@ class PipelineTuner(keras.callbacks.Callback):
                 run.what_if = what_if_replay.replay_after_fit(
                     self.model, self.what_if_steps, run.clock.stats(TRAIN)
                 )
+        elif self._contention_check_due(run):
+            with self.guard(features.CONTENTION_CHECK):
+                run.what_if = what_if_replay.contention_check(self.model, run.clock.stats(TRAIN))
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
         self._timing = None
@@ -406,6 +424,27 @@ class PipelineTuner(keras.callbacks.Callback):
     def _on_step_error(self, error: Optional[BaseException]) -> None:
         self._end_timing()
         self._run.step_failed(error)
+
+    def _contention_check_due(self, run: Run) -> bool:
+        """Whether the wait alone may miss what the pipeline costs the step.
+
+        On the CPU the pipeline's threads share the cores with the model, which
+        the wait at the fetch does not show. A short replay of cached batches
+        times the step with input free (see `advice.verdict`). A job the wait
+        already judges highly input-bound needs no replay to say so.
+        """
+        if not (self.check_contention and self.guard.enabled(features.CONTENTION_CHECK)):
+            return False
+        if run.multi_worker or run.measurement != "in-step" or self.model is None:
+            return False
+        with self.guard(features.CONTENTION_CHECK):
+            steady = run.clock.steady_share(TRAIN)
+            if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
+                return False
+            if verdict_for(steady.input_fraction) == Verdict.HIGHLY_INPUT_BOUND:
+                return False
+            return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(self.model)
+        return False
 
     def _end_timing(self) -> None:
         if self._timing is not None:

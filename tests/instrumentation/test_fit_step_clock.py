@@ -241,5 +241,8 @@ def test_unknown_keras_internals_fall_back_to_whole_step(monkeypatch):
     report, _ = fit_with_tuner(model, slow_source(6, 0.01).batch(1), epochs=1)
     assert report.measurement == "whole-step"
     assert report.train.steps == 5
-    assert report.train.step.median_ms >= 10
+    # Each element sleeps 10 ms; TF's injected prefetch can overlap a sliver of
+    # it with Keras' own work between steps (9.95 ms was seen), never half.
+    # Noise only makes steps slower, so this cannot fail by load alone.
+    assert report.train.step.median_ms >= 5
     assert "_attribute_of_another_keras" in report.notes[0]
