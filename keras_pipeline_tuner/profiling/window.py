@@ -129,6 +129,19 @@ class ProfilerWindow:
         """Whether a window is open now (its steps are being captured)."""
         return self._capture is not None
 
+    @property
+    def consults_clock(self) -> bool:
+        """Whether the next `before_step` reads the step clock (an "auto" check).
+
+        Timing sources that hand rows over in batches hand them over first.
+        """
+        return (
+            self.profile == "auto"
+            and self._capture is None
+            and not self._taken
+            and self._steps_done >= self._next_check
+        )
+
     # Hooks.
 
     def begin_fit(self) -> None:
@@ -142,7 +155,7 @@ class ProfilerWindow:
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
 
-    def before_step(self, batch: int, timed, clock) -> None:
+    def before_step(self, batch: int, timed, clock, steps_left: Optional[int] = None) -> None:
         """Opens the window if it is due, and marks the step when it is open.
 
         Args:
@@ -151,13 +164,16 @@ class ProfilerWindow:
                 `None` when only whole steps are measured (the step marker is
                 then entered here and exited in `after_step`).
             clock: the tuner's `StepClock`, for the "auto" decision.
+            steps_left: training steps left in the epoch, when known: an
+                "auto" window is not opened where it could not hold the steps
+                it needs to name a bottleneck; it opens in the next epoch.
         """
         self._call_begin = batch
         if not self._usable():
             return
         with self._guard(FEATURE), self._cleanup_on_failure():
             if self._capture is None and not self._taken:
-                trigger = self._due(clock)
+                trigger = self._due(clock, steps_left)
                 if trigger is not None:
                     self._open(trigger, timed)
             if self._capture is not None and self._capture.timed is None:
@@ -214,7 +230,7 @@ class ProfilerWindow:
         self._abandon()
         return False
 
-    def _due(self, clock) -> Optional[str]:
+    def _due(self, clock, steps_left: Optional[int] = None) -> Optional[str]:
         step = self._steps_done
         if isinstance(self.profile, tuple):
             start, stop = self.profile
@@ -222,6 +238,10 @@ class ProfilerWindow:
                 return f"requested: profile={self.profile}"
             return None
         if step < self._next_check:
+            return None
+        if steps_left is not None and steps_left < min(self.steps, profile_evidence.MIN_STEPS):
+            # Too close to the end of the epoch to complete: asked again at the
+            # next step, which the next epoch's start soon is.
             return None
         self._next_check = 2 * step
         stats = clock.stats(TRAIN)

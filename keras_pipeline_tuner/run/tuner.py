@@ -185,9 +185,16 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None):
         timing = self._timing
         marker = timing.step_marker_target(TRAIN) if timing is not None else None
-        self._window.before_step(batch, marker, self._run.clock)
+        self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
             timing.before_step(TRAIN)
+
+    def _steps_left(self, batch: int) -> Optional[int]:
+        # Keras gives the epoch's length when it knows it.
+        steps = (self.params or {}).get("steps")
+        if not isinstance(steps, int) or steps <= 0:
+            return None
+        return steps - batch
 
     def on_train_batch_end(self, batch, logs=None):
         if self._timing is not None:
@@ -401,6 +408,9 @@ class PipelineTuner(keras.callbacks.Callback):
         # that each holds the loop's batch fetch as well as the step: the
         # analyzer's input time is the fetch inside a marked step.
         self._window.after_step(0)
+        if self._window.consults_clock:
+            # The loop hands its rows over in batches: the check needs them all.
+            self._run.flush_rows()
         self._window.before_step(0, None, self._run.clock)
 
     def _finish_loop_run(self) -> Report:

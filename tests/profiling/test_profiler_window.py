@@ -17,7 +17,9 @@ from tensorboard.plugins import base_plugin
 from xprof import profile_plugin
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice import advisor
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
+from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
@@ -313,3 +315,33 @@ def test_profile_steps_must_be_a_positive_integer(profile_steps):
 def test_profile_steps_with_a_step_range_is_refused():
     with pytest.raises(ValueError, match="profile_steps.*profile='auto' only"):
         kpt.PipelineTuner(profile=(2, 6), profile_steps=5)
+
+
+def test_a_window_opened_at_the_last_step_names_no_bottleneck(tmp_path):
+    # "auto" first judges the job after AUTO_WARMUP_STEPS steps: a loop of that
+    # many steps plus one opens its window at its very last step.
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0)
+
+    @tuner.instrument
+    def train_step(x, y):
+        return tf.reduce_sum(x) + tf.reduce_sum(y)
+
+    steps = profiler_window.AUTO_WARMUP_STEPS + 1
+    for x, y in tuner.iterate(slow_source(steps, GENERATOR_DELAY_S)):
+        train_step(x, y)
+    report = tuner.close()
+    assert report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    evidence = report.profile
+    assert evidence is not None, report.notes
+    assert evidence.bottleneck is None
+    assert any("fewer than" in note for note in evidence.notes), evidence.notes
+    assert all(r.id != advisor.BOTTLENECK_STAGE for r in report.recommendations)
+
+
+def test_a_window_that_measured_no_input_wait_puts_no_stage_first(tmp_path):
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 12))
+    report, _ = fit(tuner, cached_source(64).batch(4).repeat(), steps=14,
+                    model=tiny_model(compute_delay_s=0.02))
+    assert report.profile.verdict == kpt.Verdict.NOT_INPUT_BOUND
+    assert report.profile.bottleneck is None
+    assert report.recommendations[0].id == advisor.NOT_THE_BOTTLENECK

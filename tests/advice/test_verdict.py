@@ -1,0 +1,232 @@
+"""One verdict that holds: steady state, one-off costs apart, contention counted."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice import advisor
+from keras_pipeline_tuner.advice import recommendation
+from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import Distribution
+from tests.helpers.training_data import FEATURES
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import slow_source
+from tests.helpers.training_data import tiny_model
+
+HIGH = kpt.Verdict.HIGHLY_INPUT_BOUND
+NOT = kpt.Verdict.NOT_INPUT_BOUND
+
+
+def rows(waits_ms, compute_ms=10.0, start=0.0):
+    """Back-to-back steps with the given waits (synthetic timestamps, exact)."""
+    out, now = [], start
+    for wait in waits_ms:
+        ready = now + wait / 1e3
+        end = ready + compute_ms / 1e3
+        out.append((now, ready, end))
+        now = end
+    return np.array(out)
+
+
+def clock_of(epochs):
+    """A clock fed whole epochs of synthetic rows; returns it and its judgement."""
+    clock = StepClock()
+    now = 0.0
+    for number, waits in enumerate(epochs):
+        clock.begin_epoch(number)
+        epoch_rows = rows(waits, start=now)
+        clock.record("train", epoch_rows)
+        now = float(epoch_rows[-1, 2])
+        clock.end_epoch("train", number)
+    return clock
+
+
+def judged(clock, what_if=None):
+    return judge(
+        clock.stats("train"),
+        None,
+        clock.epochs,
+        clock.steady_share("train"),
+        clock.epoch_start_share("train"),
+        what_if,
+    )
+
+
+def test_epoch_start_steps_are_left_out_and_reported_apart():
+    # A shuffle buffer refilling: the first two steps of each epoch wait 30 ms.
+    epoch = [30.0] * EPOCH_START_STEPS + [0.1] * 30
+    clock = clock_of([epoch, epoch, epoch])
+    # Over all steps the wait is 15 % (moderately input-bound)...
+    assert clock.stats("train").verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
+    judgement = judged(clock)
+    # ...but the steady state is not input-bound, and the starts are said apart.
+    assert judgement.verdict == NOT
+    assert judgement.input_fraction < 0.05
+    assert any("first 2 steps of each epoch waited 180.0 ms" in cost for cost in judgement.one_off)
+    assert "in steady state" in judgement.line
+
+
+def test_a_cache_filling_first_epoch_is_reported_apart():
+    clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
+    judgement = judged(clock)
+    assert judgement.verdict == NOT
+    assert any(cost.startswith("Epoch 1 waited") for cost in judgement.one_off)
+
+
+def test_an_input_bound_job_stays_input_bound_in_every_epoch():
+    clock = clock_of([[25.0] * 20, [24.0] * 20, [26.0] * 20])
+    judgement = judged(clock)
+    assert judgement.verdict == HIGH
+    assert not any(cost.startswith("Epoch 1") for cost in judgement.one_off)
+
+
+def replay(step_ms):
+    return WhatIfResult(replay_step=Distribution(step_ms, step_ms, step_ms))
+
+
+def test_contention_decides_when_the_replayed_step_is_clearly_faster():
+    # 0.1 ms of wait on 10 ms steps, but with input free steps take 7 ms: the
+    # pipeline's threads cost the step 30 % of its time.
+    clock = clock_of([[0.1] * 30])
+    judgement = judged(clock, replay(7.0))
+    assert judgement.verdict == HIGH
+    assert judgement.source == recommendation.REPLAY
+    assert judgement.wait_fraction < 0.05
+    assert judgement.contention_fraction == pytest.approx(1 - 7.0 / 10.1, rel=1e-6)
+    assert "7.00 ms" in judgement.line and "shares the CPU" in judgement.line
+
+
+def test_a_replay_within_the_noise_changes_nothing():
+    clock = clock_of([[0.1] * 30])
+    judgement = judged(clock, replay(9.6))
+    assert judgement.verdict == NOT
+    assert judgement.source == recommendation.STEP_CLOCK
+    assert judgement.contention_fraction == 0.0
+
+
+def test_the_advice_follows_the_judgement():
+    clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
+    ranked = advisor.advise(clock.stats("train"), judgement=judged(clock))
+    assert [r.id for r in ranked] == [advisor.NOT_THE_BOTTLENECK]
+
+
+def fit(dataset, epochs=3, model=None, **tuner_kwargs):
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", **tuner_kwargs)
+    model = model or tiny_model()
+    model.fit(dataset, epochs=epochs, callbacks=[tuner], verbose=0)
+    return tuner.report
+
+
+def speed_advice(report):
+    return [r for r in report.recommendations if r.id != advisor.NOT_THE_BOTTLENECK and r.expected_gain is not None]
+
+
+def test_cache_shuffle_batch_prefetch_over_memory_is_not_input_bound():
+    data = cached_source(256).shuffle(256).batch(8).prefetch(tf.data.AUTOTUNE)
+    report = fit(data, model=tiny_model(compute_delay_s=0.01))
+    assert report.verdict == NOT, report.judgement.line
+    assert not speed_advice(report), [r.title for r in report.recommendations]
+
+
+def slow_then_cached(elements):
+    def slow(x, y):
+        def sleep(value):
+            import time
+
+            time.sleep(0.02)
+            return value
+
+        slept = tf.py_function(sleep, [x], tf.float32)
+        slept.set_shape(x.shape)
+        return slept, y
+
+    return slow_source(elements, 0.0).map(slow).cache().batch(4)
+
+
+def test_a_cache_filling_first_epoch_leaves_a_healthy_steady_state():
+    report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.01))
+    assert report.verdict == NOT, report.judgement.line
+    assert any(cost.startswith("Epoch 1 waited") for cost in report.judgement.one_off)
+    assert not speed_advice(report)
+
+
+class SlowBatches(keras.utils.PyDataset):
+    def __init__(self, batches, delay_s):
+        super().__init__(workers=1)
+        self.batches, self.delay_s = batches, delay_s
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, index):
+        import time
+
+        time.sleep(self.delay_s)
+        rng = np.random.default_rng(index)
+        return rng.random((4, FEATURES), np.float32), rng.random((4, 1), np.float32)
+
+
+def test_a_py_dataset_with_one_slow_worker_is_input_bound():
+    report = fit(SlowBatches(24, 0.04), epochs=2)
+    assert report.verdict == HIGH, report.judgement.line
+
+
+def test_cpu_augmentation_feeding_a_cpu_model_is_input_bound():
+    # The augmentation runs on the same two cores as the model, in parallel and
+    # prefetched: the wait at the fetch hides part of its cost, the step time
+    # against a replay with input free shows the rest.
+    images = np.random.default_rng(0).random((128, 48, 48, 3), np.float32)
+    labels = np.random.default_rng(1).integers(0, 2, (128, 1)).astype(np.float32)
+
+    def augment(image, label):
+        for _ in range(12):
+            image = tf.image.resize(image, (96, 96))
+            image = tf.image.resize(image, (48, 48))
+            image = tf.image.adjust_contrast(image, 1.1)
+        return image, label
+
+    data = (
+        tf.data.Dataset.from_tensor_slices((images, labels))
+        .map(augment, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(16)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model = keras.Sequential(
+        [
+            keras.Input((48, 48, 3)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile("adam", "binary_crossentropy")
+    report = fit(data, epochs=3, model=model)
+    assert report.verdict in (HIGH, kpt.Verdict.MODERATELY_INPUT_BOUND), report.judgement.line
+    if report.judgement.source == recommendation.REPLAY:
+        assert report.judgement.contention_fraction > report.judgement.wait_fraction
+        assert report.what_if is not None and report.what_if.replay_step.mean_ms > 0
+
+
+def test_early_verdict_is_said_during_the_first_epoch(capsys):
+    tuner = kpt.PipelineTuner(profile="off")
+    model = tiny_model()
+    model.fit(slow_source(90, 0.01).batch(1), epochs=3, callbacks=[tuner], verbose=1)
+    out = capsys.readouterr().out
+    early = out.find("keras-pipeline-tuner, early verdict after")
+    assert early != -1, out[-2000:]
+    assert early < out.find("Epoch 2/3"), out[:3000]
+    assert "highly input-bound" in out[early : out.find("\n", early)]
+    assert tuner.report.verdict == HIGH
+
+
+def test_verbose_zero_silences_the_early_verdict(capsys):
+    tuner = kpt.PipelineTuner(profile="off", verbose=0)
+    tiny_model().fit(slow_source(40, 0.005).batch(1), epochs=1, callbacks=[tuner], verbose=0)
+    assert "early verdict" not in capsys.readouterr().out
+    # Still kept on the run, for the outputs.
+    assert tuner.report.train.steps >= 20
