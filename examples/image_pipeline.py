@@ -24,7 +24,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.demo import write_images
 
 QUICK = os.environ.get("KPT_EXAMPLE_QUICK") == "1"
-IMAGES = 256 if QUICK else 1024
+IMAGES = 512 if QUICK else 1024
 EPOCHS = 3 if QUICK else 5
 SIZE = 64
 CLASSES = ["circle", "square"]

@@ -6,10 +6,12 @@ apart with their size:
 - **Epoch starts.** The first `EPOCH_START_STEPS` steps of every epoch wait for
   a new iterator, a refilling shuffle buffer, parallel calls warming up. Their
   wait is totalled apart (`StepClock.epoch_start_share`) and left out.
-- **A warm-up epoch.** When the first epoch's steps waited, per step, more than
-  twice as long as the later epochs' (and by at least `WARMUP_MIN_MS`), and the
-  later epochs alone earn a milder verdict, the first epoch did one-off work
-  (filling a cache, a first pass over files): the later epochs decide.
+- **The first epoch.** Once two epochs have ended, the epochs after the first
+  are the steady state: the first may do one-off work (filling a cache, a
+  first pass over files), which also competes with the model for the CPU
+  while the wait stays small. When its steps waited, per step, more than
+  twice as long as the later epochs' (and by at least `WARMUP_MIN_MS`), and
+  the later epochs alone earn a milder verdict, that is said with its size.
 - **Contention.** Where the input pipeline and the model share CPU cores, the
   pipeline's work slows the step itself and is booked as compute. A replay of
   cached batches through the compiled step after training (the what-if replay)
@@ -122,6 +124,9 @@ def judge(
                 " of training step time): new iterators, refilling shuffle buffers; left "
                 "out of the verdict."
             )
+        later = _later_epochs(epochs)
+        if later is not None:
+            share = later
         warm = _warm_up(epochs)
         if warm is not None:
             first, later, extra_ms = warm
@@ -155,6 +160,17 @@ def _from_profile(profile) -> Judgement:
             "whole steps only.",
         )
     return Judgement(line="unknown: input wait was not separated from compute.")
+
+
+def _later_epochs(epochs: Sequence) -> Optional[Share]:
+    """The steady share of the training epochs after the first, once two have ended."""
+    train = [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
+    if len(train) < 2:
+        return None
+    later = Share()
+    for epoch in train[1:]:
+        later = later.plus(epoch.steady)
+    return later
 
 
 def _warm_up(epochs: Sequence):

@@ -6,6 +6,8 @@ import pathlib
 import re
 import subprocess
 import sys
+from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_stats import Verdict
 from tests.helpers.paths import EXAMPLES
 
 pytestmark = pytest.mark.multiprocess
@@ -54,6 +56,13 @@ def test_image_pipeline_example_has_no_warning(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Warnings or errors: 0" in result.stdout
     assert re.search(r"^Epoch 3: \d+% of step time is input wait", result.stdout, re.MULTILINE)
+    # The guide's recommended order, cache included: healthy in steady state,
+    # so no speed advice (the first epoch, which fills the cache, is apart).
+    report = Report.from_json((tmp_path / "logs" / "image_pipeline" / "report.json").read_text())
+    assert report.verdict == Verdict.NOT_INPUT_BOUND, report.judgement.line
+    assert all(
+        r.id == "input-not-bottleneck" or r.expected_gain is None for r in report.recommendations
+    ), [r.title for r in report.recommendations]
 
 
 def test_tune_pipeline_example_keeps_the_elements(tmp_path):
