@@ -727,6 +727,52 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
     return dataset
 
 
+def vectorized_trace_problem(graph_def, rewrite: Rewrite) -> Optional[str]:
+    """Traces a vectorised map's function on batches; says why it does not fit.
+
+    The function's graph is rebuilt with the batched element spec as its
+    input shapes, and its output shapes must be those of a batch of its
+    per-element outputs.
+
+    Args:
+        graph_def: the pipeline's `tf.compat.v1.GraphDef`.
+        rewrite: a "vectorize" `Rewrite` for it.
+
+    Returns:
+        `None` when the traced outputs are batches of the per-element
+        outputs, else the reason in words.
+    """
+    tf = tensorflow()
+    from tensorflow.python.framework import function_def_to_graph
+
+    rewritten = apply_rewrites(graph_def, [rewrite])
+    editor = _GraphEditor(rewritten)
+    node = editor.node(rewrite.node)
+    library = {f.signature.name: f for f in rewritten.library.function}
+    definition = library.get(node.attr["f"].func.name)
+    if definition is None:
+        return "its function is not in the pipeline's graph"
+    shapes = []
+    for index in range(len(definition.signature.input_arg)):
+        attrs = definition.arg_attr[index].attr if index in definition.arg_attr else {}
+        listed = attrs["_output_shapes"].list.shape if "_output_shapes" in attrs else []
+        shapes.append(tf.TensorShape(listed[0]) if listed else None)
+    try:
+        traced = function_def_to_graph.function_def_to_graph(definition, input_shapes=shapes)
+    except Exception as error:  # noqa: BLE001 - then it is not vectorisable.
+        return f"it cannot be traced on batches: {type(error).__name__}: {error}"
+    wanted = [tf.TensorShape(shape) for shape in node.attr["output_shapes"].list.shape]
+    got = [output.shape for output in traced.outputs]
+    if len(got) != len(wanted) or not all(
+        one.is_compatible_with(other) for one, other in zip(got, wanted)
+    ):
+        return (
+            f"traced on batches it gives shapes {[str(s) for s in got]} instead of "
+            f"batches of its per-element outputs {[str(s) for s in wanted]}"
+        )
+    return None
+
+
 def serialized_options(options: Dict[str, Any]) -> bytes:
     """`tf.data.Options` with the given fields set, serialised as in a dataset graph.
 

@@ -57,7 +57,7 @@ UNVERIFIED = "not proven"
 
 # Epochs tuning may run of a pipeline that calls Python (its side effects run
 # on every one), unless the caller allows more.
-DEFAULT_PYTHON_EPOCHS = 40
+DEFAULT_PYTHON_EPOCHS = 60
 # Relative tolerance for floating-point elements of a vectorised map: the same
 # element-wise ops on a batch may take other (vectorised) code paths.
 VECTORIZE_RTOL = 1e-6
@@ -288,6 +288,12 @@ def tune(
         raise ValueError(f"`min_gain` must be in [0, 1), e.g. 0.03 for 3 %, got {min_gain!r}.")
     verbosity(verbose)
     positive_int(max_python_epochs, "max_python_epochs")
+    if max_python_epochs < 5 + plan.epochs:
+        raise ValueError(
+            f"`max_python_epochs` must allow the 5 epochs that check the pipeline and "
+            f"one timed pass of {plan.epochs} epochs: at least {5 + plan.epochs}, got "
+            f"{max_python_epochs}."
+        )
     for name, flag in (
         ("allow_nondeterministic", allow_nondeterministic),
         ("allow_reordering", allow_reordering),
@@ -437,9 +443,13 @@ class _TuningSession:
         # The one comparison of a single kept rewrite against the original
         # doubles as the final one.
         against_original = None
+        # While nothing is kept, every comparison times the original too.
+        original_alone = None
         for rewrite in candidates:
             outcome, times = self._try(rewrite, kept)
             outcomes.append(outcome)
+            if times is not None and not kept:
+                original_alone = times[0]
             if outcome.applied:
                 against_original = times if not kept else None
                 kept.append(rewrite)
@@ -449,9 +459,11 @@ class _TuningSession:
         elif kept:
             times = self._side_by_side(
                 {"original": lambda: self._build([]), "tuned": lambda: self._build(kept)},
-                self.rounds,
+                self._affordable_rounds(final=False),
             )
             original_times, tuned_times = times["original"], times["tuned"]
+        elif original_alone is not None:
+            original_times = tuned_times = original_alone
         else:
             # Nothing to compare with: the original's own time, as rebuilt
             # (fresh caches) when that works.
@@ -544,6 +556,13 @@ class _TuningSession:
                 f"({rewrite.unverified}); pass allow_unverified=True to measure and keep it"
             )
             return outcome, None
+        # A cache's preparation may read its input twice more.
+        extra = 2 if rewrite.kind == pipeline_rewrite.CACHE else 0
+        shortfall = self._shortfall(final=bool(kept), extra_epochs=extra)
+        if shortfall is not None:
+            outcome.status = NOT_MEASURED
+            outcome.reason = shortfall
+            return outcome, None
         if rewrite.kind == pipeline_rewrite.CACHE:
             reason = self._prepare_cache(rewrite)
             if reason is not None:
@@ -551,11 +570,12 @@ class _TuningSession:
                 outcome.reason = reason
                 return outcome, None
             outcome.change = rewrite.change
-        shortfall = self._shortfall(final=bool(kept))
-        if shortfall is not None:
-            outcome.status = NOT_MEASURED
-            outcome.reason = shortfall
-            return outcome, None
+        if rewrite.kind == pipeline_rewrite.VECTORIZE:
+            problem = pipeline_rewrite.vectorized_trace_problem(self.graph_def, rewrite)
+            if problem is not None:
+                outcome.status = NOT_APPLICABLE
+                outcome.reason = f"not element-wise: {problem}"
+                return outcome, None
         trial = kept + [rewrite]
         try:
             mismatch, check = self._check(rewrite, kept, trial)
@@ -598,7 +618,7 @@ class _TuningSession:
         """Seconds of the fewest rounds of one side-by-side comparison."""
         return 2 * _MIN_ROUNDS * self._pass_estimate_s
 
-    def _shortfall(self, final: bool) -> Optional[str]:
+    def _shortfall(self, final: bool, extra_epochs: int = 0) -> Optional[str]:
         """Why a rewrite cannot be measured now (with its figures), or None."""
         passes = 2 * _MIN_ROUNDS
         needed_s = self._epoch_s + self._comparison_s()
@@ -613,21 +633,24 @@ class _TuningSession:
             budget_s=self.budget_s,
             pass_s=self._pass_estimate_s,
             passes=passes,
-        ) or self._epoch_shortfall(final)
+        ) or self._epoch_shortfall(final, extra_epochs)
 
-    def _epoch_shortfall(self, final: bool) -> Optional[str]:
+    def _epoch_shortfall(self, final: bool, extra_epochs: int) -> Optional[str]:
         if self.epoch_limit is None:
             return None
-        needed = 1 + 2 * _MIN_ROUNDS * self.plan.epochs * (2 if final else 1)
+        # Its check (two more epochs for a vectorised map compared within a
+        # tolerance), its timed passes, and the final comparison's.
+        needed = 3 + extra_epochs + 2 * _MIN_ROUNDS * self.plan.epochs * (2 if final else 1)
         if self.epochs_run + needed <= self.epoch_limit:
             return None
         return (
-            f"not measured: the pipeline calls Python, and measuring it needs {needed} more "
+            f"the pipeline calls Python, and measuring it needs {needed} more "
             f"epochs of it; {self.epochs_run} of the {self.epoch_limit} allowed "
             "(max_python_epochs) were run"
         )
 
     def _affordable_rounds(self, final: bool) -> int:
+        """Rounds of a two-way comparison the epoch limit allows (the final one's kept)."""
         if self.epoch_limit is None:
             return self.rounds
         reserve = 2 * _MIN_ROUNDS * self.plan.epochs if final else 0
@@ -872,11 +895,11 @@ def budget_shortfall(
     >>> budget_shortfall(13.0, 0.0, 20.0, 0.0, 20.0, 2.0, 6) is None
     True
     >>> print(budget_shortfall(30.0, 0.0, 9.0, 1.0, 10.0, 4.9, 6))
-    not measured: too slow to measure within budget_s=10: one timed pass takes about 4.90 s, and measuring it needs 6 passes and a check (about 30.0 s)
+    too slow to measure within budget_s=10: one timed pass takes about 4.90 s, and measuring it needs 6 passes and a check (about 30.0 s)
     """
     if needed_s > budget_s:
         return (
-            f"not measured: too slow to measure within budget_s={budget_s:g}: one timed "
+            f"too slow to measure within budget_s={budget_s:g}: one timed "
             f"pass takes about {pass_s:.2f} s, and measuring it needs {passes} passes and a "
             f"check (about {needed_s:.1f} s)"
         )
@@ -887,7 +910,7 @@ def budget_shortfall(
             else ""
         )
         return (
-            f"not measured: the time budget was spent ({used_s:.1f} s of {budget_s:g} s "
+            f"the time budget was spent ({used_s:.1f} s of {budget_s:g} s "
             f"used, {max(left_s, 0.0):.1f} s left); measuring it needs about {needed_s:.1f} s "
             f"({passes} passes of {pass_s:.2f} s and a check){final}"
         )
