@@ -37,17 +37,17 @@ THREADPOOL = "private-threadpool"
 # The order in which rewrites are tried: vectorisation first (it changes how
 # much work there is), then parallelism (it helps every epoch), then the cache
 # (it helps from the second epoch), then the prefetch that overlaps whatever is
-# left with the consumer; reordering and dataset options last, as refinements
-# of what is kept.
+# left with the consumer; smaller refinements (parallel batch copies, map
+# fusion, reordering, the thread pool) last, when the budget is left.
 KINDS = (
     VECTORIZE,
     PARALLEL_INTERLEAVE,
     PARALLEL_MAP,
     AUTOTUNE_PARALLELISM,
-    PARALLEL_BATCH,
-    MAP_FUSION,
     CACHE,
     PREFETCH,
+    PARALLEL_BATCH,
+    MAP_FUSION,
     REORDER,
     THREADPOOL,
 )
@@ -255,6 +255,9 @@ def plan_rewrites(
             )
         )
     final = pipeline.final
+    # Options set at the end do not change which stage produces the elements.
+    while final is not None and final.kind == "with_options" and final.inputs:
+        final = pipeline.stage(final.inputs[0])
     if final is not None:
         runtime_final = pipeline.runtime_final
         if final.kind == "prefetch":
@@ -277,7 +280,7 @@ def plan_rewrites(
                     change=f"{final.label}.prefetch(AUTOTUNE)",
                 )
             )
-        if "threading.private_threadpool_size" not in pipeline.options:
+        if "threading_options.private_threadpool_size" not in pipeline.options:
             # Its own pool keeps the pipeline's threads from queueing behind
             # other work of the process (e.g. the training step's).
             threads = os.cpu_count() or 1
@@ -393,7 +396,7 @@ def _plan_reorder(stage, allow_nondeterministic, allow_reordering, rewrites, ski
 
 def _plan_map_fusion(pipeline, rewrites) -> None:
     """Plans tf.data's map fusion when two cheap maps follow each other."""
-    if pipeline.options.get("experimental_optimization.map_fusion"):
+    if pipeline.options.get("optimization_options.map_fusion"):
         return
     by_node = {stage.node: stage for stage in pipeline.stages}
     for stage in pipeline.stages:

@@ -823,6 +823,9 @@ class _TuningSession:
         return times
 
     def _rounds(self, comparisons: int) -> int:
+        if self.epoch_limit is not None:
+            # Every epoch runs the user's Python side effects: the fewest rounds.
+            return _MIN_ROUNDS
         left = self.deadline - time.perf_counter()
         per_round = comparisons * 2 * max(self._pass_estimate_s, 1e-3)
         return int(min(_MAX_ROUNDS, max(_MIN_ROUNDS, left // per_round)))
