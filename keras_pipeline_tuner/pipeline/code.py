@@ -60,13 +60,18 @@ def tuned_code(
     lines: List[str] = []
     if common:
         lines.append(f"# ds: your pipeline up to and including {new[common - 1].label}")
-    last_options = max(
-        (index for index, stage in enumerate(changed) if stage.kind == "with_options"),
-        default=None,
-    )
-    for index, stage in enumerate(changed):
-        ours = index == last_options and bool(options)
-        lines.extend(_lines(stage, options if ours else None))
+    # The tuning's options datasets come after the user's own: the first
+    # ones in the changed stages are the user's, the rest the tuning's.
+    users = sum(1 for stage in old[common:] if stage.kind == "with_options")
+    seen = 0
+    for stage in changed:
+        if stage.kind == "with_options":
+            seen += 1
+            if seen > users:
+                if options and seen == users + 1:
+                    lines.extend(_lines(stage, options))
+                continue
+        lines.extend(_lines(stage, None))
     return "\n".join(lines)
 
 

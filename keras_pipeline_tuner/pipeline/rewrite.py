@@ -33,6 +33,7 @@ PARALLEL_BATCH = "parallel-batch"
 MAP_FUSION = "map-fusion"
 REORDER = "nondeterministic"
 THREADPOOL = "private-threadpool"
+AUTOTUNE_OFF = "autotune-off"
 
 # The order in which rewrites are tried: vectorisation first (it changes how
 # much work there is), then parallelism (it helps every epoch), then the cache
@@ -50,9 +51,10 @@ KINDS = (
     MAP_FUSION,
     REORDER,
     THREADPOOL,
+    AUTOTUNE_OFF,
 )
 # Rewrites made by setting `tf.data.Options` on the final dataset.
-OPTION_KINDS = (MAP_FUSION, THREADPOOL)
+OPTION_KINDS = (MAP_FUSION, THREADPOOL, AUTOTUNE_OFF)
 
 # Ops that compute each output element from the elements at the same position
 # of their inputs (broadcasting scalars), whatever the shapes: a function made
@@ -123,10 +125,12 @@ class Rewrite:
     """One change to a pipeline's graph.
 
     Attributes:
-        kind: "parallel-map", "parallel-interleave", "autotune", "cache" or
-            "prefetch".
+        kind: one of `KINDS`: "vectorize", "parallel-map",
+            "parallel-interleave", "autotune", "cache", "prefetch",
+            "parallel-batch", "map-fusion", "nondeterministic",
+            "private-threadpool" or "autotune-off".
         node: the graph node the rewrite changes, or after which it inserts
-            a stage (for "prefetch", the final node).
+            a stage (for "prefetch" and options, the final node).
         stage: the stage as the user wrote it, e.g. "map(load)".
         change: the stage after the rewrite, as code, e.g.
             "map(load, num_parallel_calls=AUTOTUNE)".
@@ -203,7 +207,7 @@ def plan_rewrites(
     expensive stage that gives the same elements every epoch (see
     `cache_point`); with `allow_reordering`, parallel maps and interleaves can
     hand out elements as they are ready; the pipeline can get its own thread
-    pool. Stages TensorFlow already runs in parallel after its default rewrites
+    pool, or run without autotuning's overhead. Stages TensorFlow already runs in parallel after its default rewrites
     are left alone.
 
     Args:
@@ -293,6 +297,23 @@ def plan_rewrites(
                     options={"threading.private_threadpool_size": threads},
                 )
             )
+        if pipeline.options.get("autotune_options.enabled") is not False:
+            # Autotuning runs a model of the pipeline on its own thread: for a
+            # pipeline of cheap stages that can cost more than it finds.
+            rewrites.append(
+                Rewrite(
+                    kind=AUTOTUNE_OFF,
+                    node=final.node,
+                    stage=final.label,
+                    change="options.autotune.enabled = False",
+                    options={"autotune.enabled": False},
+                    caveat=(
+                        "AUTOTUNE parallelism and buffer sizes no longer adapt to the "
+                        "load: faster as measured here, to measure again when the machine "
+                        "or the training step changes (the lint names it autotune-disabled)"
+                    ),
+                )
+            )
     order = {kind: index for index, kind in enumerate(KINDS)}
     rewrites.sort(key=lambda rewrite: order[rewrite.kind])
     return rewrites, skipped
@@ -320,6 +341,12 @@ def _plan_vectorize(pipeline, stage, rewrites, skipped) -> None:
             stage=f"{stage.label}.{batch.label}",
             change=f"{batch.label}.{stage.label}",
             batch_node=batch.node,
+            # The tuned dataset runs the per-element graph on batches; the
+            # pasted code has Python trace the function again on batches.
+            caveat=(
+                f"the code traces {function.name} again on batches: Python in it that "
+                "branches on static shapes (x.shape) would take the batch's branch"
+            ),
         )
     )
 

@@ -70,7 +70,8 @@ class RewriteOutcome:
     Attributes:
         kind: "vectorize", "parallel-map", "parallel-interleave", "autotune",
             "parallel-batch", "map-fusion", "cache", "prefetch",
-            "nondeterministic" (deterministic=False) or "private-threadpool".
+            "nondeterministic" (deterministic=False), "private-threadpool" or
+            "autotune-off".
         stage: the stage as the user wrote it, e.g. "map(load)".
         change: the stage after the rewrite, as code.
         applied: whether the tuned dataset has it.
@@ -85,7 +86,9 @@ class RewriteOutcome:
             side by side; below 1 is faster. `None` when not measured.
         rounds: how many side-by-side rounds `ratio` comes from.
         reason: why it was kept or not, in words.
-        changes_order: whether it can change the order of the elements.
+        changes_order: whether it can change the order of the elements (for
+            a rewrite that cannot be proven, such as parallel calls of a Python
+            function: which element the function's state goes with).
         changes_determinism: whether it can change the elements' values from
             run to run (random numbers drawn in another order).
         caveat: what it assumes about the user's code, if anything.
@@ -135,7 +138,8 @@ class TuneResult:
         rounds: how many rounds `ratio` comes from.
         rewrites: every rewrite considered, with its own measured ratio.
         elements_check: how the tuned elements were checked: "equal" (same
-            elements in the same order as the original's first epoch) or
+            elements in the same order as the original's first epoch), "same
+            elements, any order" (a kept rewrite may reorder them) or
             "structure" (the pipeline is random: same number, types and shapes).
         pipeline: the original pipeline, as code.
         tuned_pipeline: the tuned pipeline, as code.
@@ -381,9 +385,7 @@ class _TuningSession:
         self._progress = None
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self._stop_progress()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
@@ -460,6 +462,7 @@ class _TuningSession:
             times = self._side_by_side(
                 {"original": lambda: self._build([]), "tuned": lambda: self._build(kept)},
                 self._affordable_rounds(final=False),
+                deadline=self.deadline,
             )
             original_times, tuned_times = times["original"], times["tuned"]
         elif original_alone is not None:
@@ -473,7 +476,7 @@ class _TuningSession:
             ))
             times = self._side_by_side({"original": original}, rounds, deadline=None)
             original_times = tuned_times = times["original"]
-        self.close_progress()
+        self._stop_progress()
 
         if kept:
             ratio = paired_timing.median_ratio(tuned_times, original_times)
@@ -811,13 +814,9 @@ class _TuningSession:
                 )
         return found, time.perf_counter() - began
 
-    def _side_by_side(self, factories, rounds: int, deadline: Optional[float] = -1.0):
+    def _side_by_side(self, factories, rounds: int, deadline: Optional[float]):
         times = paired_timing.side_by_side(
-            factories,
-            self.plan,
-            rounds,
-            deadline=self.deadline if deadline == -1.0 else deadline,
-            on_pass=self._advance,
+            factories, self.plan, rounds, deadline=deadline, on_pass=self._advance
         )
         self.epochs_run += self.plan.epochs * sum(len(found) for found in times.values())
         return times
@@ -855,7 +854,7 @@ class _TuningSession:
                 self._task, advance=1, elapsed=f"{used:.0f} s of {self.budget_s:g} s"
             )
 
-    def close_progress(self) -> None:
+    def _stop_progress(self) -> None:
         if self._progress is not None:
             task = self._progress.tasks[0]
             # Rewrites skipped or stopped early leave the estimate short of done.
