@@ -111,13 +111,14 @@ def main():
         pass_s = min(paired_timing.time_pass(lesson.hand(), plan) for _ in range(2))
         rounds = max(args.rounds, min(10 * args.rounds, int(MIN_TIMING_S / (3 * pass_s))))
         times = paired_timing.side_by_side(factories, plan, rounds)
-        naive_s, hand_s, tuned_s = (statistics.median(times[key]) for key in ("naive", "hand", "tuned"))
+        naive_s, hand_s, tuned_s = (statistics.median(times[k]) for k in ("naive", "hand", "tuned"))
         versus_hand = paired_timing.median_ratio(times["tuned"], times["hand"])
         versus_naive = paired_timing.median_ratio(times["tuned"], times["naive"])
         kept = ", ".join(outcome.kind for outcome in result.applied) or "none"
         print(
             f"{lesson.name:<26} {naive_s:7.3f} {hand_s:7.3f} {tuned_s:7.3f} "
-            f"{versus_hand:10.2f} {versus_naive:11.2f} {'equal' if same else 'DIFFER':>9} {rounds:6d}  {kept}"
+            f"{versus_hand:10.2f} {versus_naive:11.2f} {'equal' if same else 'DIFFER':>9} "
+            f"{rounds:6d}  {kept}"
         )
         details.append((lesson, result))
 

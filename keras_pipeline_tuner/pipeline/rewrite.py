@@ -207,8 +207,8 @@ def plan_rewrites(
     expensive stage that gives the same elements every epoch (see
     `cache_point`); with `allow_reordering`, parallel maps and interleaves can
     hand out elements as they are ready; the pipeline can get its own thread
-    pool, or run without autotuning's overhead. Stages TensorFlow already runs in parallel after its default rewrites
-    are left alone.
+    pool, or run without autotuning's overhead. Stages TensorFlow already runs
+    in parallel after its default rewrites are left alone.
 
     Args:
         pipeline: the pipeline, from `pipeline_graph.read_pipeline`.

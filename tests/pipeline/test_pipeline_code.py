@@ -49,7 +49,8 @@ def test_changed_stages_and_options_become_lines_that_build_the_same_pipeline():
         return [stage.label for stage in stages if stage.kind != "with_options"]
 
     assert labels(built) == labels(tuned)
-    assert pipeline_graph.read_pipeline(built).options == pipeline_graph.read_pipeline(tuned).options
+    options_of = [pipeline_graph.read_pipeline(d).options for d in (built, tuned)]
+    assert options_of[0] == options_of[1]
 
 
 def test_unchanged_pipeline_has_no_code_and_lambdas_are_named_as_such():

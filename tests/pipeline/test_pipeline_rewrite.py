@@ -318,7 +318,8 @@ def test_map_fusion_parallel_batch_and_thread_pool_keep_the_elements():
     candidates, _, _ = planned(dataset)
     assert candidates[rewrite.MAP_FUSION].options == {"experimental_optimization.map_fusion": True}
     assert candidates[rewrite.PARALLEL_BATCH].change == "batch(4, num_parallel_calls=AUTOTUNE)"
-    chosen = [candidates[kind] for kind in (rewrite.MAP_FUSION, rewrite.PARALLEL_BATCH, rewrite.THREADPOOL)]
+    kinds = (rewrite.MAP_FUSION, rewrite.PARALLEL_BATCH, rewrite.THREADPOOL)
+    chosen = [candidates[kind] for kind in kinds]
     tuned = rebuilt(dataset, chosen)
     pipeline = pipeline_graph.read_pipeline(tuned)
     assert pipeline.options["optimization_options.map_fusion"] is True
