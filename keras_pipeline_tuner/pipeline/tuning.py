@@ -576,6 +576,13 @@ class _TuningSession:
                 f"({rewrite.unverified}); pass allow_unverified=True to measure and keep it"
             )
             return outcome, None
+        if rewrite.kind == pipeline_rewrite.CACHE and self.plan.epochs == 1:
+            outcome.status = NOT_APPLICABLE
+            outcome.reason = (
+                "a cache pays off from the second epoch, and a timed pass has one "
+                "(epochs=1)"
+            )
+            return outcome, None
         # A cache's preparation may read its input twice more.
         extra = 2 if rewrite.kind == pipeline_rewrite.CACHE else 0
         shortfall = self._shortfall(final=bool(kept), extra_epochs=extra)
@@ -849,11 +856,14 @@ class _TuningSession:
 
     def _rounds(self, comparisons: int) -> int:
         """Rounds per comparison that let `comparisons` more of them fit the budget."""
-        if self.epoch_limit is not None:
-            # Every epoch runs the user's Python side effects: the fewest rounds.
-            return _MIN_ROUNDS
         pass_s = max(self._pass_estimate_s, 1e-3)
         most = max(_MAX_ROUNDS, min(_MAX_FAST_ROUNDS, int(_FAST_SIDE_S / pass_s)))
+        if self.epoch_limit is not None:
+            # Every epoch runs the user's Python side effects: the epochs left
+            # are shared among the comparisons left (each with its check).
+            epochs_left = self.epoch_limit - self.epochs_run - max(comparisons, 1)
+            shared = epochs_left // (max(comparisons, 1) * 2 * self.plan.epochs)
+            most = max(_MIN_ROUNDS, min(most, shared))
         left = self.deadline - time.perf_counter()
         per_round = max(comparisons, 1) * 2 * max(self._pass_cost_s(), 1e-3)
         return int(min(most, max(_MIN_ROUNDS, left // per_round)))

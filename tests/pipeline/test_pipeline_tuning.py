@@ -130,7 +130,9 @@ def test_already_optimal_pipeline_comes_back_unchanged():
     options = tf.data.Options()
     options.threading.private_threadpool_size = 2
     dataset = dataset.with_options(options)
-    tuned, result = kpt.tune(dataset, budget_s=10, verbose=0)
+    # Turning autotuning off is still tried; no rewrite halves the time.
+    tuned, result = kpt.tune(dataset, budget_s=10, min_gain=0.5, verbose=0)
+    assert [o.kind for o in result.rewrites if o.ratio is not None] == ["autotune-off"]
     assert tuned is dataset
     assert result.ratio == 1.0 and result.speedup == 1.0
     assert not result.applied
