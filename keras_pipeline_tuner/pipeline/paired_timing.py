@@ -79,6 +79,7 @@ def side_by_side(
     plan: PassPlan,
     rounds: int,
     deadline: Optional[float] = None,
+    on_pass: Optional[Callable[[], None]] = None,
 ) -> Dict[str, List[float]]:
     """Times several datasets in alternating passes.
 
@@ -92,6 +93,7 @@ def side_by_side(
         rounds: how many rounds at most.
         deadline: a `time.perf_counter()` value after which no new round
             starts (at least one round always runs).
+        on_pass: called after each timed pass (e.g. to show progress).
 
     Returns:
         name -> list of pass times in seconds, one per round run.
@@ -110,6 +112,8 @@ def side_by_side(
                 dataset = factories[name]()
                 times[name].append(time_pass(dataset, plan))
                 del dataset
+                if on_pass is not None:
+                    on_pass()
             if enabled:
                 gc.enable()
     finally:

@@ -15,9 +15,10 @@ it. It does not judge whether a rewrite is worth it: that is measured (see
 
 import dataclasses
 import itertools
+import os
 import re
 import uuid
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from keras_pipeline_tuner.pipeline import graph as pipeline_graph
 from keras_pipeline_tuner._util.tf_import import tensorflow
@@ -27,11 +28,53 @@ PARALLEL_INTERLEAVE = "parallel-interleave"
 AUTOTUNE_PARALLELISM = "autotune"
 CACHE = "cache"
 PREFETCH = "prefetch"
+VECTORIZE = "vectorize"
+PARALLEL_BATCH = "parallel-batch"
+MAP_FUSION = "map-fusion"
+REORDER = "nondeterministic"
+THREADPOOL = "private-threadpool"
+AUTOTUNE_OFF = "autotune-off"
 
-# The order in which rewrites are tried: parallelism first (it helps every
-# epoch), then the cache (it helps from the second epoch), then the prefetch
-# that overlaps whatever is left with the consumer.
-KINDS = (PARALLEL_INTERLEAVE, PARALLEL_MAP, AUTOTUNE_PARALLELISM, CACHE, PREFETCH)
+# The order in which rewrites are tried: vectorisation first (it changes how
+# much work there is), then parallelism (it helps every epoch), then the cache
+# (it helps from the second epoch), then the prefetch that overlaps whatever is
+# left with the consumer; smaller refinements (parallel batch copies, map
+# fusion, reordering, the thread pool) last, when the budget is left.
+KINDS = (
+    VECTORIZE,
+    PARALLEL_INTERLEAVE,
+    PARALLEL_MAP,
+    AUTOTUNE_PARALLELISM,
+    CACHE,
+    PREFETCH,
+    PARALLEL_BATCH,
+    MAP_FUSION,
+    REORDER,
+    THREADPOOL,
+    AUTOTUNE_OFF,
+)
+# Rewrites made by setting `tf.data.Options` on the final dataset.
+OPTION_KINDS = (MAP_FUSION, THREADPOOL, AUTOTUNE_OFF)
+
+# Ops that compute each output element from the elements at the same position
+# of their inputs (broadcasting scalars), whatever the shapes: a function made
+# only of these gives, on a batch, the batch of its results.
+ELEMENTWISE_OPS = frozenset(
+    {
+        "Abs", "Acos", "Acosh", "Add", "AddV2", "Asin", "Asinh", "Atan", "Atan2", "Atanh",
+        "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Cast", "Ceil", "ClipByValue", "Cos",
+        "Cosh", "Div", "DivNoNan", "Elu", "Equal", "Erf", "Erfc", "Exp", "Expm1", "Floor",
+        "FloorDiv", "FloorMod", "Greater", "GreaterEqual", "Inv", "Invert", "IsFinite",
+        "IsInf", "IsNan", "LeakyRelu", "LeftShift", "Less", "LessEqual", "Log", "Log1p",
+        "LogicalAnd", "LogicalNot", "LogicalOr", "Maximum", "Minimum", "Mod", "Mul",
+        "MulNoNan", "Neg", "NotEqual", "Pow", "RealDiv", "Reciprocal", "Relu", "Relu6",
+        "RightShift", "Rint", "Round", "Rsqrt", "SelectV2", "Selu", "Sigmoid", "Sign",
+        "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Square", "SquaredDifference",
+        "Sub", "Tan", "Tanh", "TruncateDiv", "TruncateMod", "Xdivy", "Xlogy",
+        # Bookkeeping: no computation.
+        "Const", "Identity", "IdentityN", "NoOp", "StopGradient", "Placeholder",
+    }
+)
 
 _AUTOTUNE = -1
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
@@ -82,10 +125,12 @@ class Rewrite:
     """One change to a pipeline's graph.
 
     Attributes:
-        kind: "parallel-map", "parallel-interleave", "autotune", "cache" or
-            "prefetch".
+        kind: one of `KINDS`: "vectorize", "parallel-map",
+            "parallel-interleave", "autotune", "cache", "prefetch",
+            "parallel-batch", "map-fusion", "nondeterministic",
+            "private-threadpool" or "autotune-off".
         node: the graph node the rewrite changes, or after which it inserts
-            a stage (for "prefetch", the final node).
+            a stage (for "prefetch" and options, the final node).
         stage: the stage as the user wrote it, e.g. "map(load)".
         change: the stage after the rewrite, as code, e.g.
             "map(load, num_parallel_calls=AUTOTUNE)".
@@ -95,6 +140,12 @@ class Rewrite:
             drawn by parallel calls in a different order).
         caveat: what the rewrite assumes about the user's code, if anything.
         filename: for "cache": "" for memory, else the cache file's path.
+        batch_node: for "vectorize", the batch node the map moves after.
+        options: for option rewrites, `tf.data.Options` fields to set, by
+            dotted path, e.g. `{"threading.private_threadpool_size": 2}`.
+        unverified: why the rewrite's elements cannot be proven equal to the
+            original's by comparing them (e.g. a Python function that may keep
+            state, called from several threads), or `None`.
     """
 
     kind: str
@@ -105,6 +156,9 @@ class Rewrite:
     changes_determinism: bool = False
     caveat: Optional[str] = None
     filename: Optional[str] = None
+    batch_node: Optional[str] = None
+    options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    unverified: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -139,20 +193,29 @@ def graph_def_of(dataset):
 
 
 def plan_rewrites(
-    pipeline: "pipeline_graph.Pipeline", allow_nondeterministic: bool = False
+    pipeline: "pipeline_graph.Pipeline",
+    allow_nondeterministic: bool = False,
+    allow_reordering: bool = False,
 ) -> Tuple[List[Rewrite], List[Skipped]]:
     """Lists the rewrites that keep what the model sees, stage by stage.
 
-    A sequential map or interleave can run in parallel (with the original
-    order kept); fixed parallelism and buffer sizes can be AUTOTUNE; a prefetch
-    can end the pipeline; a cache can follow the last expensive stage that
-    gives the same elements every epoch (see `cache_point`). Stages TensorFlow
-    already runs in parallel after its default rewrites are left alone.
+    A cheap element-wise map right before a batch can run on the batch
+    instead (vectorisation); a sequential map or interleave can run in
+    parallel (with the original order kept); fixed parallelism and buffer
+    sizes can be AUTOTUNE; a batch can copy in parallel; consecutive cheap maps
+    can be fused; a prefetch can end the pipeline; a cache can follow the last
+    expensive stage that gives the same elements every epoch (see
+    `cache_point`); with `allow_reordering`, parallel maps and interleaves can
+    hand out elements as they are ready; the pipeline can get its own thread
+    pool, or run without autotuning's overhead. Stages TensorFlow already runs
+    in parallel after its default rewrites are left alone.
 
     Args:
         pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
         allow_nondeterministic: also parallelise maps that draw random numbers
             (the numbers then land on different elements from run to run).
+        allow_reordering: also plan `deterministic=False` for parallel maps
+            and interleaves (elements may come in another order).
 
     Returns:
         `(rewrites, skipped)`: the candidate rewrites in the order they should
@@ -161,12 +224,26 @@ def plan_rewrites(
     rewrites: List[Rewrite] = []
     skipped: List[Skipped] = []
     for stage in pipeline.stages:
+        if stage.kind == "map" and stage.op in ("MapDataset", "ParallelMapDatasetV2"):
+            _plan_vectorize(pipeline, stage, rewrites, skipped)
         if stage.op == "MapDataset":
             _plan_parallel_map(stage, allow_nondeterministic, rewrites, skipped)
         elif stage.op == "InterleaveDataset":
             _plan_parallel(PARALLEL_INTERLEAVE, stage, allow_nondeterministic, rewrites, skipped)
         elif stage.op in _TUNABLE_INPUT:
             _plan_autotune(stage, allow_nondeterministic, rewrites, skipped)
+        if stage.op == "BatchDatasetV2":
+            rewrites.append(
+                Rewrite(
+                    kind=PARALLEL_BATCH,
+                    node=stage.node,
+                    stage=stage.label,
+                    change=_with_argument(stage.label, "num_parallel_calls=AUTOTUNE"),
+                )
+            )
+        if stage.kind in ("map", "interleave"):
+            _plan_reorder(stage, allow_nondeterministic, allow_reordering, rewrites, skipped)
+    _plan_map_fusion(pipeline, rewrites)
     point, reason = cache_point(pipeline)
     if point is None:
         skipped.append(Skipped(CACHE, str(pipeline), reason))
@@ -182,6 +259,9 @@ def plan_rewrites(
             )
         )
     final = pipeline.final
+    # Options set at the end do not change which stage produces the elements.
+    while final is not None and final.kind == "with_options" and final.inputs:
+        final = pipeline.stage(final.inputs[0])
     if final is not None:
         runtime_final = pipeline.runtime_final
         if final.kind == "prefetch":
@@ -204,9 +284,177 @@ def plan_rewrites(
                     change=f"{final.label}.prefetch(AUTOTUNE)",
                 )
             )
+        if "threading_options.private_threadpool_size" not in pipeline.options:
+            # Its own pool keeps the pipeline's threads from queueing behind
+            # other work of the process (e.g. the training step's).
+            threads = os.cpu_count() or 1
+            rewrites.append(
+                Rewrite(
+                    kind=THREADPOOL,
+                    node=final.node,
+                    stage=final.label,
+                    change=f"options.threading.private_threadpool_size = {threads}",
+                    options={"threading.private_threadpool_size": threads},
+                )
+            )
+        if pipeline.options.get("autotune_options.enabled") is not False:
+            # Autotuning runs a model of the pipeline on its own thread: for a
+            # pipeline of cheap stages that can cost more than it finds.
+            rewrites.append(
+                Rewrite(
+                    kind=AUTOTUNE_OFF,
+                    node=final.node,
+                    stage=final.label,
+                    change="options.autotune.enabled = False",
+                    options={"autotune.enabled": False},
+                    caveat=(
+                        "AUTOTUNE parallelism and buffer sizes no longer adapt to the "
+                        "load: faster as measured here, to measure again when the machine "
+                        "or the training step changes (the lint names it autotune-disabled)"
+                    ),
+                )
+            )
     order = {kind: index for index, kind in enumerate(KINDS)}
     rewrites.sort(key=lambda rewrite: order[rewrite.kind])
     return rewrites, skipped
+
+
+def _plan_vectorize(pipeline, stage, rewrites, skipped) -> None:
+    """Plans running a map on batches when a batch follows it and it is element-wise."""
+    readers = [item for item in pipeline.stages if stage.node in item.inputs]
+    if len(readers) != 1 or readers[0].kind != "batch" or readers[0].inputs[:1] != [stage.node]:
+        return
+    batch = readers[0]
+    if batch.op not in ("BatchDatasetV2", "ParallelBatchDataset"):
+        return
+    function = stage.function
+    if function is None:
+        return
+    reason = vectorize_blocker(function)
+    if reason is not None:
+        skipped.append(Skipped(VECTORIZE, f"{stage.label} -> {batch.label}", reason))
+        return
+    rewrites.append(
+        Rewrite(
+            kind=VECTORIZE,
+            node=stage.node,
+            stage=f"{stage.label}.{batch.label}",
+            change=f"{batch.label}.{stage.label}",
+            batch_node=batch.node,
+            # The tuned dataset runs the per-element graph on batches; the
+            # pasted code has Python trace the function again on batches.
+            caveat=(
+                f"the code traces {function.name} again on batches: Python in it that "
+                "branches on static shapes (x.shape) would take the batch's branch"
+            ),
+        )
+    )
+
+
+def vectorize_blocker(function: "pipeline_graph.StageFunction") -> Optional[str]:
+    """Why a map's function cannot be applied to a batch instead of each element.
+
+    Args:
+        function: the map's `StageFunction`.
+
+    Returns:
+        The reason in words, or `None` when its graph is made only of
+        element-wise ops (then it is still checked on the real elements).
+    """
+    if function.py_function_ops:
+        return (
+            f"{function.name} runs Python ({', '.join(function.py_function_ops)}): what it "
+            "does with a batch instead of an element cannot be known from its graph"
+        )
+    if function.random:
+        return (
+            f"{function.name} draws random numbers ({', '.join(function.random_ops)}): on a "
+            "batch it would draw them in other shapes, so the values would change"
+        )
+    if function.stateful_ops:
+        return f"{function.name} has stateful ops ({', '.join(function.stateful_ops)})"
+    other = sorted(set(function.ops) - ELEMENTWISE_OPS)
+    if other:
+        return (
+            f"{function.name} has shape-dependent logic or ops that are not element-wise "
+            f"({', '.join(other[:6])}{', ...' if len(other) > 6 else ''}): on a batch it "
+            "could compute something else"
+        )
+    return None
+
+
+def _plan_reorder(stage, allow_nondeterministic, allow_reordering, rewrites, skipped) -> None:
+    """Plans `deterministic=False` on a map or interleave that is or can be parallel."""
+    if stage.params.get("deterministic") == "false":
+        return
+    function = stage.function
+    parallel_op = stage.op in ("ParallelMapDatasetV2", "ParallelInterleaveDatasetV4")
+    sequential_op = stage.op in ("MapDataset", "InterleaveDataset")
+    if not (parallel_op or sequential_op) or function is None or function.trivial:
+        return
+    if sequential_op and _parallel_blocker(function, allow_nondeterministic) is not None:
+        return
+    if not allow_reordering:
+        skipped.append(
+            Skipped(
+                REORDER,
+                stage.label,
+                "deterministic=False lets elements come out in another order; pass "
+                "allow_reordering=True to try it",
+            )
+        )
+        return
+    head = stage.label
+    if "num_parallel_calls" not in head:
+        head = _with_argument(head, "num_parallel_calls=AUTOTUNE")
+    rewrites.append(
+        Rewrite(
+            kind=REORDER,
+            node=stage.node,
+            stage=stage.label,
+            change=_with_argument(head, "deterministic=False"),
+            changes_order=True,
+            changes_determinism=function.random,
+            caveat=_thread_caveat(function),
+            unverified=_python_unverified(function),
+        )
+    )
+
+
+def _plan_map_fusion(pipeline, rewrites) -> None:
+    """Plans tf.data's map fusion when two cheap maps follow each other."""
+    if pipeline.options.get("optimization_options.map_fusion"):
+        return
+    by_node = {stage.node: stage for stage in pipeline.stages}
+    for stage in pipeline.stages:
+        before = by_node.get(stage.inputs[0]) if stage.inputs else None
+        if (
+            stage.kind == "map"
+            and before is not None
+            and before.kind == "map"
+            and all(s.function is not None and s.function.cheap for s in (before, stage))
+        ):
+            rewrites.append(
+                Rewrite(
+                    kind=MAP_FUSION,
+                    node=pipeline.final.node,
+                    stage=f"{before.label}.{stage.label}",
+                    change="options.experimental_optimization.map_fusion = True",
+                    options={"experimental_optimization.map_fusion": True},
+                )
+            )
+            return
+
+
+def _python_unverified(function) -> Optional[str]:
+    if not function.py_function_ops:
+        return None
+    return (
+        f"{function.name} runs Python ({', '.join(function.py_function_ops)}), whose state "
+        "TensorFlow cannot see: called from several threads, a function that keeps state "
+        "(a counter, a file position) pairs it with other elements, and a check of the "
+        "elements cannot prove it does not"
+    )
 
 
 def _plan_parallel_map(stage, allow_nondeterministic, rewrites, skipped) -> None:
@@ -240,6 +488,7 @@ def _plan_parallel(kind, stage, allow_nondeterministic, rewrites, skipped) -> No
             change=_with_argument(stage.label, "num_parallel_calls=AUTOTUNE"),
             changes_determinism=function is not None and function.random,
             caveat=_thread_caveat(function) if function else None,
+            unverified=_python_unverified(function) if function else None,
         )
     )
 
@@ -272,6 +521,9 @@ def _plan_autotune(stage, allow_nondeterministic, rewrites, skipped) -> None:
             change=change,
             changes_determinism=value == 1 and function is not None and function.random,
             caveat=_thread_caveat(function) if value == 1 and function is not None else None,
+            unverified=(
+                _python_unverified(function) if value == 1 and function is not None else None
+            ),
         )
     )
 
@@ -505,6 +757,88 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
     return dataset
 
 
+def vectorized_trace_problem(graph_def, rewrite: Rewrite) -> Optional[str]:
+    """Traces a vectorised map's function on batches; says why it does not fit.
+
+    The function's graph is rebuilt with the batched element spec as its
+    input shapes, and its output shapes must be those of a batch of its
+    per-element outputs.
+
+    Args:
+        graph_def: the pipeline's `tf.compat.v1.GraphDef`.
+        rewrite: a "vectorize" `Rewrite` for it.
+
+    Returns:
+        `None` when the traced outputs are batches of the per-element
+        outputs, else the reason in words.
+    """
+    tf = tensorflow()
+    from tensorflow.python.framework import function_def_to_graph
+
+    rewritten = apply_rewrites(graph_def, [rewrite])
+    editor = _GraphEditor(rewritten)
+    node = editor.node(rewrite.node)
+    library = {f.signature.name: f for f in rewritten.library.function}
+    definition = library.get(node.attr["f"].func.name)
+    if definition is None:
+        return "its function is not in the pipeline's graph"
+    shapes = []
+    for index in range(len(definition.signature.input_arg)):
+        attrs = definition.arg_attr[index].attr if index in definition.arg_attr else {}
+        listed = attrs["_output_shapes"].list.shape if "_output_shapes" in attrs else []
+        shapes.append(tf.TensorShape(listed[0]) if listed else None)
+    try:
+        traced = function_def_to_graph.function_def_to_graph(definition, input_shapes=shapes)
+    except Exception as error:  # noqa: BLE001 - then it is not vectorisable.
+        return f"it cannot be traced on batches: {type(error).__name__}: {error}"
+    wanted = [tf.TensorShape(shape) for shape in node.attr["output_shapes"].list.shape]
+    got = [output.shape for output in traced.outputs]
+    if len(got) != len(wanted) or not all(
+        one.is_compatible_with(other) for one, other in zip(got, wanted)
+    ):
+        return (
+            f"traced on batches it gives shapes {[str(s) for s in got]} instead of "
+            f"batches of its per-element outputs {[str(s) for s in wanted]}"
+        )
+    return None
+
+
+def serialized_options(options: Dict[str, Any]) -> bytes:
+    """`tf.data.Options` with the given fields set, serialised as in a dataset graph.
+
+    Args:
+        options: field values by dotted path, e.g.
+            `{"threading.private_threadpool_size": 2}`.
+
+    Returns:
+        The bytes of the `serialized_options` attribute of an `OptionsDataset`.
+    """
+    tf = tensorflow()
+    value = tf.data.Options()
+    for path, setting in options.items():
+        *parents, field = path.split(".")
+        target = value
+        for parent in parents:
+            target = getattr(target, parent)
+        setattr(target, field, setting)
+    template = graph_def_of(tf.data.Dataset.range(0).with_options(value))
+    return next(node for node in template.node if node.op == "OptionsDataset").attr[
+        "serialized_options"
+    ].s
+
+
+def _batched(shape, rows: int):
+    tf = tensorflow()
+    batched = tf.TensorShape([None if rows < 0 else rows]).concatenate(tf.TensorShape(shape))
+    return batched.as_proto()
+
+
+def _set_shapes(node, shapes) -> None:
+    listed = node.attr["output_shapes"].list.shape
+    del listed[:]
+    listed.extend(shapes)
+
+
 def _output_signature(node) -> Tuple[List[int], List[Any]]:
     for types_attr in ("output_types", "Toutput_types"):
         if types_attr in node.attr:
@@ -536,6 +870,10 @@ class _GraphEditor:
 
     def apply(self, rewrite: Rewrite) -> None:
         node = self.node(rewrite.node)
+        if rewrite.kind in (PREFETCH, *OPTION_KINDS):
+            # The end of the pipeline as it is now: an earlier rewrite (a
+            # vectorised map) may have moved another stage last.
+            node = self.node(self.retval.input[0])
         if rewrite.kind == PARALLEL_MAP:
             self._expect(node, rewrite, "MapDataset")
             node.op = "ParallelMapDatasetV2"
@@ -564,8 +902,90 @@ class _GraphEditor:
         elif rewrite.kind == CACHE:
             filename = self._string(rewrite.filename or "")
             self._insert_after(node, "CacheDatasetV2", [filename, self._memory_cache()], {})
+        elif rewrite.kind == VECTORIZE:
+            self._expect(node, rewrite, "MapDataset", "ParallelMapDatasetV2")
+            self._vectorize(node, self.node(rewrite.batch_node or ""))
+        elif rewrite.kind == PARALLEL_BATCH:
+            self._expect(node, rewrite, "BatchDatasetV2")
+            # BatchDatasetV2(input, batch_size, drop_remainder) becomes
+            # ParallelBatchDataset(input, batch_size, num_parallel_calls, drop_remainder).
+            data = [name for name in node.input if not name.startswith("^")]
+            control = [name for name in node.input if name.startswith("^")]
+            node.op = "ParallelBatchDataset"
+            del node.input[:]
+            node.input.extend([data[0], data[1], self._int64(_AUTOTUNE), data[2], *control])
+            node.attr["deterministic"].s = b"default"
+        elif rewrite.kind == REORDER:
+            if node.op == "MapDataset":
+                self.apply(dataclasses.replace(rewrite, kind=PARALLEL_MAP))
+            elif node.op == "InterleaveDataset":
+                self.apply(dataclasses.replace(rewrite, kind=PARALLEL_INTERLEAVE))
+            self._expect(node, rewrite, "ParallelMapDatasetV2", "ParallelInterleaveDatasetV4")
+            node.attr["deterministic"].s = b"false"
+        elif rewrite.kind in OPTION_KINDS:
+            self._insert_after(node, "OptionsDataset", [], {
+                "serialized_options": ("s", serialized_options(rewrite.options)),
+            })
         else:
             raise ValueError(f"Unknown rewrite kind {rewrite.kind!r}; expected one of {KINDS}.")
+
+    def _vectorize(self, map_node, batch_node) -> None:
+        """Moves `batch_node` before `map_node`, which then maps whole batches."""
+        if batch_node.op not in ("BatchDatasetV2", "ParallelBatchDataset"):
+            raise ValueError(f"{batch_node.name!r} is a {batch_node.op}, not a batch.")
+        if batch_node.input[0] != map_node.name:
+            raise ValueError(f"{batch_node.name!r} does not read from {map_node.name!r}.")
+        data = [name for name in batch_node.input if not name.startswith("^")]
+        size = self._const_value(data[1])
+        drop = self._const_value(data[-1])
+        rows = int(size) if drop else -1
+        source = self.node(map_node.input[0])
+        types, shapes = _output_signature(source)
+        del batch_node.attr["output_types"].list.type[:]
+        batch_node.attr["output_types"].list.type.extend(types)
+        _set_shapes(batch_node, [_batched(shape, rows) for shape in shapes])
+        _set_shapes(
+            map_node,
+            [_batched(shape, rows) for shape in map_node.attr["output_shapes"].list.shape],
+        )
+        for consumer in self.graph_def.node:
+            if consumer is not map_node and consumer.input and consumer.input[0] == batch_node.name:
+                consumer.input[0] = map_node.name
+        batch_node.input[0] = source.name
+        map_node.input[0] = batch_node.name
+        # A copy of the function whose argument shapes are the batched ones,
+        # as tracing it on batches would record.
+        library = {f.signature.name: f for f in self.graph_def.library.function}
+        original = library.get(map_node.attr["f"].func.name)
+        if original is not None:
+            copy = type(original)()
+            copy.CopyFrom(original)
+            copy.signature.name = self._function_name(original.signature.name, library)
+            for index in range(len(types)):
+                attrs = copy.arg_attr[index].attr if index in copy.arg_attr else None
+                if attrs is not None and "_output_shapes" in attrs:
+                    listed = attrs["_output_shapes"].list.shape
+                    batched = [_batched(shape, rows) for shape in listed]
+                    del listed[:]
+                    listed.extend(batched)
+            self.graph_def.library.function.append(copy)
+            map_node.attr["f"].func.name = copy.signature.name
+
+    def _function_name(self, name: str, library) -> str:
+        # Digits added to the trailing number keep the name tf.data gave the
+        # function readable as the user's (`__inference_..._<n>`).
+        stem = name if re.search(r"_\d+$", name) else f"{name}_"
+        while True:
+            candidate = f"{stem}0{next(self._names)}"
+            if candidate not in library:
+                return candidate
+
+    def _const_value(self, name: str):
+        tf = tensorflow()
+        node = self.node(name.split(":")[0])
+        if node.op != "Const":
+            raise ValueError(f"{name!r} is not a constant.")
+        return tf.make_ndarray(node.attr["value"].tensor).item()
 
     def renew_caches(self) -> None:
         tf = tensorflow()

@@ -272,3 +272,78 @@ def test_cut_at_a_stage_gives_its_elements():
     graph_def, spec = rewrite.cut_at(rewrite.graph_def_of(dataset), mapped.node)
     prefix = rewrite.rebuild(graph_def, spec, dataset)
     assert [int(np.asarray(e[0])) for e in prefix] == [0, 2, 4, 6, 8, 10]
+
+
+@tf.autograph.experimental.do_not_convert
+def halve(x):
+    return tf.cast(x, tf.float32) / 2.0
+
+
+@tf.autograph.experimental.do_not_convert
+def plus_vector(x):
+    # Element-wise ops, but a scalar element becomes a vector: on a batch of
+    # scalars the same ops give one vector, not a batch of them.
+    return tf.cast(x, tf.float32) + tf.constant([1.0, 2.0, 3.0])
+
+
+def test_vectorised_map_runs_after_the_batch_with_the_same_elements():
+    dataset = tf.data.Dataset.range(21).map(halve).batch(4)
+    candidates, _, _ = planned(dataset)
+    vectorize = candidates[rewrite.VECTORIZE]
+    assert vectorize.change == "batch(4).map(halve)"
+    assert rewrite.vectorized_trace_problem(rewrite.graph_def_of(dataset), vectorize) is None
+    tuned = rebuilt(dataset, [vectorize])
+    assert [stage.label for stage in pipeline_graph.read_pipeline(tuned).stages] == [
+        "range(0, 21, 1)",
+        "batch(4)",
+        "map(halve)",
+    ]
+    assert elements(tuned) == elements(dataset)
+    # With a prefetch on top, the prefetch still ends the pipeline.
+    prefetch = rewrite.Rewrite(rewrite.PREFETCH, vectorize.batch_node, "batch(4)", "")
+    assert ops(rebuilt(dataset, [vectorize, prefetch]))[-1] == "PrefetchDataset"
+
+
+def test_a_map_whose_batched_trace_has_other_shapes_is_not_vectorised():
+    dataset = tf.data.Dataset.range(8).map(plus_vector).batch(4, drop_remainder=True)
+    candidates, _, _ = planned(dataset)
+    problem = rewrite.vectorized_trace_problem(
+        rewrite.graph_def_of(dataset), candidates[rewrite.VECTORIZE]
+    )
+    assert problem is not None
+
+
+def test_map_fusion_parallel_batch_and_thread_pool_keep_the_elements():
+    dataset = tf.data.Dataset.range(30).map(halve).map(lambda x: x * 3.0).batch(4)
+    candidates, _, _ = planned(dataset)
+    assert candidates[rewrite.MAP_FUSION].options == {"experimental_optimization.map_fusion": True}
+    assert candidates[rewrite.PARALLEL_BATCH].change == "batch(4, num_parallel_calls=AUTOTUNE)"
+    kinds = (rewrite.MAP_FUSION, rewrite.PARALLEL_BATCH, rewrite.THREADPOOL)
+    chosen = [candidates[kind] for kind in kinds]
+    tuned = rebuilt(dataset, chosen)
+    pipeline = pipeline_graph.read_pipeline(tuned)
+    assert pipeline.options["optimization_options.map_fusion"] is True
+    assert "threading_options.private_threadpool_size" in pipeline.options
+    assert "ParallelBatchDataset" in ops(tuned)
+    assert elements(tuned) == elements(dataset)
+
+
+def test_reordering_is_planned_only_when_allowed():
+    dataset = tf.data.Dataset.range(8).map(halve, num_parallel_calls=2)
+    candidates, skipped, _ = planned(dataset)
+    assert rewrite.REORDER not in candidates
+    assert "allow_reordering=True" in skipped[rewrite.REORDER].reason
+    candidates, _, _ = planned(dataset, allow_reordering=True)
+    reorder = candidates[rewrite.REORDER]
+    assert reorder.changes_order
+    tuned = rebuilt(dataset, [reorder])
+    stage = next(s for s in pipeline_graph.read_pipeline(tuned).stages if s.kind == "map")
+    assert stage.params["deterministic"] == "false"
+    assert sorted(elements(tuned)) == sorted(elements(dataset))
+
+
+def test_parallel_python_map_is_marked_unproven():
+    candidates, _, _ = planned(tf.data.Dataset.range(4).map(py_double))
+    assert "Python" in candidates[rewrite.PARALLEL_MAP].unverified
+    candidates, _, _ = planned(tf.data.Dataset.range(4).map(halve).batch(2))
+    assert all(r.unverified is None for r in candidates.values())

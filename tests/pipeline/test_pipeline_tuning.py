@@ -38,14 +38,16 @@ def stages(dataset):
 
 def test_sequential_py_function_map_is_parallelised_with_equal_elements():
     dataset = tf.data.Dataset.range(24).map(slow_py_function).batch(4)
-    tuned, result = kpt.tune(dataset, budget_s=8, epochs=1, verbose=0)
+    # A Python function's calls on several threads cannot be proven to give
+    # the same elements: the caller vouches for it.
+    tuned, result = kpt.tune(dataset, budget_s=8, epochs=1, allow_unverified=True, verbose=0)
 
     assert elements(tuned) == elements(dataset)
     assert result.elements_check == "equal"
     outcome = next(o for o in result.rewrites if o.kind == "parallel-map")
     assert outcome.status == "kept" and outcome.applied
     assert outcome.ratio < 1 and outcome.rounds >= 3
-    assert not outcome.changes_order and not outcome.changes_determinism
+    assert not outcome.verified and outcome.elements_check == "equal"
     assert "ParallelMapDatasetV2" in [stage.op for stage in stages(tuned)]
     assert result.ratio < 1 and result.speedup > 1
     assert result.tuned_pipeline.startswith("range(0, 24, 1) -> map(slow_py_function, ")
@@ -122,10 +124,15 @@ def test_already_optimal_pipeline_comes_back_unchanged():
         tf.data.Dataset.range(16)
         .map(slow_py_function, num_parallel_calls=tf.data.AUTOTUNE)
         .cache()
-        .batch(4)
+        .batch(4, num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(tf.data.AUTOTUNE)
     )
-    tuned, result = kpt.tune(dataset, budget_s=10, verbose=0)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 2
+    dataset = dataset.with_options(options)
+    # Turning autotuning off is still tried; no rewrite halves the time.
+    tuned, result = kpt.tune(dataset, budget_s=10, min_gain=0.5, verbose=0)
+    assert [o.kind for o in result.rewrites if o.ratio is not None] == ["autotune-off"]
     assert tuned is dataset
     assert result.ratio == 1.0 and result.speedup == 1.0
     assert not result.applied
