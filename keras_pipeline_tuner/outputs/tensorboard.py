@@ -231,7 +231,7 @@ class TensorBoardSink:
         if not self.guard.enabled(DASHBOARD):
             return
         with self.guard(DASHBOARD):
-            text = dashboard.json_text(report)
+            text = report.to_json(indent=None)
             if (text, step) == self._last_dashboard:
                 return
             rows, title = self._profile(report)

@@ -1,0 +1,56 @@
+"""Two real fits in one log dir, as the demo leaves them: a naive and a tuned pipeline.
+
+- naive: a sequential map whose `tf.py_function` sleeps `MAP_DELAY_S` per
+  element (input-bound; the profiler window names that map);
+- tuned: the pipeline `kpt.tune` returned for it, with the tune result written
+  beside the run for the dashboard.
+
+Run once per test session and shared by the dashboard's tests.
+"""
+
+import dataclasses
+import pathlib
+
+import keras_pipeline_tuner as kpt
+from tests.helpers.advised_fits import load_slowly
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import tiny_model
+
+STEPS = 40
+EPOCHS = 2
+NAIVE = "naive"
+TUNED = "tuned"
+
+_runs = {}
+
+
+@dataclasses.dataclass
+class TwoRuns:
+    """The parent log dir and each run's tuner and tune result."""
+
+    log_dir: pathlib.Path
+    naive: object
+    tuned: object
+    tune_result: object
+
+
+def two_runs(tmp_path_factory) -> TwoRuns:
+    """Trains both runs once per session."""
+    if "two" not in _runs:
+        log_dir = tmp_path_factory.mktemp("dashboard")
+        naive_ds = cached_source(STEPS).map(load_slowly).batch(1)
+        naive = kpt.PipelineTuner(log_dir=log_dir / NAIVE, verbose=0)
+        tiny_model().fit(naive_ds, epochs=EPOCHS, callbacks=[naive], verbose=0)
+        tuned_ds, result = kpt.tune(naive_ds, budget_s=5, verbose=0)
+        tuned = kpt.PipelineTuner(log_dir=log_dir / TUNED, verbose=0, profile="off")
+        tiny_model().fit(tuned_ds, epochs=EPOCHS, callbacks=[tuned], verbose=0)
+        kpt.write_tune_result(log_dir / TUNED, result)
+        _runs["two"] = TwoRuns(log_dir, naive, tuned, result)
+    return _runs["two"]
+
+
+def run_name(name: str) -> str:
+    """The TensorBoard run holding the tuner's outputs for `name`."""
+    from keras_pipeline_tuner.outputs.dashboard.summaries import RUN
+
+    return f"{name}/{RUN}"
