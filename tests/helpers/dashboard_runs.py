@@ -18,6 +18,8 @@ from tests.helpers.training_data import tiny_model
 
 STEPS = 40
 EPOCHS = 2
+# Enough for kpt.tune to time the parallel map and the prefetch on a shared machine.
+TUNE_BUDGET_S = 30
 NAIVE = "naive"
 TUNED = "tuned"
 
@@ -41,7 +43,7 @@ def two_runs(tmp_path_factory) -> TwoRuns:
         naive_ds = cached_source(STEPS).map(load_slowly).batch(1)
         naive = kpt.PipelineTuner(log_dir=log_dir / NAIVE, verbose=0)
         tiny_model().fit(naive_ds, epochs=EPOCHS, callbacks=[naive], verbose=0)
-        tuned_ds, result = kpt.tune(naive_ds, budget_s=5, verbose=0)
+        tuned_ds, result = kpt.tune(naive_ds, budget_s=TUNE_BUDGET_S, verbose=0)
         tuned = kpt.PipelineTuner(log_dir=log_dir / TUNED, verbose=0, profile="off")
         tiny_model().fit(tuned_ds, epochs=EPOCHS, callbacks=[tuned], verbose=0)
         kpt.write_tune_result(log_dir / TUNED, result)

@@ -64,7 +64,9 @@ async function draw() {
       element("p", {class: "kpt-hint"},
           "Input wait (orange) and compute (blue) of each training step over wall time. " +
           "Drag across a timeline to zoom in; hover a mark for its numbers."));
-  for (const view of views) timelines.appendChild(timelinePanel(view));
+  // Two runs share one time and one height scale, so the faster one looks it.
+  const scale = sharedScale(views);
+  for (const view of views) timelines.appendChild(timelinePanel(view, scale));
   page.appendChild(timelines);
   const main = views[0];
   page.appendChild(recommendations(main));
@@ -182,7 +184,25 @@ function comparison(a, b) {
 
 // The step timeline.
 
-function timelinePanel(view) {
+function sharedScale(views) {
+  const spans = views.filter((view) => view.steps.step.length);
+  if (spans.length < 2) return null;
+  return {
+    seconds: Math.max(...spans.map((view) => stepSpan(view.steps))),
+    ms: Math.max(...spans.map((view) => largestStepMs(view.steps))),
+  };
+}
+
+function stepSpan(steps) {
+  return Math.max(Math.max(...steps.end_s) - steps.start_s[0], 1e-6);
+}
+
+function largestStepMs(steps) {
+  return Math.max(1e-6, ...steps.step.map((_, i) =>
+      (steps.wait_ms[i] || 0) + (steps.compute_ms[i] || 0)));
+}
+
+function timelinePanel(view, scale) {
   const steps = view.steps;
   const panel = element("div", {class: "kpt-timeline", "data-run": view.run});
   const zoomed = state.zoom[view.run] !== undefined;
@@ -208,7 +228,7 @@ function timelinePanel(view) {
     panel.appendChild(element("p", {class: "kpt-note"}, "From the per-step scalars of a " +
         "run older than the dashboard: steps laid end to end (no wall-clock start)."));
   }
-  panel.appendChild(stepChart(view));
+  panel.appendChild(stepChart(view, scale));
   const profile = view.detail.profile;
   if (profile && profile.rows && profile.rows.length && !zoomed) {
     panel.appendChild(profileChart(profile));
@@ -216,15 +236,16 @@ function timelinePanel(view) {
   return panel;
 }
 
-function stepChart(view) {
+function stepChart(view, scale) {
   const steps = view.steps;
   const t0 = steps.start_s[0];
   const t1 = Math.max(...steps.end_s);
-  const span = Math.max(t1 - t0, 1e-6);
+  // A zoomed run gets its own scale: the shared one would squeeze it.
+  const shared = scale && state.zoom[view.run] === undefined ? scale : null;
+  const span = shared ? shared.seconds : stepSpan(steps);
   const plotWidth = TIMELINE_WIDTH - MARGIN_LEFT - 10;
   const x = (seconds) => MARGIN_LEFT + ((seconds - t0) / span) * plotWidth;
-  const maxMs = Math.max(1e-6, ...steps.step.map((_, i) =>
-      (steps.wait_ms[i] || 0) + (steps.compute_ms[i] || 0)));
+  const maxMs = shared ? shared.ms : largestStepMs(steps);
   const base = TIMELINE_HEIGHT - 25;
   const scale = (base - 10) / maxMs;
   const svg = svgElement("svg", {width: TIMELINE_WIDTH, height: TIMELINE_HEIGHT,
