@@ -3,7 +3,11 @@
 - naive: a sequential map whose `tf.py_function` sleeps `MAP_DELAY_S` per
   element (input-bound; the profiler window names that map);
 - tuned: the pipeline `kpt.tune` returned for it, with the tune result written
-  beside the run for the dashboard.
+  beside the run for the dashboard;
+- workers: a two-worker job's report as the chief writes it, only as
+  `report.json` (like a run older than the dashboard): the two workers' figures
+  are the two fits' measured statistics, compared by the tuner's own code (the
+  naive pipeline's worker is the straggler).
 
 Run once per test session and shared by the dashboard's tests.
 """
@@ -12,6 +16,8 @@ import dataclasses
 import pathlib
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+from keras_pipeline_tuner.workers import exchange
 from tests.helpers.advised_fits import load_slowly
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
@@ -22,6 +28,7 @@ EPOCHS = 2
 TUNE_BUDGET_S = 30
 NAIVE = "naive"
 TUNED = "tuned"
+WORKERS = "workers"
 
 _runs = {}
 
@@ -47,8 +54,21 @@ def two_runs(tmp_path_factory) -> TwoRuns:
         tuned = kpt.PipelineTuner(log_dir=log_dir / TUNED, verbose=0, profile="off")
         tiny_model().fit(tuned_ds, epochs=EPOCHS, callbacks=[tuned], verbose=0)
         kpt.write_tune_result(log_dir / TUNED, result)
+        _write_workers_report(log_dir / WORKERS, naive.report, tuned.report)
         _runs["two"] = TwoRuns(log_dir, naive, tuned, result)
     return _runs["two"]
+
+
+def _write_workers_report(log_dir: pathlib.Path, slow, fast) -> None:
+    tasks = ("worker:0", "worker:1")
+    identity = exchange.WorkerIdentity(task=tasks[0], chief=tasks[0], tasks=tasks)
+    workers = [
+        exchange.WorkerSummary(task=tasks[0], chief=True, final=True, epochs=EPOCHS, train=fast.train),
+        exchange.WorkerSummary(task=tasks[1], final=True, epochs=EPOCHS, train=slow.train),
+    ]
+    report = dataclasses.replace(fast, workers=exchange.compare(identity, workers, final=True))
+    log_dir.mkdir()
+    (log_dir / REPORT_FILENAME).write_text(report.to_json())
 
 
 def run_name(name: str) -> str:

@@ -24,6 +24,7 @@ pytestmark = [needs_chromium, pytest.mark.browser]
 
 NAIVE = dashboard_runs.run_name(dashboard_runs.NAIVE)
 TUNED = dashboard_runs.run_name(dashboard_runs.TUNED)
+WORKERS = dashboard_runs.run_name(dashboard_runs.WORKERS)
 SCREENSHOT = REPO_ROOT / "docs" / "dashboard.png"
 
 # The tab's document: TensorBoard shows it in an iframe (found through shadow roots).
@@ -89,17 +90,33 @@ _ZOOMED = f"""(() => {{
       .querySelectorAll(".kpt-step-mark")).map((mark) => Number(mark.dataset.step));
 }})()"""
 
-# Picks the tuned run as the main run; then its kpt.tune table: [rewrite, kept or why not].
-_PICK_TUNED = f"""(() => {{
+
+
+def _pick(run: str) -> str:
+    """Picks `run` as the tab's main run."""
+    return f"""(() => {{
   const picker = {_TAB}.querySelector("#kpt-run");
-  picker.value = {TUNED!r};
+  picker.value = {run!r};
   picker.dispatchEvent(new Event("change"));
   return true;
 }})()"""
+
+
+# The kpt.tune table: [rewrite, kept or why not].
 _TUNE_ROWS = f"""(() => {{
   const rows = Array.from({_TAB}.querySelectorAll(".kpt-tune tr")).slice(1);
   return rows.length ? rows.map((row) => [row.cells[0].textContent, row.cells[3].textContent])
       : null;
+}})()"""
+# The workers' table: [worker, straggler mark], and the main run's banner note.
+_WORKER_ROWS = f"""(() => {{
+  const doc = {_TAB};
+  const rows = Array.from(doc.querySelectorAll(".kpt-workers tr")).slice(1);
+  return rows.length ? {{
+    rows: rows.map((row) => [row.cells[0].textContent, row.cells[8].textContent,
+        row.classList.contains("kpt-straggler")]),
+    note: doc.querySelector(".kpt-verdict .kpt-note").textContent,
+  }} : null;
 }})()"""
 
 
@@ -126,8 +143,10 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         hovered = browser.evaluate(_HOVER)
         dragged = browser.evaluate(_DRAG)
         zoomed = browser.wait_until(_ZOOMED, bool)
-        browser.evaluate(_PICK_TUNED)
+        browser.evaluate(_pick(TUNED))
         tune_rows = browser.wait_until(_TUNE_ROWS, bool)
+        browser.evaluate(_pick(WORKERS))
+        workers = browser.wait_until(_WORKER_ROWS, bool)
     shutil.copy(scratch / "dashboard.png", SCREENSHOT)
 
     # A verdict banner per run, the naive run's as the report says.
@@ -162,3 +181,9 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
     assert "input wait" in tip and "compute" in tip
     # Zoom: a narrower range of the same steps.
     assert zoomed == list(range(dragged[0], dragged[1] + 1))
+    # A multi-worker job's report (a report.json only): the straggler marked.
+    assert workers["rows"] == [
+        ["worker:0 (chief)", "", False],
+        ["worker:1", "straggler", True],
+    ]
+    assert "Read from report.json" in workers["note"]

@@ -247,7 +247,7 @@ function stepChart(view, scale) {
   const x = (seconds) => MARGIN_LEFT + ((seconds - t0) / span) * plotWidth;
   const maxMs = shared ? shared.ms : largestStepMs(steps);
   const base = TIMELINE_HEIGHT - 25;
-  const scale = (base - 10) / maxMs;
+  const perMs = (base - 10) / maxMs;
   const svg = svgElement("svg", {width: TIMELINE_WIDTH, height: TIMELINE_HEIGHT,
       class: "kpt-steps", viewBox: `0 0 ${TIMELINE_WIDTH} ${TIMELINE_HEIGHT}`});
   svg.appendChild(svgElement("line", {x1: MARGIN_LEFT, x2: TIMELINE_WIDTH - 10,
@@ -271,10 +271,10 @@ function stepChart(view, scale) {
     const left = x(steps.start_s[i]);
     const width = Math.max(1, x(steps.end_s[i]) - left - 0.3);
     const mark = svgElement("g", {class: "kpt-step-mark", "data-step": steps.step[i]});
-    mark.appendChild(svgElement("rect", {x: left, width, y: base - wait * scale,
-        height: wait * scale, fill: WAIT_COLOUR, class: "kpt-wait"}));
+    mark.appendChild(svgElement("rect", {x: left, width, y: base - wait * perMs,
+        height: wait * perMs, fill: WAIT_COLOUR, class: "kpt-wait"}));
     mark.appendChild(svgElement("rect", {x: left, width,
-        y: base - (wait + compute) * scale, height: compute * scale,
+        y: base - (wait + compute) * perMs, height: compute * perMs,
         fill: COMPUTE_COLOUR, class: "kpt-compute"}));
     const text = markText(steps, i);
     mark.appendChild(svgElement("title", {}, text));
