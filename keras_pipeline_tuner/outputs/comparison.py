@@ -100,6 +100,14 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
 
     Returns:
         The table, ending with a newline.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.step_stats import StepStats
+    >>> slow = Report(train=StepStats.from_arrays(np.full(10, 0.03), np.full(10, 0.01)))
+    >>> text = format_comparison(compare_reports(slow, slow), "monday", "tuesday")
+    >>> print(text.splitlines()[4])
+    step         40.00 ms  40.00 ms  1.00x  +0.00 ms           0.00 ms  no
     """
     header = ("", "A (mean)", "B (mean)", "B/A", "medians differ by", "spread", "beyond spread")
     lines = [header]

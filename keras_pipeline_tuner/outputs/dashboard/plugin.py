@@ -15,11 +15,14 @@ Routes, under `/data/plugin/keras_pipeline_tuner/`:
 """
 
 import importlib.resources
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from keras_pipeline_tuner.outputs.dashboard import run_data
 from keras_pipeline_tuner.outputs.dashboard import step_series
 from keras_pipeline_tuner.outputs.dashboard import summaries
+
+if TYPE_CHECKING:
+    from tensorboard.plugins import base_plugin
 
 TAB_NAME = "Input pipeline"
 _STATIC = {
@@ -58,7 +61,7 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
 
     plugin_name = summaries.PLUGIN_NAME
 
-    def __init__(self, context):
+    def __init__(self, context: "base_plugin.TBContext"):
         super().__init__(context)
         self._data = run_data.RunData(context.data_provider, context.logdir or "")
 
@@ -82,11 +85,11 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
         """
         return bool(self._data.report_file_runs())
 
-    def data_plugin_names(self):
+    def data_plugin_names(self) -> Tuple[str, ...]:
         """The plugin name the tuner's summaries carry."""
         return (summaries.PLUGIN_NAME,)
 
-    def frontend_metadata(self):
+    def frontend_metadata(self) -> "base_plugin.FrontendMetadata":
         """Loads the tab as the ES module `index.js`."""
         return _tensorboard_plugin_base().FrontendMetadata(
             es_module_path="/index.js", tab_name=TAB_NAME

@@ -1,7 +1,9 @@
 """The plugin-tagged summaries the "Input pipeline" dashboard reads.
 
 All of them go to the tuner's run (`<log_dir>/pipeline_tuner`) and carry the
-plugin name `PLUGIN_NAME`, which is what makes TensorBoard list the tab:
+plugin name `PLUGIN_NAME`, which is what makes TensorBoard list the tab.
+
+Tags (under `input_pipeline/dashboard/`):
 
 - `steps/<block>`: the training steps whose numbers fall in one block of
   `BLOCK_STEPS`, as a float64 tensor of rows `STEP_COLUMNS`. The block being
@@ -17,7 +19,7 @@ plugin name `PLUGIN_NAME`, which is what makes TensorBoard list the tab:
 import dataclasses
 import json
 import os
-from typing import Any, Iterator, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterator, Tuple, Union
 
 import numpy as np
 
@@ -25,19 +27,24 @@ from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 
+if TYPE_CHECKING:
+    from tensorboard.compat.proto import summary_pb2
+
 PLUGIN_NAME = "keras_pipeline_tuner"
 RUN = PROFILE_RUN  # the run of the profiler window and the other TensorBoard outputs
-STEPS_TAG_PREFIX = "steps/"
-REPORT_TAG = "report"
-PROFILE_STAGES_TAG = "profile_stages"
-TUNE_TAG = "tune"
+# Under the tuner's tag namespace, beside its scalars, text and image.
+TAG_PREFIX = "input_pipeline/dashboard/"
+STEPS_TAG_PREFIX = f"{TAG_PREFIX}steps/"
+REPORT_TAG = f"{TAG_PREFIX}report"
+PROFILE_STAGES_TAG = f"{TAG_PREFIX}profile_stages"
+TUNE_TAG = f"{TAG_PREFIX}tune"
 STEP_COLUMNS = ("step", "epoch", "start", "wait", "compute")
 BLOCK_STEPS = 1000
 # Version of the content layout, in the summary metadata, so later readers can tell.
 CONTENT_VERSION = b"1"
 
 
-def summary_metadata():
+def summary_metadata() -> "summary_pb2.SummaryMetadata":
     """The `SummaryMetadata` that tags a summary as this plugin's.
 
     Returns:
@@ -65,7 +72,7 @@ def steps_tag(block: int) -> str:
     Example:
 
     >>> steps_tag(3)
-    'steps/000003'
+    'input_pipeline/dashboard/steps/000003'
     """
     return f"{STEPS_TAG_PREFIX}{block:06d}"
 
