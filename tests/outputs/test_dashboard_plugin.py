@@ -73,6 +73,8 @@ def test_runs_lists_both_runs_with_their_verdicts(client, runs):
     assert naive["verdict"] == runs.naive.report.verdict.value == "highly input-bound"
     assert naive["input_fraction"] == pytest.approx(runs.naive.report.input_fraction)
     assert naive["has_steps"] and not naive["has_tune"]
+    # What the tab watches to redraw while a fit runs.
+    assert naive["last_step"] == runs.naive.clock.step_numbers(TRAIN)[-1]
     assert listed[TUNED]["has_tune"]
 
 

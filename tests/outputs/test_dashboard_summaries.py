@@ -82,6 +82,7 @@ def test_the_tab_follows_a_running_fit(tmp_path):
                 seen["steps"] = json.loads(answer.get_data())
                 answer = client.get(f"{ROUTE}/run?run={summaries.RUN}")
                 seen["run"] = json.loads(answer.get_data())
+                seen["runs"] = json.loads(client.get(f"{ROUTE}/runs").get_data())["runs"]
 
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off")
     tiny_model().fit(
@@ -95,6 +96,7 @@ def test_the_tab_follows_a_running_fit(tmp_path):
     assert seen["steps"]["step"] == list(range(1, 12))
     assert seen["run"]["report"]["epochs"][0]["epoch"] == 0
     assert seen["run"]["report"]["verdict"] == "highly input-bound"
+    assert seen["runs"][0]["last_step"] == 11
     rows, _ = reader(tmp_path).steps(CONTEXT, "", summaries.RUN)
     assert rows[:, 0].tolist() == list(range(1, 24))
 

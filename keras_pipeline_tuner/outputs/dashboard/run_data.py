@@ -89,7 +89,7 @@ class RunData:
         Returns:
             One dict per run: "run", "source" ("summaries" or "report.json"),
             "verdict", "input_fraction" and "step_ms" (mean), "has_steps",
-            "has_tune".
+            "last_step" (the latest step written, 0 when none) and "has_tune".
         """
         tagged = self.tagged_runs(ctx, experiment_id)
         files = self.report_file_runs()
@@ -107,6 +107,14 @@ class RunData:
                     "step_ms": (train.get("step") or {}).get("mean_ms"),
                     "has_steps": any(
                         tag.startswith(summaries.STEPS_TAG_PREFIX) for tag in tags
+                    ),
+                    "last_step": max(
+                        (
+                            int(series.max_step)
+                            for tag, series in tags.items()
+                            if tag.startswith(summaries.STEPS_TAG_PREFIX)
+                        ),
+                        default=0,
                     ),
                     "has_tune": summaries.TUNE_TAG in tags,
                 }

@@ -14,7 +14,7 @@ const TIMELINE_HEIGHT = 170;
 const MARGIN_LEFT = 140;
 const REFRESH_MS = 30000;
 
-const state = {runs: [], run: null, other: null, zoom: {}, root: null};
+const state = {runs: [], run: null, other: null, zoom: {}, root: null, shown: null};
 
 export async function render() {
   const style = element("link", {rel: "stylesheet", href: "./style.css"});
@@ -34,6 +34,10 @@ async function refresh() {
     show(element("p", {class: "kpt-error"}, `Could not read the runs: ${error.message}`));
     return;
   }
+  // Redrawn only when a run changed (new steps, a new report): not under the reader's cursor.
+  const signature = JSON.stringify(listing.runs);
+  if (signature === state.shown) return;
+  state.shown = signature;
   state.runs = listing.runs;
   if (!state.runs.length) {
     show(element("p", {class: "kpt-empty"},
@@ -525,7 +529,9 @@ async function getJson(url) {
 }
 
 function show(node) {
+  const scrolled = window.scrollY;
   state.root.replaceChildren(node);
+  window.scrollTo(0, scrolled);
 }
 
 function element(tag, attributes, ...children) {
