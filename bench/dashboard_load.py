@@ -74,6 +74,22 @@ def write_run(log_dir: str, steps: int) -> float:
     return time.perf_counter() - began
 
 
+def block_write_cost(rounds: int) -> list:
+    """Seconds of the sink's dashboard write of 1000 new steps (one block), per round."""
+    costs = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        sink = TensorBoardSink(log_dir, FeatureGuard())
+        clock = StepClock()
+        clock.begin_epoch(0)
+        for round_ in range(rounds + 1):
+            start = np.arange(round_ * 1000, (round_ + 1) * 1000) * 0.01
+            clock.record("train", np.stack([start, start + 0.004, start + 0.006], 1))
+            began = time.perf_counter()
+            sink.write_step_rows(clock)
+            costs.append(time.perf_counter() - began)
+    return costs[1:]  # the first round also makes the event file
+
+
 def timed_get(get, path):
     began = time.perf_counter()
     body = get(path)
@@ -136,6 +152,14 @@ def main():
         print(f"Wrote {args.steps} steps in {write_s:.2f} s "
               f"({write_s / args.steps * 1e6:.1f} us a step, scalars and text included); "
               f"event files {event_bytes / 1e6:.1f} MB")
+        gc.disable()
+        try:
+            costs = block_write_cost(args.rounds)
+        finally:
+            gc.enable()
+        print(f"Dashboard rows of 1000 new steps, written between steps: median "
+              f"{statistics.median(costs) * 1e3:.2f} ms ({statistics.median(costs) * 1e3:.2f} us "
+              "a step)")
         times = {}
         gc.disable()
         try:

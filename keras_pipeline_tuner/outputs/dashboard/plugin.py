@@ -14,15 +14,18 @@ Routes, under `/data/plugin/keras_pipeline_tuner/`:
   on the server to at most N marks (default 2000), full detail for a narrow range.
 """
 
+import dataclasses
 import importlib.resources
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
+
+from tensorboard import plugin_util
+from tensorboard.backend import http_util
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
 
 from keras_pipeline_tuner.outputs.dashboard import run_data
 from keras_pipeline_tuner.outputs.dashboard import step_series
 from keras_pipeline_tuner.outputs.dashboard import summaries
-
-if TYPE_CHECKING:
-    from tensorboard.plugins import base_plugin
 
 TAB_NAME = "Input pipeline"
 _STATIC = {
@@ -35,13 +38,7 @@ class _BadRequest(ValueError):
     """A request the plugin cannot answer, with what to send instead."""
 
 
-def _tensorboard_plugin_base():
-    from tensorboard.plugins import base_plugin
-
-    return base_plugin
-
-
-class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
+class InputPipelinePlugin(base_plugin.TBPlugin):
     """TensorBoard plugin of the "Input pipeline" tab.
 
     Args:
@@ -61,7 +58,7 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
 
     plugin_name = summaries.PLUGIN_NAME
 
-    def __init__(self, context: "base_plugin.TBContext"):
+    def __init__(self, context: base_plugin.TBContext):
         super().__init__(context)
         self._data = run_data.RunData(context.data_provider, context.logdir or "")
 
@@ -89,18 +86,15 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
         """The plugin name the tuner's summaries carry."""
         return (summaries.PLUGIN_NAME,)
 
-    def frontend_metadata(self) -> "base_plugin.FrontendMetadata":
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         """Loads the tab as the ES module `index.js`."""
-        return _tensorboard_plugin_base().FrontendMetadata(
+        return base_plugin.FrontendMetadata(
             es_module_path="/index.js", tab_name=TAB_NAME
         )
 
     # Routes.
 
     def _static(self, name: str, kind: str):
-        from werkzeug import wrappers
-        from tensorboard.backend import http_util
-
         body = (importlib.resources.files(__package__) / "static" / name).read_bytes()
 
         @wrappers.Request.application
@@ -110,9 +104,6 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
         return serve
 
     def _answer(self, request, build):
-        from tensorboard.backend import http_util
-        from tensorboard import plugin_util
-
         try:
             body = build(
                 plugin_util.context(request.environ),
@@ -124,8 +115,6 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
         return http_util.Respond(request, body, "application/json")
 
     def _route(self, build):
-        from werkzeug import wrappers
-
         @wrappers.Request.application
         def serve(request):
             return self._answer(request, build)
@@ -154,8 +143,6 @@ class InputPipelinePlugin(_tensorboard_plugin_base().TBPlugin):
         }
 
     def _steps(self, ctx, experiment_id: str, args) -> Dict[str, Any]:
-        import dataclasses
-
         run = _run_argument(args)
         first = _int_argument(args, "first")
         last = _int_argument(args, "last")

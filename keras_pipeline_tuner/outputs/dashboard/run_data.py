@@ -14,6 +14,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+from tensorboard.data import provider
 
 from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
@@ -247,7 +248,5 @@ class RunData:
         return np.stack([steps, np.zeros_like(steps), start, wait_s, compute_s], axis=1)
 
 
-def _filter(run: str, *tags: str):
-    from tensorboard.data import provider
-
+def _filter(run: str, *tags: str) -> provider.RunTagFilter:
     return provider.RunTagFilter(runs=[run], tags=list(tags))
