@@ -26,7 +26,8 @@ from keras_pipeline_tuner.workers.exchange import WorkerSummary
 
 __version__ = "0.1.0"
 
-# Benchmark, what-if replay and tuning: loaded on first use (they need TensorFlow).
+# Benchmark, what-if replay, tuning and writing its result: loaded on first use (they
+# need TensorFlow).
 _MEASUREMENT_NAMES = {
     "benchmark": "keras_pipeline_tuner.pipeline.benchmark",
     "BenchmarkResult": "keras_pipeline_tuner.pipeline.benchmark",
@@ -35,6 +36,7 @@ _MEASUREMENT_NAMES = {
     "RewriteOutcome": "keras_pipeline_tuner.pipeline.tuning",
     "what_if": "keras_pipeline_tuner.instrumentation.what_if_replay",
     "WhatIfResult": "keras_pipeline_tuner.instrumentation.what_if_replay",
+    "write_tune_result": "keras_pipeline_tuner.outputs.dashboard.summaries",
 }
 
 

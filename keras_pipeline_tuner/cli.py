@@ -1,4 +1,4 @@
-"""The `keras-pipeline-tuner` command: `demo` and `report LOGDIR`."""
+"""The `keras-pipeline-tuner` command: `demo`, `report LOGDIR`, `compare A B`, `check LOGDIR`."""
 
 import argparse
 import os
@@ -33,7 +33,51 @@ def _parser() -> argparse.ArgumentParser:
         description="Prints the report a PipelineTuner wrote to LOGDIR/report.json.",
     )
     report.add_argument("log_dir", metavar="LOGDIR")
+    compare = commands.add_parser(
+        "compare",
+        help="two runs side by side: step time, input wait, compute, verdict",
+        description=(
+            "Compares the training steps of two runs (log dirs holding report.json, or "
+            "report files): means, their ratio, and whether the medians differ by more "
+            "than the runs' own step-to-step spread."
+        ),
+    )
+    compare.add_argument("run_a", metavar="RUN_A", help="the baseline: a log dir or report.json")
+    compare.add_argument("run_b", metavar="RUN_B", help="the other run: a log dir or report.json")
+    check = commands.add_parser(
+        "check",
+        help="exit 1 when a run waits for input more than allowed (a CI gate)",
+        description=(
+            "Reads LOGDIR/report.json and exits with status 1 when the share of training "
+            "step time spent waiting for input exceeds --max-input-fraction, 0 when it does "
+            "not, and 2 when there is no readable report."
+        ),
+    )
+    check.add_argument("log_dir", metavar="LOGDIR", help="a log dir or report.json")
+    check.add_argument(
+        "--max-input-fraction",
+        type=_fraction,
+        default=0.2,
+        metavar="F",
+        help="the largest share of step time allowed for input wait, 0-1 (default 0.2)",
+    )
     return parser
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"must be a share between 0 and 1, e.g. 0.2 for 20 %, got {text!r}"
+        )
+    return value
+
+
+class _NoReport(Exception):
+    """The path given holds no readable report; the message says what to pass."""
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -48,31 +92,88 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return _report(args.log_dir)
+    if args.command == "compare":
+        return _compare(args.run_a, args.run_b)
+    if args.command == "check":
+        return _check(args.log_dir, args.max_input_fraction)
     from keras_pipeline_tuner.demo import run_demo
 
     run_demo(log_dir=args.log_dir, quick=args.quick)
     return 0
 
 
-def _report(log_dir: str) -> int:
+def _load_report(path: str):
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
     from keras_pipeline_tuner.outputs.report import Report
+
+    if os.path.isdir(path):
+        file_path = os.path.join(path, REPORT_FILENAME)
+        if not os.path.isfile(file_path):
+            raise _NoReport(
+                f"no report in {path!r} (expected {REPORT_FILENAME}). "
+                "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
+            )
+    elif os.path.isfile(path):
+        file_path = path
+    else:
+        raise _NoReport(
+            f"{path!r} does not exist. Pass a log dir holding {REPORT_FILENAME}, or the file."
+        )
+    try:
+        with open(file_path, encoding="utf-8") as file:
+            return Report.from_json(file.read())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise _NoReport(f"cannot read {file_path}: {error}") from error
+
+
+def _failed(error: Exception) -> int:
+    sys.stderr.write(f"keras-pipeline-tuner: {error}\n")
+    return 2
+
+
+def _report(log_dir: str) -> int:
     from keras_pipeline_tuner.outputs.terminal import print_summary
 
-    path = os.path.join(log_dir, REPORT_FILENAME)
-    if not os.path.isfile(path):
-        sys.stderr.write(
-            f"keras-pipeline-tuner: no report in {log_dir!r} (expected {REPORT_FILENAME}). "
-            "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended.\n"
-        )
-        return 2
     try:
-        with open(path, encoding="utf-8") as file:
-            report = Report.from_json(file.read())
-    except (OSError, ValueError) as error:
-        sys.stderr.write(f"keras-pipeline-tuner: cannot read {path}: {error}\n")
-        return 2
+        report = _load_report(log_dir)
+    except _NoReport as error:
+        return _failed(error)
     print_summary(report, details=True)
+    return 0
+
+
+def _compare(run_a: str, run_b: str) -> int:
+    from keras_pipeline_tuner.outputs.comparison import compare_reports
+    from keras_pipeline_tuner.outputs.comparison import format_comparison
+
+    try:
+        report_a, report_b = _load_report(run_a), _load_report(run_b)
+    except _NoReport as error:
+        return _failed(error)
+    sys.stdout.write(format_comparison(compare_reports(report_a, report_b), run_a, run_b))
+    return 0
+
+
+def _check(log_dir: str, max_fraction: float) -> int:
+    try:
+        report = _load_report(log_dir)
+    except _NoReport as error:
+        return _failed(error)
+    fraction = report.input_fraction
+    if fraction is None:
+        return _failed(
+            f"the report in {log_dir!r} has no input fraction: the input wait was not "
+            f"measured ({report.measurement}). See its notes with "
+            f"`keras-pipeline-tuner report {log_dir}`."
+        )
+    shown = f"input wait {fraction * 100:.1f} % of training step time ({report.verdict.value})"
+    if fraction > max_fraction:
+        sys.stdout.write(
+            f"FAIL: {shown}, more than the allowed {max_fraction * 100:.1f} %. "
+            f"See what to change with `keras-pipeline-tuner report {log_dir}`.\n"
+        )
+        return 1
+    sys.stdout.write(f"OK: {shown}, within the allowed {max_fraction * 100:.1f} %.\n")
     return 0
 
 

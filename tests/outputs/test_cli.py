@@ -8,10 +8,13 @@ import sys
 
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.outputs.dashboard.summaries import PLUGIN_NAME
+from tests.helpers.tensorboard_app import wsgi_client
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
 
 COMMAND = shutil.which("keras-pipeline-tuner")
+DASHBOARD = f"/data/plugin/{PLUGIN_NAME}"
 
 
 def run(*args, timeout=300):
@@ -63,3 +66,9 @@ def test_demo_quick(tmp_path):
         assert (log_dir / name / "report.json").is_file()
         assert list((log_dir / name).rglob("*tfevents*")), f"no event file under {name}"
     assert re.search(r"^Tuned: .*num_parallel_calls=AUTOTUNE", done.stdout, re.MULTILINE)
+    # The Input pipeline tab shows the tune result beside the tuned run.
+    client = wsgi_client(log_dir)
+    answer = json.loads(client.get(f"{DASHBOARD}/run?run=tuned/pipeline_tuner").get_data())
+    assert f"Tuned:    {answer['tune']['tuned_pipeline']}" in done.stdout
+    assert answer["tune"]["rewrites"]
+    assert f"keras-pipeline-tuner compare {log_dir / 'naive'} {log_dir / 'tuned'}" in done.stdout

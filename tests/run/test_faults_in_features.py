@@ -24,6 +24,7 @@ from keras_pipeline_tuner.outputs import markdown as report_markdown
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs import timeline_image
+from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard_summaries
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -56,6 +57,7 @@ FAULTS = {
     tensorboard_sink.SCALARS: (tensorboard_sink.TensorBoardSink, "_write_scalar_rows"),
     tensorboard_sink.TEXT: (report_markdown, "render_markdown"),
     tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
+    tensorboard_sink.DASHBOARD: (dashboard_summaries, "write_step_block"),
     features.CPU_USAGE: (CpuMeter, "usage"),
 }
 

@@ -1,0 +1,252 @@
+"""A run's dashboard data, read back through TensorBoard's data provider.
+
+Runs the tuner wrote with the dashboard's summaries are read from them (see
+`summaries`). Runs written before the dashboard existed still have
+`report.json` beside the `pipeline_tuner` run and the per-step scalars; those
+are the fallback: the report from the file, the steps from the scalars (their
+time axis is then the steps' own cumulative time, since the scalars carry when
+they were written, not when each step ran).
+"""
+
+import json
+import os
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+from tensorboard.data import provider
+
+from keras_pipeline_tuner.outputs.dashboard import summaries
+from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+
+SUMMARIES = "summaries"
+REPORT_FILE = "report.json"
+# Tags of the per-step scalars, which runs written before the dashboard hold.
+_SCALAR_PLUGIN = "scalars"
+_WAIT_TAG = "input_pipeline/input_wait_ms"
+_COMPUTE_TAG = "input_pipeline/compute_ms"
+_WHOLE_STEP_TAG = "input_pipeline/step_ms"
+# How deep under the log dir to look for report.json files of older runs.
+_MAX_DEPTH = 4
+_EMPTY_ROWS = np.zeros((0, len(summaries.STEP_COLUMNS)))
+
+
+class RunData:
+    """Reads the dashboard's data of the runs in one TensorBoard log dir.
+
+    Args:
+        data_provider: TensorBoard's `DataProvider` (the plugin context's).
+        logdir: the log dir TensorBoard serves, for `report.json` of older
+            runs; empty when TensorBoard reads from elsewhere.
+
+    Example:
+
+    ```python
+    data = RunData(context.data_provider, context.logdir)
+    data.runs(ctx, experiment_id)            # [{"run": ..., "verdict": ...}]
+    data.steps(ctx, experiment_id, "naive/pipeline_tuner")
+    ```
+    """
+
+    def __init__(self, data_provider, logdir: str = ""):
+        self._provider = data_provider
+        self._logdir = logdir or ""
+        self._lock = threading.Lock()
+        # run -> (what the rows were read from, the rows): re-read when it changes.
+        self._steps_cache: Dict[str, Tuple[Any, np.ndarray]] = {}
+
+    # Listing.
+
+    def tagged_runs(self, ctx, experiment_id: str) -> Dict[str, Dict[str, Any]]:
+        """The runs holding the dashboard's summaries: run to tag to time series."""
+        if self._provider is None:
+            return {}
+        return self._provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=summaries.PLUGIN_NAME
+        )
+
+    def report_file_runs(self) -> Dict[str, str]:
+        """Runs that have a `report.json` beside them: run name to the file's path."""
+        found = {}
+        if not self._logdir or not os.path.isdir(self._logdir):
+            return found
+        root_depth = self._logdir.rstrip(os.sep).count(os.sep)
+        for directory, subdirectories, files in os.walk(self._logdir):
+            if directory.count(os.sep) - root_depth >= _MAX_DEPTH:
+                subdirectories[:] = []
+            # Profiler captures and the tuner's own run hold no report.json.
+            subdirectories[:] = [
+                name for name in subdirectories if name not in ("plugins", summaries.RUN)
+            ]
+            if REPORT_FILENAME in files:
+                relative = os.path.relpath(directory, self._logdir)
+                run = summaries.RUN if relative == "." else f"{relative}/{summaries.RUN}"
+                found[run.replace(os.sep, "/")] = os.path.join(directory, REPORT_FILENAME)
+        return found
+
+    def runs(self, ctx, experiment_id: str) -> List[Dict[str, Any]]:
+        """Every run the dashboard can show, with its verdict, sorted by name.
+
+        Returns:
+            One dict per run: "run", "source" ("summaries" or "report.json"),
+            "verdict", "input_fraction" and "step_ms" (mean), "has_steps",
+            "last_step" (the latest step written, 0 when none) and "has_tune".
+        """
+        tagged = self.tagged_runs(ctx, experiment_id)
+        files = self.report_file_runs()
+        listed = []
+        for run in sorted(set(tagged) | set(files)):
+            report, source = self.report(ctx, experiment_id, run, files)
+            tags = tagged.get(run, {})
+            train = (report or {}).get("train") or {}
+            listed.append(
+                {
+                    "run": run,
+                    "source": source,
+                    "verdict": (report or {}).get("verdict"),
+                    "input_fraction": (report or {}).get("input_fraction"),
+                    "step_ms": (train.get("step") or {}).get("mean_ms"),
+                    "has_steps": any(
+                        tag.startswith(summaries.STEPS_TAG_PREFIX) for tag in tags
+                    ),
+                    "last_step": max(
+                        (
+                            int(series.max_step)
+                            for tag, series in tags.items()
+                            if tag.startswith(summaries.STEPS_TAG_PREFIX)
+                        ),
+                        default=0,
+                    ),
+                    "has_tune": summaries.TUNE_TAG in tags,
+                }
+            )
+        return listed
+
+    # One run.
+
+    def report(
+        self, ctx, experiment_id: str, run: str, files: Optional[Dict[str, str]] = None
+    ) -> Tuple[Optional[dict], str]:
+        """The run's report as JSON data, and where it came from.
+
+        Args:
+            ctx: TensorBoard's request context.
+            experiment_id: the experiment.
+            run: the run's name.
+            files: `report_file_runs()`, if already listed.
+
+        Returns:
+            `(report data or None, "summaries" | "report.json" | "")`.
+        """
+        data = self._latest_json(ctx, experiment_id, run, summaries.REPORT_TAG)
+        if data is not None:
+            return data, SUMMARIES
+        path = (self.report_file_runs() if files is None else files).get(run)
+        if path is None:
+            return None, ""
+        try:
+            with open(path, encoding="utf-8") as file:
+                return json.load(file), REPORT_FILE
+        except (OSError, ValueError):
+            # Being written right now, or not a report: nothing to show yet.
+            return None, ""
+
+    def tune(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
+        """The `kpt.tune` result written for the run, if any."""
+        return self._latest_json(ctx, experiment_id, run, summaries.TUNE_TAG)
+
+    def profile_stages(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
+        """The profiler window's timeline rows ({"title", "rows"}), if any."""
+        return self._latest_json(ctx, experiment_id, run, summaries.PROFILE_STAGES_TAG)
+
+    def steps(self, ctx, experiment_id: str, run: str) -> Tuple[np.ndarray, str]:
+        """Every step row the run holds, sorted by step, and where they came from.
+
+        Returns:
+            `(float64 rows of summaries.STEP_COLUMNS, "summaries" | "scalars" | "")`.
+        """
+        tags = self.tagged_runs(ctx, experiment_id).get(run, {})
+        blocks = {
+            tag: series.max_step
+            for tag, series in tags.items()
+            if tag.startswith(summaries.STEPS_TAG_PREFIX)
+        }
+        if blocks:
+            key = tuple(sorted((tag, s.max_step, s.max_wall_time) for tag, s in tags.items()))
+            with self._lock:
+                cached = self._steps_cache.get(run)
+            if cached is not None and cached[0] == key:
+                return cached[1], SUMMARIES
+            rows = self._read_blocks(ctx, experiment_id, run, sorted(blocks))
+            with self._lock:
+                self._steps_cache[run] = (key, rows)
+            return rows, SUMMARIES
+        rows = self._scalar_rows(ctx, experiment_id, run)
+        return rows, ("scalars" if rows.shape[0] else "")
+
+    # Internals.
+
+    def _latest_json(self, ctx, experiment_id: str, run: str, tag: str) -> Optional[dict]:
+        if self._provider is None:
+            return None
+        read = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=summaries.PLUGIN_NAME,
+            downsample=1,
+            run_tag_filter=_filter(run, tag),
+        )
+        data = read.get(run, {}).get(tag)
+        if not data:
+            return None
+        value = data[-1].numpy
+        text = value.item() if hasattr(value, "item") else value
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text)
+
+    def _read_blocks(self, ctx, experiment_id: str, run: str, tags: List[str]) -> np.ndarray:
+        read = self._provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=summaries.PLUGIN_NAME,
+            downsample=1,  # the latest write of each block holds all its rows
+            run_tag_filter=_filter(run, *tags),
+        )
+        blocks = [
+            np.asarray(data[-1].numpy, dtype=np.float64).reshape(-1, len(summaries.STEP_COLUMNS))
+            for data in read.get(run, {}).values()
+            if data
+        ]
+        if not blocks:
+            return _EMPTY_ROWS
+        rows = np.concatenate(blocks)
+        return rows[np.argsort(rows[:, 0], kind="stable")]
+
+    def _scalar_rows(self, ctx, experiment_id: str, run: str) -> np.ndarray:
+        if self._provider is None:
+            return _EMPTY_ROWS
+        read = self._provider.read_scalars(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=_SCALAR_PLUGIN,
+            downsample=1_000_000,
+            run_tag_filter=_filter(run, _WAIT_TAG, _COMPUTE_TAG, _WHOLE_STEP_TAG),
+        )
+        tags = read.get(run, {})
+        compute = {datum.step: datum.value for datum in tags.get(_COMPUTE_TAG, [])}
+        wait = {datum.step: datum.value for datum in tags.get(_WAIT_TAG, [])}
+        if not compute:
+            compute = {datum.step: datum.value for datum in tags.get(_WHOLE_STEP_TAG, [])}
+        if not compute:
+            return _EMPTY_ROWS
+        steps = np.array(sorted(compute), dtype=np.float64)
+        compute_s = np.array([compute[step] for step in steps]) / 1e3
+        wait_s = np.array([wait.get(step, np.nan) for step in steps]) / 1e3
+        # No per-step start in the scalars: the steps laid end to end.
+        start = np.concatenate([[0.0], np.cumsum(np.nan_to_num(wait_s) + compute_s)[:-1]])
+        return np.stack([steps, np.zeros_like(steps), start, wait_s, compute_s], axis=1)
+
+
+def _filter(run: str, *tags: str) -> provider.RunTagFilter:
+    return provider.RunTagFilter(runs=[run], tags=list(tags))

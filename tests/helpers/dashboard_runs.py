@@ -1,0 +1,78 @@
+"""Two real fits in one log dir, as the demo leaves them: a naive and a tuned pipeline.
+
+- naive: a sequential map whose `tf.py_function` sleeps `MAP_DELAY_S` per
+  element (input-bound; the profiler window names that map);
+- tuned: the pipeline `kpt.tune` returned for it, with the tune result written
+  beside the run for the dashboard;
+- workers: a two-worker job's report as the chief writes it, only as
+  `report.json` (like a run older than the dashboard): the two workers' figures
+  are the two fits' measured statistics, compared by the tuner's own code (the
+  naive pipeline's worker is the straggler).
+
+Run once per test session and shared by the dashboard's tests.
+"""
+
+import dataclasses
+import pathlib
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+from keras_pipeline_tuner.workers import exchange
+from tests.helpers.advised_fits import load_slowly
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import tiny_model
+
+STEPS = 40
+EPOCHS = 2
+# Enough for kpt.tune to time the parallel map and the prefetch on a shared machine.
+TUNE_BUDGET_S = 30
+NAIVE = "naive"
+TUNED = "tuned"
+WORKERS = "workers"
+
+_runs = {}
+
+
+@dataclasses.dataclass
+class TwoRuns:
+    """The parent log dir and each run's tuner and tune result."""
+
+    log_dir: pathlib.Path
+    naive: object
+    tuned: object
+    tune_result: object
+
+
+def two_runs(tmp_path_factory) -> TwoRuns:
+    """Trains both runs once per session."""
+    if "two" not in _runs:
+        log_dir = tmp_path_factory.mktemp("dashboard")
+        naive_ds = cached_source(STEPS).map(load_slowly).batch(1)
+        naive = kpt.PipelineTuner(log_dir=log_dir / NAIVE, verbose=0)
+        tiny_model().fit(naive_ds, epochs=EPOCHS, callbacks=[naive], verbose=0)
+        tuned_ds, result = kpt.tune(naive_ds, budget_s=TUNE_BUDGET_S, verbose=0)
+        tuned = kpt.PipelineTuner(log_dir=log_dir / TUNED, verbose=0, profile="off")
+        tiny_model().fit(tuned_ds, epochs=EPOCHS, callbacks=[tuned], verbose=0)
+        kpt.write_tune_result(log_dir / TUNED, result)
+        _write_workers_report(log_dir / WORKERS, naive.report, tuned.report)
+        _runs["two"] = TwoRuns(log_dir, naive, tuned, result)
+    return _runs["two"]
+
+
+def _write_workers_report(log_dir: pathlib.Path, slow, fast) -> None:
+    tasks = ("worker:0", "worker:1")
+    identity = exchange.WorkerIdentity(task=tasks[0], chief=tasks[0], tasks=tasks)
+    workers = [
+        exchange.WorkerSummary(task=tasks[0], chief=True, final=True, epochs=EPOCHS, train=fast.train),
+        exchange.WorkerSummary(task=tasks[1], final=True, epochs=EPOCHS, train=slow.train),
+    ]
+    report = dataclasses.replace(fast, workers=exchange.compare(identity, workers, final=True))
+    log_dir.mkdir()
+    (log_dir / REPORT_FILENAME).write_text(report.to_json())
+
+
+def run_name(name: str) -> str:
+    """The TensorBoard run holding the tuner's outputs for `name`."""
+    from keras_pipeline_tuner.outputs.dashboard.summaries import RUN
+
+    return f"{name}/{RUN}"

@@ -1,0 +1,131 @@
+"""`keras-pipeline-tuner compare` and `check` on the reports of real fits."""
+
+import re
+
+import pytest
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner import cli
+from keras_pipeline_tuner.outputs.comparison import compare_reports
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import slow_source
+from tests.helpers.training_data import tiny_model
+from tests.outputs.test_cli import run
+
+INPUT_DELAY_S = 0.015
+COMPUTE_DELAY_S = 0.015
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def fits(tmp_path_factory):
+    """An input-bound and a compute-bound fit, each with its report.json."""
+    root = tmp_path_factory.mktemp("compare")
+    runs = {}
+    for name, dataset, model in (
+        ("input_bound", slow_source(STEPS, INPUT_DELAY_S).batch(1), tiny_model()),
+        ("compute_bound", cached_source(STEPS).batch(1), tiny_model(COMPUTE_DELAY_S)),
+    ):
+        tuner = kpt.PipelineTuner(log_dir=root / name, verbose=0, profile="off")
+        model.fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+        runs[name] = (root / name, tuner.report)
+    return runs
+
+
+def main(capsys, *args):
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_compare_puts_two_runs_side_by_side(fits, capsys):
+    (dir_a, report_a), (dir_b, report_b) = fits["input_bound"], fits["compute_bound"]
+    assert report_a.verdict.value == "highly input-bound"
+    assert report_b.verdict.value == "not input-bound"
+    status, out, err = main(capsys, "compare", str(dir_a), str(dir_b / "report.json"))
+    assert status == 0, err
+    assert f"A: {dir_a}" in out and f"B: {dir_b / 'report.json'}" in out
+    comparison = compare_reports(report_a, report_b)
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    for timing in comparison.timings:
+        assert f"{timing.ratio:.2f}x" in lines[timing.name]
+    # 15 ms of wait against almost none: far beyond either run's spread.
+    wait = comparison.timings[1]
+    assert wait.beyond_spread and lines["input wait"].rstrip().endswith("yes")
+    assert "highly input-bound" in lines["verdict"] and "not input-bound" in lines["verdict"]
+    assert f"{report_a.input_fraction * 100:.1f} %" in lines["input share"]
+
+
+def test_a_run_compared_with_itself_differs_by_nothing(fits, capsys):
+    log_dir, _ = fits["input_bound"]
+    status, out, _ = main(capsys, "compare", str(log_dir), str(log_dir))
+    assert status == 0
+    for name in ("step", "input wait", "compute"):
+        line = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert re.search(r"1\.00x\s+\+0\.00 ms\s+\S+ ms\s+no$", line), line
+
+
+def test_compare_names_a_missing_run(fits, tmp_path, capsys):
+    log_dir, _ = fits["input_bound"]
+    status, out, err = main(capsys, "compare", str(log_dir), str(tmp_path / "nowhere"))
+    assert status == 2 and out == ""
+    assert "nowhere' does not exist" in err and "report.json" in err
+
+
+@pytest.mark.parametrize(
+    "run_name, limit, status, word",
+    [
+        ("input_bound", "0.2", 1, "FAIL"),
+        ("input_bound", "1", 0, "OK"),
+        ("compute_bound", "0.2", 0, "OK"),
+        ("compute_bound", "0", 1, "FAIL"),
+    ],
+)
+def test_check_gates_on_the_input_fraction(fits, capsys, run_name, limit, status, word):
+    log_dir, report = fits[run_name]
+    code, out, err = main(capsys, "check", str(log_dir), "--max-input-fraction", limit)
+    assert code == status, err
+    assert out.startswith(f"{word}: input wait {report.input_fraction * 100:.1f} %")
+    assert f"allowed {float(limit) * 100:.1f} %" in out
+
+
+def test_check_exit_status_from_the_console_script(fits):
+    log_dir, _ = fits["input_bound"]
+    done = run("check", str(log_dir), "--max-input-fraction", "0.2")
+    assert done.returncode == 1, done.stderr
+    assert "FAIL" in done.stdout and "more than the allowed 20.0 %" in done.stdout
+    done = run("check", str(log_dir), "--max-input-fraction", "0.99")
+    assert done.returncode == 0, done.stderr
+
+
+def test_check_without_a_report(tmp_path, capsys):
+    status, out, err = main(capsys, "check", str(tmp_path))
+    assert status == 2 and out == ""
+    assert "no report in" in err and "PipelineTuner(log_dir=...)" in err
+
+
+def test_check_of_a_corrupt_report(tmp_path, capsys):
+    (tmp_path / "report.json").write_text('{"input_fraction": "high"}')
+    status, _, err = main(capsys, "check", str(tmp_path))
+    assert status == 2 and "report.input_fraction" in err
+
+
+def test_check_of_a_run_whose_wait_was_not_measured(tmp_path, capsys):
+    (tmp_path / "report.json").write_text(kpt.Report(measurement="whole-step").to_json())
+    status, _, err = main(capsys, "check", str(tmp_path))
+    assert status == 2
+    assert "no input fraction" in err and "whole-step" in err
+
+
+@pytest.mark.parametrize("limit", ["1.5", "-0.1", "a fifth", "nan"])
+def test_check_refuses_a_limit_outside_zero_to_one(tmp_path, capsys, limit):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", str(tmp_path), "--max-input-fraction", limit])
+    assert exit_info.value.code == 2
+    assert "must be a share between 0 and 1" in capsys.readouterr().err
+
+
+def test_help_lists_the_commands():
+    done = run("--help")
+    assert done.returncode == 0
+    assert "compare" in done.stdout and "check" in done.stdout

@@ -1,0 +1,189 @@
+"""The "Input pipeline" tab in a real TensorBoard server, rendered by headless Chromium.
+
+The server is `tensorboard`'s own command line (with the dashboard plugin from
+setup.cfg's entry point), on 127.0.0.1, over the log dir of two real fits, a
+naive pipeline and the one `kpt.tune` returned. Everything the tab needs is
+served by TensorBoard; Chromium runs without network. The screenshot is the one
+the README shows.
+"""
+
+import shutil
+import sys
+
+import pytest
+
+from keras_pipeline_tuner.outputs.dashboard import summaries
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from tests.helpers import dashboard_runs
+from tests.helpers.browser import chromium
+from tests.helpers.browser import needs_chromium
+from tests.helpers.browser import tensorboard_server
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = [needs_chromium, pytest.mark.browser]
+
+NAIVE = dashboard_runs.run_name(dashboard_runs.NAIVE)
+TUNED = dashboard_runs.run_name(dashboard_runs.TUNED)
+WORKERS = dashboard_runs.run_name(dashboard_runs.WORKERS)
+SCREENSHOT = REPO_ROOT / "docs" / "dashboard.png"
+
+# The tab's document: TensorBoard shows it in an iframe (found through shadow roots).
+_TAB = """(() => {
+  const find = (node) => {
+    if (node.shadowRoot) { const found = find(node.shadowRoot); if (found) return found; }
+    for (const child of node.children || []) {
+      if (child.tagName === "IFRAME") return child;
+      const found = find(child);
+      if (found) return found;
+    }
+    return null;
+  };
+  const frame = document.body && find(document.body);
+  return frame && frame.contentDocument;
+})()"""
+# What the tab shows, read from its DOM.
+_SHOWN = f"""(() => {{
+  const doc = {_TAB};
+  if (!doc || !doc.querySelector(".kpt-recommendation")) return null;
+  const all = (selector, root) => Array.from((root || doc).querySelectorAll(selector));
+  return {{
+    banners: all(".kpt-verdict").map((banner) =>
+        [banner.dataset.run, banner.querySelector(".kpt-verdict-text").textContent]),
+    marks: Object.fromEntries(all(".kpt-timeline").map((timeline) =>
+        [timeline.dataset.run, all(".kpt-step-mark", timeline).map((mark) =>
+            Number(mark.dataset.step))])),
+    epochs: all(".kpt-epoch").length,
+    stageRows: all(".kpt-stage-row").map((row) => row.dataset.label),
+    recommendations: all(".kpt-recommendation").map((card) => [card.dataset.id,
+        (card.querySelector("pre code") || {{}}).textContent || "",
+        Boolean(card.querySelector("button.kpt-copy"))]),
+    comparison: all(".kpt-compare-table th").map((cell) => cell.textContent),
+    tuneRows: all(".kpt-tune tr").length - 1,
+    compareWith: (doc.querySelector("#kpt-compare") || {{}}).value,
+  }};
+}})()"""
+# Hovers the fifth step mark of the first timeline; returns the tip's text.
+_HOVER = f"""(() => {{
+  const doc = {_TAB};
+  const mark = doc.querySelectorAll(".kpt-timeline")[0].querySelectorAll(".kpt-step-mark")[4];
+  const box = mark.getBoundingClientRect();
+  mark.dispatchEvent(new MouseEvent("mousemove", {{bubbles: true,
+      clientX: box.left + 1, clientY: box.bottom - 1}}));
+  const tip = doc.querySelector(".kpt-tip");
+  return [mark.dataset.step, tip.textContent, tip.style.display];
+}})()"""
+# Drags across the first timeline from its 3rd step mark to its 12th.
+_DRAG = f"""(() => {{
+  const doc = {_TAB};
+  const svg = doc.querySelector(".kpt-timeline .kpt-steps");
+  const marks = svg.querySelectorAll(".kpt-step-mark");
+  const box = svg.getBoundingClientRect();
+  const send = (type, mark) => svg.dispatchEvent(new MouseEvent(type, {{bubbles: true,
+      clientX: marks[mark].getBoundingClientRect().left + 0.5, clientY: box.top + 60}}));
+  send("mousedown", 2); send("mousemove", 11); send("mouseup", 11);
+  return [Number(marks[2].dataset.step), Number(marks[11].dataset.step)];
+}})()"""
+_ZOOMED = f"""(() => {{
+  const doc = {_TAB};
+  if (!doc.querySelector(".kpt-reset")) return null;
+  return Array.from(doc.querySelectorAll(".kpt-timeline")[0]
+      .querySelectorAll(".kpt-step-mark")).map((mark) => Number(mark.dataset.step));
+}})()"""
+
+
+
+def _pick(run: str) -> str:
+    """Picks `run` as the tab's main run."""
+    return f"""(() => {{
+  const picker = {_TAB}.querySelector("#kpt-run");
+  picker.value = {run!r};
+  picker.dispatchEvent(new Event("change"));
+  return true;
+}})()"""
+
+
+# The kpt.tune table: [rewrite, kept or why not].
+_TUNE_ROWS = f"""(() => {{
+  const rows = Array.from({_TAB}.querySelectorAll(".kpt-tune tr")).slice(1);
+  return rows.length ? rows.map((row) => [row.cells[0].textContent, row.cells[3].textContent])
+      : null;
+}})()"""
+# The workers' table: [worker, straggler mark], and the main run's banner note.
+_WORKER_ROWS = f"""(() => {{
+  const doc = {_TAB};
+  const rows = Array.from(doc.querySelectorAll(".kpt-workers tr")).slice(1);
+  return rows.length ? {{
+    rows: rows.map((row) => [row.cells[0].textContent, row.cells[8].textContent,
+        row.classList.contains("kpt-straggler")]),
+    note: doc.querySelector(".kpt-verdict .kpt-note").textContent,
+  }} : null;
+}})()"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    runs = dashboard_runs.two_runs(tmp_path_factory)
+    scratch = tmp_path_factory.mktemp("dashboard_browser")
+    command = [sys.executable, "-m", "tests.helpers.tensorboard_app"]
+    with tensorboard_server(runs.log_dir, scratch, command=command, run=NAIVE) as url:
+        yield runs, url, scratch
+
+
+def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
+    runs, url, scratch = served
+    with chromium(scratch) as browser:
+        shown = browser.open_until(
+            f"{url}/#{summaries.PLUGIN_NAME}", _SHOWN, lambda value: len(value["marks"]) == 2
+        )
+        assert shown, f"the Input pipeline tab did not render; see {scratch}"
+        # Tall enough to show the timelines, the profiler rows and the first advice.
+        browser.resize(1400, 1500)
+        browser.wait_until(_SHOWN, lambda value: len(value["marks"]) == 2)
+        browser.screenshot(scratch / "dashboard.png")
+        hovered = browser.evaluate(_HOVER)
+        dragged = browser.evaluate(_DRAG)
+        zoomed = browser.wait_until(_ZOOMED, bool)
+        browser.evaluate(_pick(TUNED))
+        tune_rows = browser.wait_until(_TUNE_ROWS, bool)
+        browser.evaluate(_pick(WORKERS))
+        workers = browser.wait_until(_WORKER_ROWS, bool)
+    shutil.copy(scratch / "dashboard.png", SCREENSHOT)
+
+    # A verdict banner per run, the naive run's as the report says.
+    assert dict(shown["banners"]) == {
+        NAIVE: f"Input pipeline: {runs.naive.report.verdict.value}",
+        TUNED: f"Input pipeline: {runs.tuned.report.verdict.value}",
+    }
+    # The timelines, one above the other, one mark per retained step.
+    assert shown["marks"][NAIVE] == runs.naive.clock.step_numbers(TRAIN).tolist()
+    assert shown["marks"][TUNED] == runs.tuned.clock.step_numbers(TRAIN).tolist()
+    assert shown["epochs"] >= dashboard_runs.EPOCHS
+    # The profiler window's stages under the naive run's timeline.
+    assert shown["stageRows"] and any("map" in label for label in shown["stageRows"])
+    # The recommendations, ranked as in the report, each fix as code with a copy button.
+    report = runs.naive.report
+    assert [item[0] for item in shown["recommendations"]] == [
+        recommendation.id for recommendation in report.recommendations
+    ]
+    assert all(copy for _, _, copy in shown["recommendations"])
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in shown["recommendations"][0][1]
+    # The two runs side by side, and the tuned run's kpt.tune result.
+    assert shown["compareWith"] == TUNED
+    assert shown["comparison"][:4] == ["", NAIVE, TUNED, f"{TUNED} / {NAIVE}"]
+    assert shown["tuneRows"] == -1  # the naive run has no tune result: no table
+    assert tune_rows == [
+        [outcome.kind, "kept" if outcome.applied else outcome.status]
+        for outcome in runs.tune_result.rewrites
+    ]
+    # Hover: the step's own numbers.
+    step, tip, display = hovered
+    assert display == "block" and tip.startswith(f"Step {step}, epoch")
+    assert "input wait" in tip and "compute" in tip
+    # Zoom: a narrower range of the same steps.
+    assert zoomed == list(range(dragged[0], dragged[1] + 1))
+    # A multi-worker job's report (a report.json only): the straggler marked.
+    assert workers["rows"] == [
+        ["worker:0 (chief)", "", False],
+        ["worker:1", "straggler", True],
+    ]
+    assert "Read from report.json" in workers["note"]

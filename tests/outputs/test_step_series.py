@@ -1,0 +1,65 @@
+"""Step rows downsampled on the server: few marks for a long run, every step when zoomed."""
+
+import numpy as np
+import pytest
+
+from keras_pipeline_tuner.outputs.dashboard.step_series import MAX_POINTS
+from keras_pipeline_tuner.outputs.dashboard.step_series import downsample
+
+
+def rows(count: int, epochs: int = 1) -> np.ndarray:
+    numbers = np.arange(1, count + 1, dtype=np.float64)
+    epoch = (numbers - 1) // (count // epochs)
+    wait = (numbers % 10) * 1e-3
+    compute = np.full(count, 2e-3)
+    start = np.cumsum(wait + compute) - (wait + compute)
+    return np.stack([numbers, epoch, start, wait, compute], axis=1)
+
+
+def test_few_steps_are_sent_one_mark_each():
+    series = downsample(rows(50), points=100)
+    assert series.bucket_steps == 1
+    assert series.step == series.last == list(range(1, 51))
+    assert series.wait_ms == pytest.approx([(n % 10) * 1.0 for n in range(1, 51)])
+    assert series.compute_ms == pytest.approx([2.0] * 50)
+
+
+def test_many_steps_become_buckets_holding_their_means_and_maxima():
+    data = rows(100_000, epochs=4)
+    series = downsample(data, points=2000)
+    assert len(series.step) == 2000 and series.bucket_steps == 50
+    assert series.step[1] == 51 and series.last[0] == 50 and series.last[-1] == 100_000
+    # Steps 1-50 wait 1..9, 0 ms in turn: mean 4.5 ms (step 50 waits 0), max 9 ms.
+    assert series.wait_ms[0] == pytest.approx(np.mean([(n % 10) for n in range(1, 51)]))
+    assert series.wait_max_ms[0] == pytest.approx(9.0)
+    assert series.end_s[0] == pytest.approx(data[49, 2] + data[49, 3] + data[49, 4])
+    assert [epoch["step"] for epoch in series.epochs] == [1, 25_001, 50_001, 75_001]
+    assert series.total_steps == 100_000
+
+
+def test_a_zoomed_range_comes_back_in_full_detail():
+    series = downsample(rows(100_000), first=40_001, last=41_000, points=2000)
+    assert series.bucket_steps == 1
+    assert series.step == list(range(40_001, 41_001))
+    # The whole run's extent is still said, for the "show all" view.
+    assert (series.first_step, series.last_step) == (1, 100_000)
+
+
+def test_unmeasured_waits_are_null_not_zero():
+    data = rows(10)
+    data[:, 3] = np.nan
+    series = downsample(data, points=5)
+    assert series.wait_ms == [None] * 5 and series.wait_max_ms == [None] * 5
+    assert series.compute_ms == pytest.approx([2.0] * 5)
+
+
+def test_empty_runs_and_empty_ranges():
+    assert downsample(np.zeros((0, 5))).step == []
+    series = downsample(rows(10), first=50, last=60)
+    assert series.step == [] and series.total_steps == 10
+
+
+@pytest.mark.parametrize("points", [0, MAX_POINTS + 1])
+def test_points_out_of_range_are_refused(points):
+    with pytest.raises(ValueError, match="`points` must be between 1 and"):
+        downsample(rows(10), points=points)
