@@ -248,7 +248,7 @@ def _pipeline_call(run_steps, iterator, dataset, found):
     try:
         found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
         return iterator
-    except tf.errors.OutOfRangeError:
+    except (tf.errors.OutOfRangeError, StopIteration):
         # The epoch ended: start the next one, as fit would (its set-up untimed).
         iterator = iter(dataset)
         found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
