@@ -9,9 +9,11 @@ pipeline can go below, and the real step time over it is the ceiling of the
 speed-up any such change can bring.
 
 The replay trains the model on the replayed batches, so it is run on the
-trained model after training and undone: the model's weights, its optimizer's
-state (slots and iteration count), its metrics and its random seed state are
-copied before and put back after. Training itself is not touched.
+trained model after training and undone: every variable the replayed step
+reads or writes (the model's weights, its optimizer's slots and iteration
+count, its metrics, its seed state, and state kept elsewhere, such as a custom
+`train_step`'s `tf.random.Generator` or a layer's own `tf.Variable`) is copied
+before and put back after. Training itself is not touched.
 """
 
 import dataclasses
@@ -31,12 +33,12 @@ logger = logging.getLogger("keras_pipeline_tuner")
 DEFAULT_STEPS = 20
 DEFAULT_CACHED_BATCHES = 8
 AFTER_TRAINING = (
-    "after training, on the trained model, with its weights, optimizer, metric and "
-    "random seed state restored afterwards"
+    "after training, on the trained model, with every variable the step touched "
+    "(weights, optimizer, metric, random seed and other state) restored afterwards"
 )
 ON_REQUEST = (
-    "on the model as it was given, with its weights, optimizer, metric and random seed "
-    "state restored afterwards"
+    "on the model as it was given, with every variable the step touched (weights, "
+    "optimizer, metric, random seed and other state) restored afterwards"
 )
 # Calls set apart before timing: the first may trace, and buffers fill.
 _WARMUP_CALLS = 2
@@ -97,8 +99,9 @@ def what_if(
     them for `steps` steps of the model's compiled training step, timed inside
     the step. Unless `pipeline_stats` gives the real steps' times, as many
     steps run on `dataset` itself, alternating with the replay in blocks, so
-    both are timed under the same conditions. The model's weights, optimizer,
-    metric and seed state are restored afterwards: the model ends as it began.
+    both are timed under the same conditions. Every variable the step touches
+    (weights, optimizer, metrics, seeds, and state kept outside the model) is
+    restored afterwards: the model ends as it began.
 
     Args:
         model: a compiled `keras.Model` (TensorFlow backend).
@@ -129,7 +132,7 @@ def what_if(
     positive_int(cached_batches, "cached_batches")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ValueError("The model is not compiled: call model.compile(...) first.")
-    run_steps = _timed_steps_of(model)
+    run_steps, variables_touched = _timed_steps_of(model)
     cached = dataset.take(cached_batches).cache()
     # One full pass completes the cache; the repeats then read only memory.
     found = sum(1 for _ in cached)
@@ -137,7 +140,13 @@ def what_if(
     if found == 0:
         raise ValueError("The dataset is empty: there is nothing to replay.")
 
-    saved = _State(model)
+    # Everything the replayed step can change, found before it runs: the
+    # step may keep state outside the model (a custom `train_step`'s random
+    # generator, a layer's own variable), and all of it must end as it began.
+    touched = variables_touched(iter(replayed))
+    if pipeline_stats is None:
+        touched += variables_touched(iter(dataset))
+    saved = _State(model, touched)
     try:
         replay_rows, pipeline_rows = _run(run_steps, replayed, dataset, steps, pipeline_stats is None)
     finally:
@@ -289,16 +298,17 @@ def _timed_steps_of(model) -> Callable:
         timed(iterator)
         return rows.pop()
 
-    return run_steps
+    return run_steps, timed.variables_touched
 
 
 class _State:
     """A copy of everything a training step changes in a model, to put back."""
 
-    def __init__(self, model):
+    def __init__(self, model, touched: list):
         variables = list(model.variables)
         variables += list(getattr(model.optimizer, "variables", []))
         variables += list(getattr(model, "metrics_variables", []))
+        variables += list(touched)
         unique = {id(variable): variable for variable in variables}
         self._saved = [(variable, np.array(variable.numpy())) for variable in unique.values()]
 

@@ -207,6 +207,26 @@ class TimedFunction:
             timed_steps = tf.function(timed_steps, reduce_retracing=True)
         self._timed_steps = timed_steps
 
+    def variables_touched(self, iterator) -> list:
+        """The variables a call on `iterator` reads or writes, found without running it.
+
+        Traces the call (a later call with the same kind of iterator reuses the
+        trace) and lists every variable the traced graph uses: the model's and
+        the optimizer's, and any other state the step keeps, such as a
+        `tf.random.Generator` of a custom `train_step` or a layer's own
+        `tf.Variable`.
+
+        Args:
+            iterator: an iterator of the data the calls will get.
+
+        Returns:
+            The variables, each once; empty when the step runs eagerly.
+        """
+        get_concrete_function = getattr(self._timed_steps, "get_concrete_function", None)
+        if get_concrete_function is None:
+            return []
+        return list(get_concrete_function(iterator).variables)
+
     def __call__(self, iterator):
         if not isinstance(iterator, self._iterator_types):
             return self.original(iterator)

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 
@@ -103,3 +104,65 @@ def test_standalone_arguments():
         kpt.what_if(model, slow_source(4, 0.0).batch(2), steps=0)
     with pytest.raises(ValueError, match="empty"):
         kpt.what_if(model, slow_source(4, 0.0).batch(2).take(0))
+
+
+class NoisyModel(keras.Sequential):
+    """A custom `train_step` that draws input noise from its own `tf.random.Generator`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noise = tf.random.Generator.from_seed(11)
+
+    def train_step(self, data):
+        x, y = data
+        return super().train_step((x + self.noise.normal(tf.shape(x)), y))
+
+
+class RunningOffset(keras.layers.Layer):
+    """A stateful layer: a plain `tf.Variable` Keras does not track, updated every call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = tf.Variable(0.0, trainable=False)
+
+    def call(self, inputs, training=False):
+        if training:
+            self.calls.assign_add(1.0)
+        return inputs + 0.01 * self.calls
+
+
+def _model_with_outside_state(kind):
+    keras.utils.set_random_seed(5)
+    if kind == "generator":
+        model = NoisyModel([keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+        outside = model.noise.state
+    else:
+        offset = RunningOffset()
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(4), offset, keras.layers.Dense(1)]
+        )
+        outside = offset.calls
+    assert all(outside is not variable for variable in model.variables)
+    model.compile(optimizer="adam", loss="mse")
+    return model, outside
+
+
+def _two_fits(kind, with_replay):
+    model, outside = _model_with_outside_state(kind)
+    dataset = slow_source(16, 0.0).batch(2)
+    callbacks = [kpt.PipelineTuner(what_if=5, verbose=0, profile="off")] if with_replay else []
+    first = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
+    if with_replay:
+        assert callbacks[0].report.what_if.replay_steps == 5
+    second = model.fit(dataset, epochs=2, verbose=0)
+    state = [np.array(v.numpy()) for v in model.variables]
+    return first.history, second.history, state + [outside.numpy()]
+
+
+@pytest.mark.parametrize("kind", ["generator", "stateful-layer"])
+def test_replay_restores_state_kept_outside_the_model_and_optimizer(kind):
+    plain = _two_fits(kind, with_replay=False)
+    replayed = _two_fits(kind, with_replay=True)
+    assert replayed[0] == plain[0] and replayed[1] == plain[1]
+    for without, after_replay in zip(plain[2], replayed[2]):
+        np.testing.assert_array_equal(without, after_replay)
