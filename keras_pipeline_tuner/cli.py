@@ -55,24 +55,37 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _report(log_dir: str) -> int:
+    from keras_pipeline_tuner._util import files
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
     from keras_pipeline_tuner.outputs.report import Report
     from keras_pipeline_tuner.outputs.terminal import print_summary
 
     path = os.path.join(log_dir, REPORT_FILENAME)
-    if not os.path.isfile(path):
+    try:
+        found = files.is_file(path)
+    except (ImportError, OSError) as error:
+        sys.stderr.write(f"keras-pipeline-tuner: cannot read {path}: {error}\n")
+        return 2
+    if not found:
         sys.stderr.write(
             f"keras-pipeline-tuner: no report in {log_dir!r} (expected {REPORT_FILENAME}). "
             "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended.\n"
         )
         return 2
     try:
-        with open(path, encoding="utf-8") as file:
-            report = Report.from_json(file.read())
+        report = Report.from_json(files.read_text(path))
     except (OSError, ValueError) as error:
         sys.stderr.write(f"keras-pipeline-tuner: cannot read {path}: {error}\n")
         return 2
     print_summary(report, details=True)
+    if not report.train.steps:
+        # A run that measured nothing must not pass for a good one in a script.
+        sys.stderr.write(
+            f"keras-pipeline-tuner: the report in {log_dir!r} holds no measured training "
+            "step, so it has no verdict: the fit ended (or failed) before its first "
+            "timed step. See the notes above.\n"
+        )
+        return 1
     return 0
 
 
