@@ -27,6 +27,7 @@ from typing import Optional
 
 import numpy as np
 
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
@@ -266,7 +267,7 @@ class TensorBoardSink:
             profile is None
             or not profile.source  # not converted: the capture may be unreadable
             or not profile.xplane_path
-            or not os.path.exists(profile.xplane_path)
+            or not files.exists(profile.xplane_path)
         ):
             return (), ""
         rows = self._profile_rows.get(profile.xplane_path)

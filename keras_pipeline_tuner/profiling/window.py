@@ -20,6 +20,7 @@ import tempfile
 import time
 from typing import List, Optional, Tuple, Union
 
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
@@ -414,8 +415,10 @@ def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
     """Moves a capture from its staging directory to a run folder of its own.
 
     The TF Profiler names run folders to the second, so two captures in one
-    second would land in one folder; capturing into a private directory and
-    claiming the final folder with an atomic `mkdir` keeps every capture.
+    second would land in one folder; capturing into a private, local directory
+    and claiming a final folder no other capture has keeps every capture. The
+    final folder may be on any file system `tf.io.gfile` reaches (a `gs://`
+    log dir): the files are copied there.
 
     Returns:
         The run folder, the `.xplane.pb` path in it, and whether it is in a
@@ -432,30 +435,45 @@ def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
             else os.path.join(log_dir, PROFILE_RUN)
         )
         profile_dir = os.path.join(root, "plugins", "profile")
-        os.makedirs(profile_dir, exist_ok=True)
-        base = os.path.basename(staged[0])
-        for index in itertools.count(1):
-            run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
-            try:
-                os.mkdir(run_dir)
-                break
-            except FileExistsError:
-                continue
+        files.makedirs(profile_dir)
+        run_dir = _claim_run_dir(profile_dir, os.path.basename(staged[0]))
         for name in os.listdir(staged[0]):
-            shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
+            if files.is_remote(run_dir):
+                files.copy_file(os.path.join(staged[0], name), os.path.join(run_dir, name))
+            else:
+                shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    captures = glob.glob(os.path.join(run_dir, "*.xplane.pb"))
+    captures = [name for name in files.list_dir(run_dir) if name.endswith(".xplane.pb")]
     if not captures:
         raise RuntimeError(f"the TF Profiler wrote no .xplane.pb into {run_dir}")
-    return run_dir, captures[0], temporary
+    return run_dir, os.path.join(run_dir, captures[0]), temporary
+
+
+def _claim_run_dir(profile_dir: str, base: str) -> str:
+    for index in itertools.count(1):
+        run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
+        if files.is_remote(run_dir):
+            # Object stores have no atomic mkdir: a folder of a name no capture
+            # has yet. Captures of one log dir come from one process at a time
+            # (the TF Profiler is process-wide), to the second apart.
+            if not files.exists(run_dir):
+                files.makedirs(run_dir)
+                return run_dir
+            continue
+        try:
+            os.mkdir(run_dir)
+            return run_dir
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def _file_bytes(path: str) -> int:
     # Outside the guard: a capture deleted with its log dir is reported by the
     # conversion, inside the guard, not here.
     try:
-        return os.path.getsize(path)
+        return files.size(path)
     except OSError:
         return 0
 
