@@ -13,8 +13,13 @@ holds the profiler window's captures for the Profile tab), so it sits beside
 
 Nothing is written inside a step. Per-step scalars are taken from the step
 clock's retained rows and written in bulk, by a compiled function that costs
-about 20 us per step, at the end of each epoch and every `flush_every` steps
+about 20 us per point, at the end of each epoch and every `flush_every` steps
 within long epochs (so rows are written before the clock's ring drops them).
+Like Keras' `update_freq`, long runs are summarised so that neither the cost
+nor the event file grows with every step: each of the first `full_steps`
+(1000) steps of a fit is a point of its own; after that a point is the mean of
+a block of steps (fraction: total wait over total step time), 10 steps a block
+up to 10x `full_steps`, 100 up to 100x, and so on, about 900 points a decade.
 The timeline image takes about 0.1 s to draw, so within fit it is drawn only
 while drawing has cost under 2 % of the elapsed training time; the final one is
 always drawn.
@@ -48,6 +53,8 @@ TIMELINE_TAG = f"{TAG_PREFIX}/timeline"
 TIMELINE_FILENAME = "timeline.png"
 
 SCALARS = "TensorBoard scalars"
+# Steps of a fit written one point each; then blocks of 10, 100... steps a point.
+FULL_RESOLUTION_STEPS = 1000
 TEXT = "TensorBoard report text"
 TIMELINE = "TensorBoard timeline image"
 
@@ -64,6 +71,9 @@ class TensorBoardSink:
         log_dir: the tuner's `log_dir`; the run `pipeline_tuner` is made in it.
         guard: the tuner's `FeatureGuard`: a failure turns off that output only.
         flush_every: steps between scalar writes within an epoch.
+        full_steps: steps of each fit written one point each; later steps are
+            written as means over blocks of 10, 100, ... steps (see the module
+            docstring).
 
     Example:
 
@@ -74,10 +84,19 @@ class TensorBoardSink:
     ```
     """
 
-    def __init__(self, log_dir: str, guard: FeatureGuard, flush_every: int = 1000):
+    def __init__(
+        self,
+        log_dir: str,
+        guard: FeatureGuard,
+        flush_every: int = 1000,
+        full_steps: int = FULL_RESOLUTION_STEPS,
+    ):
         self.run_dir = os.path.join(log_dir, RUN)
         self.guard = guard
         self.flush_every = flush_every
+        self.full_steps = full_steps
+        # The steps of the block being summed, not written yet (see _blocks).
+        self._open_block: Optional[_Block] = None
         self._writer = None
         self._compiled = {}
         self._clock: Optional[StepClock] = None
@@ -112,7 +131,7 @@ class TensorBoardSink:
             clock: the tuner's `StepClock`.
             report: the report after this epoch.
         """
-        self.write_scalars(clock)
+        self.write_scalars(clock, final=True)
         self.write_report(report, self._current_step(clock))
         if self._image_s <= _IMAGE_BUDGET * _training_seconds(clock):
             self.write_timeline(clock, report)
@@ -125,21 +144,26 @@ class TensorBoardSink:
             clock: the tuner's `StepClock`.
             report: the final report.
         """
-        self.write_scalars(clock)
+        self.write_scalars(clock, final=True)
         self.write_report(report, self._current_step(clock))
         self.write_timeline(clock, report)
         self.flush()
 
     # The outputs.
 
-    def write_scalars(self, clock: StepClock) -> int:
+    def write_scalars(self, clock: StepClock, final: bool = False) -> int:
         """Writes the per-step scalars of training steps not written yet.
+
+        Each of a fit's first `full_steps` steps is one point; later steps are
+        summed into blocks (10, 100, ... steps), and a block is written as one
+        point at its last step once complete, or at `final`.
 
         Args:
             clock: the tuner's `StepClock`.
+            final: write the block in progress too (at an epoch's or fit's end).
 
         Returns:
-            How many steps were written.
+            How many points were written.
         """
         self._pending = 0
         if not self.guard.enabled(SCALARS):
@@ -147,14 +171,19 @@ class TensorBoardSink:
         with self.guard(SCALARS):
             if clock is not self._clock:
                 # A new fit (or custom loop run) starts counting from its own step 1.
-                self._clock, self._written = clock, 0
+                self._clock, self._written, self._open_block = clock, 0, None
             numbers = clock.step_numbers(TRAIN)
             new = numbers > self._written
-            if not new.any():
+            if not new.any() and not (final and self._open_block is not None):
                 return 0
             steps = clock.steps(TRAIN)
-            wait, compute = steps["wait"][new], steps["compute"][new]
             numbers = numbers[new]
+            wait, compute = steps["wait"][new], steps["compute"][new]
+            if numbers.size:
+                self._written = int(numbers[-1])
+            points, wait, compute = self._blocks(numbers, wait, compute, final)
+            if not points.size:
+                return 0
             if np.isnan(wait).all():
                 tags, values = (WHOLE_STEP_TAG,), compute[None, :] * 1e3
             else:
@@ -162,10 +191,47 @@ class TensorBoardSink:
                 fraction = np.divide(wait, step, out=np.zeros_like(step), where=step > 0)
                 tags = SCALAR_TAGS
                 values = np.stack([wait * 1e3, compute * 1e3, step * 1e3, fraction])
-            self._write_scalar_rows(tags, numbers, values.astype(np.float32))
-            self._written = int(numbers[-1])
-            return int(numbers.size)
+            self._write_scalar_rows(tags, points, values.astype(np.float32))
+            return int(points.size)
         return 0
+
+    def _blocks(self, numbers, wait, compute, final):
+        """Sums steps into the points to write: (step numbers, mean wait, mean compute).
+
+        Steps up to `full_steps` are blocks of one; then a step n belongs to
+        the block of size 10**ceil(log10(n / full_steps)) ending at the next
+        multiple of that size. The steps of a block not complete yet are kept
+        as sums (the clock's ring may drop its rows before the block ends).
+        """
+        count = np.ones_like(wait)
+        if numbers.size:
+            ratio = np.maximum(numbers / self.full_steps, 1.0)
+            size = np.where(
+                numbers <= self.full_steps, 1, 10 ** np.ceil(np.log10(ratio))
+            ).astype(np.int64)
+            ends = (numbers + size - 1) // size * size
+            starts = np.flatnonzero(np.r_[True, ends[1:] != ends[:-1]])
+            ends, last = ends[starts], numbers[np.r_[starts[1:] - 1, numbers.size - 1]]
+            count, wait, compute = (
+                np.add.reduceat(column, starts) for column in (count, wait, compute)
+            )
+        else:
+            ends = last = np.zeros(0, np.int64)
+        block = self._open_block
+        if block is not None:
+            if ends.size and ends[0] == block.end:
+                count[0] += block.count
+                wait[0] += block.wait
+                compute[0] += block.compute
+            else:
+                ends, last = np.r_[block.end, ends], np.r_[block.last, last]
+                count = np.r_[block.count, count]
+                wait, compute = np.r_[block.wait, wait], np.r_[block.compute, compute]
+        self._open_block = None
+        if ends.size and not final and last[-1] != ends[-1]:
+            self._open_block = _Block(ends[-1], last[-1], count[-1], wait[-1], compute[-1])
+            ends, last, count, wait, compute = ends[:-1], last[:-1], count[:-1], wait[:-1], compute[:-1]
+        return last.astype(np.int64), wait / count, compute / count
 
     def write_report(self, report: Report, step: int) -> None:
         """Writes the report as markdown to the Text tab, if it changed.
@@ -290,6 +356,17 @@ class TensorBoardSink:
         if profile.bottleneck:
             title += f": bottleneck {profile.bottleneck}"
         return rows, title
+
+
+class _Block:
+    """The sums of the steps of one scalar block that is not complete yet."""
+
+    def __init__(self, end: int, last: int, count: float, wait: float, compute: float):
+        self.end = end
+        self.last = last
+        self.count = count
+        self.wait = wait
+        self.compute = compute
 
 
 class _Summaries:
