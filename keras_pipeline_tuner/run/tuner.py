@@ -365,7 +365,9 @@ class PipelineTuner(keras.callbacks.Callback):
             missing = worker_reports.missing_note(self._worker_view, self.log_dir)
             if missing is not None and self._worker_view.waited_s is not None:
                 notes.append(missing)
-        if not train.steps and TRAIN not in self.clock.first_steps:
+        if not train.steps and TRAIN not in self.clock.first_steps and not any(
+            note.startswith("No training step was measured") for note in notes
+        ):
             notes.append(
                 "No training step was measured: the dataset gave no batch, or fit has not "
                 "run a step yet."
@@ -555,6 +557,15 @@ class PipelineTuner(keras.callbacks.Callback):
     def _on_step_error(self, error: Optional[BaseException]) -> None:
         self._restore_all()
         self._window.close(FIT_ENDED)
+        if error is not None and self._first_call.get(TRAIN):
+            # The first call's timings are lost with it; with several steps a
+            # call, some may have run (and trained) before the failure.
+            steps = int(getattr(self.model, "steps_per_execution", 1) or 1)
+            ran = f", after running up to {steps - 1} of its {steps} steps" if steps > 1 else ""
+            self._notes.append(
+                f"No training step was measured: the first training call failed "
+                f"({type(error).__name__}){ran}, and its timings were lost with it."
+            )
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
             _RUNNING.discard(self)
