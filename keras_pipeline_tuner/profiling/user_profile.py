@@ -8,16 +8,10 @@ window wins, and its capture becomes the tuner's evidence.
 """
 
 import dataclasses
-import inspect
 import os
 from typing import List, Optional
 
 from keras_pipeline_tuner._util import files
-
-# Frames searched above the caller for the fit's `CallbackList` (the tuner's hook
-# is called from it, through a few frames of the tuner's own).
-_MAX_FRAMES = 12
-
 
 @dataclasses.dataclass
 class ProfileRequest:
@@ -41,37 +35,11 @@ class ProfileRequest:
         return self.start_batch <= call <= self.stop_batch
 
 
-def fit_callbacks() -> List[object]:
-    """The callbacks of the `fit` whose hook is running, if Keras' `CallbackList` is reachable.
-
-    A callback is not told which other callbacks share its fit; the list that
-    calls it is found among the calling frames (read only, never changed).
-
-    Returns:
-        The callbacks, or an empty list outside a fit.
-    """
-    import keras
-
-    frame = inspect.currentframe()
-    try:
-        for _ in range(_MAX_FRAMES):
-            if frame is None:
-                break
-            candidate = frame.f_locals.get("self")
-            if isinstance(candidate, keras.callbacks.CallbackList):
-                return list(getattr(candidate, "callbacks", []))
-            frame = frame.f_back
-    finally:
-        # Frames hold their locals: let them go at once.
-        del frame
-    return []
-
-
 def requested_profile(callbacks: List[object]) -> Optional[ProfileRequest]:
     """The profile window a `keras.callbacks.TensorBoard` among `callbacks` will capture.
 
     Args:
-        callbacks: the fit's callbacks (see `fit_callbacks`).
+        callbacks: the fit's callbacks (see `_util.fit_callbacks`).
 
     Returns:
         The first TensorBoard callback's request, or `None` when none profiles.

@@ -21,6 +21,7 @@ import time
 from typing import List, Optional, Tuple, Union
 
 from keras_pipeline_tuner._util import files
+from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner.profiling import user_profile
@@ -153,7 +154,7 @@ class ProfilerWindow:
             return
         with self._guard(FEATURE):
             if callbacks is None:
-                callbacks = user_profile.fit_callbacks()
+                callbacks = current_fit_callbacks()
             self._user = self._deferred_to(user_profile.requested_profile(callbacks))
             if self._user is not None:
                 self._user_known = user_profile.run_folders(self._user.profile_dir)

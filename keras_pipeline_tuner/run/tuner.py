@@ -17,6 +17,7 @@ from keras_pipeline_tuner.instrument.custom_loop import LoopTimer
 from keras_pipeline_tuner.instrument.custom_loop import TimedIterator
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.files import write_atomically
+from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner.profiling.window import EPOCH_ENDED
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
@@ -165,6 +166,7 @@ class PipelineTuner(keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        _refuse_a_second_tuner()
         self.clock = StepClock(self.buffer_steps)
         self._notes = []
         self._measurement = "in-step"
@@ -700,6 +702,18 @@ def write_report(report: Report, log_dir: str) -> str:
         The path written.
     """
     return write_atomically(log_dir, REPORT_FILENAME, report.to_json())
+
+
+def _refuse_a_second_tuner() -> None:
+    # Before anything is swapped: two tuners would time the same steps, and the
+    # second's timed function would take every step from the first.
+    tuners = [c for c in current_fit_callbacks() if isinstance(c, PipelineTuner)]
+    if len(tuners) > 1:
+        raise ValueError(
+            f"This fit has {len(tuners)} PipelineTuner callbacks; one fit takes one "
+            "tuner (each would time the same steps, and the second would hide them "
+            "from the first). Pass a single kpt.PipelineTuner in `callbacks`."
+        )
 
 
 def _checked_log_dir(log_dir) -> Optional[str]:
