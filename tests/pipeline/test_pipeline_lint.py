@@ -455,3 +455,13 @@ def test_vectorize_map_advice_runs_and_gives_the_same_batches():
     assert len(advised) == len(expected) == 4
     for got, want in zip(advised, expected):
         np.testing.assert_array_equal(got, want)
+
+
+def test_large_constants_inside_flat_map_are_refused_before_copying_them():
+    array = np.zeros((2**16, 4), np.float32)  # 1 MB, a constant of the flat_map function
+    nested = tf.data.Dataset.range(2).flat_map(
+        lambda _: tf.data.Dataset.from_tensor_slices(array)
+    ).batch(8)
+    with pytest.raises(ValueError, match=r"about 1 MB"):
+        kpt.inspect(nested, max_in_memory_bytes=2**19)
+    assert "missing-prefetch" in kpt.inspect(nested).ids
