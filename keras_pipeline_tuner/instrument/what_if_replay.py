@@ -46,6 +46,15 @@ _WARMUP_CALLS = 2
 _BLOCK_CALLS = 5
 
 
+class ReplayUnsupported(ValueError):
+    """The replay cannot run on this model or data: an expected limit, not a failure.
+
+    Raised for a step that cannot be timed here (a distribution strategy, eager
+    execution, Keras internals this version does not know) and for training data
+    that is not a `tf.data.Dataset`. The `PipelineTuner` reports it as a note.
+    """
+
+
 @dataclasses.dataclass
 class WhatIfResult:
     """The training step with free input, against the real pipeline, same run.
@@ -192,17 +201,18 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         A `WhatIfResult` whose real-pipeline figures are the training's.
 
     Raises:
-        ValueError: when fit was not given a tf.data dataset or the real
-            steps' times are unknown (says which).
+        ReplayUnsupported: when fit was not given a tf.data dataset, or the
+            step cannot be replayed here (says which).
+        ValueError: when the real steps' times are unknown.
     """
     from keras_pipeline_tuner.instrument import fit_input
 
     found = fit_input.find_fit_input(model)
     if found is None or found.kind != fit_input.TF_DATASET or found.source is None:
         kind = "no data it could find" if found is None else f"{found.kind} data"
-        raise ValueError(
-            f"the replay needs fit's training data as a tf.data.Dataset, and fit got {kind}; "
-            "call kpt.what_if(model, dataset) with a tf.data version of it"
+        raise ReplayUnsupported(
+            f"The replay needs fit's training data as a tf.data.Dataset, and fit got "
+            f"{kind}: call kpt.what_if(model, dataset) with a tf.data version of it."
         )
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
@@ -281,7 +291,7 @@ def _timed_steps_of(model) -> Callable:
     if reason is None and type(model.distribute_strategy).__name__ != "_DefaultDistributionStrategy":
         reason = "the model trains under a distribution strategy, which the replay does not support"
     if reason is not None:
-        raise ValueError(f"The training step cannot be timed here: {reason}.")
+        raise ReplayUnsupported(f"The training step cannot be timed here: {reason}.")
     if getattr(model, "train_function", None) is None:
         model.make_train_function()
     rows = []

@@ -297,9 +297,13 @@ class PipelineTuner(keras.callbacks.Callback):
             with self.guard(WHAT_IF):
                 # After training and with Keras' own functions back: the replay
                 # restores the model's state, so training is not changed.
-                self._what_if = what_if_replay.replay_after_fit(
-                    self.model, self.what_if_steps, self.clock.stats(TRAIN)
-                )
+                try:
+                    self._what_if = what_if_replay.replay_after_fit(
+                        self.model, self.what_if_steps, self.clock.stats(TRAIN)
+                    )
+                except what_if_replay.ReplayUnsupported as limit:
+                    # An expected limit (a strategy, array input): a note, no warning.
+                    self._notes.append(f"The what-if replay did not run. {limit}")
         self.finish()
 
     def finish(self) -> Report:

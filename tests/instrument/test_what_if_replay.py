@@ -1,5 +1,9 @@
 """What-if replay: the step with free input, measured without changing training."""
 
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
@@ -7,6 +11,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
@@ -166,3 +171,44 @@ def test_replay_restores_state_kept_outside_the_model_and_optimizer(kind):
     assert replayed[0] == plain[0] and replayed[1] == plain[1]
     for without, after_replay in zip(plain[2], replayed[2]):
         np.testing.assert_array_equal(without, after_replay)
+
+
+def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
+    script = textwrap.dedent(
+        """
+        import logging, os, sys
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        sys.path.insert(0, sys.argv[1])
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras_pipeline_tuner as kpt
+        from tests.helpers.training_data import slow_source, tiny_model
+        warnings = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        logging.getLogger("keras_pipeline_tuner").addHandler(handler)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = tiny_model()
+        tuner = kpt.PipelineTuner(verbose=0, profile="off", what_if=True)
+        model.fit(slow_source(12, 0.0).batch(2), epochs=1, callbacks=[tuner], verbose=0)
+        print("WARNINGS", len(warnings), warnings)
+        print("REPORT" + tuner.report.to_json(indent=None))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(REPO_ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNINGS 0 []" in done.stdout, done.stdout
+    line = next(l for l in done.stdout.splitlines() if l.startswith("REPORT"))
+    report = kpt.Report.from_json(line[len("REPORT"):])
+    assert report.what_if is None
+    assert any(
+        note.startswith("The what-if replay did not run.") and "distribution strategy" in note
+        for note in report.notes
+    ), report.notes
+    assert not any("turned off after a failure" in note for note in report.notes)
