@@ -63,6 +63,7 @@ class WhatIfResult:
         speedup_if_input_free: mean step time with the real pipeline over mean
             step time on replayed batches: the most any input-pipeline change
             can speed training up (means, because total time is their sum).
+            Below 1 when the replay ran slower (a note says why): no gain.
         pipeline_step: step time with the real pipeline (input wait included).
         replay_step: step time on replayed, cached batches.
         replay_input_wait: input wait on replayed batches (near zero).
@@ -176,6 +177,15 @@ def what_if(
     speedup = None
     if pipeline_step.mean_ms and replay.step.mean_ms:
         speedup = pipeline_step.mean_ms / replay.step.mean_ms
+        if speedup < 1.0:
+            notes.append(
+                f"The replayed step ({replay.step.mean_ms:.2f} ms) was slower than the "
+                f"step with the real pipeline ({pipeline_step.mean_ms:.2f} ms), so "
+                f"speedup_if_input_free is {speedup:.2f}, below 1: not a slow-down input "
+                "would cause, but input costing nothing measurable, plus timing noise or "
+                "the replay's own conditions (another load on the machine, the model "
+                "after training). No input-pipeline change can speed this training up."
+            )
     return WhatIfResult(
         speedup_if_input_free=speedup,
         pipeline_step=pipeline_step,

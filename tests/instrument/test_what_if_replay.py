@@ -212,3 +212,24 @@ def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
         for note in report.notes
     ), report.notes
     assert not any("turned off after a failure" in note for note in report.notes)
+
+
+def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
+    from keras_pipeline_tuner.advice import advisor
+    from keras_pipeline_tuner.advice.recommendation import describe_gain
+
+    # Real steps of a cheap model, then the replay of a model whose step sleeps
+    # 20 ms: the replay is slower for sure, as noise can make it on a busy machine.
+    quick = kpt.PipelineTuner(verbose=0, profile="off")
+    tiny_model().fit(slow_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
+    slow = tiny_model(compute_delay_s=0.02)
+    dataset = slow_source(24, 0.0).batch(2)
+    result = kpt.what_if(slow, dataset, steps=4, cached_batches=2, pipeline_stats=quick.report.train)
+    assert result.speedup_if_input_free < 1
+    assert any("below 1" in note and "No input-pipeline change" in note for note in result.notes)
+
+    ranked = advisor.advise(quick.report.train, None, [], what_if=result)
+    gain = ranked[0].expected_gain
+    assert gain.speedup == 1.0 and gain.step_ms_after == gain.step_ms
+    assert "no faster than" in gain.statement and "at most" not in gain.statement
+    assert describe_gain(gain) == "no gain (measured)"
