@@ -228,7 +228,12 @@ class ProfilerWindow:
         """Closes and converts whatever is left, and notes a window not reached."""
         self.close(FIT_ENDED)
         self._convert()
-        if isinstance(self.profile, tuple) and not self._taken and self._guard.enabled(FEATURE):
+        if (
+            isinstance(self.profile, tuple)
+            and not self._taken
+            and self._user is None
+            and self._guard.enabled(FEATURE)
+        ):
             self.notes.append(
                 f"No profiler window: profile={self.profile} starts after the last "
                 f"step of this fit ({self._steps_done} steps). Pick steps inside the fit."
