@@ -9,7 +9,7 @@ runs a long fit of a tiny model (about 0.1 ms a step on an idle machine), where
 per-step output costs show most, and prints how much the log dir's event files
 grew per fit (scalars of long runs are summarised, so they stay small).
 
-    python bench/overhead.py [--rounds 7] [--tiny-steps 100000]
+    python bench/overhead.py [--rounds 7] [--tiny-steps 100000] [--cases small large tiny]
 """
 
 import argparse
@@ -109,19 +109,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tiny-steps", type=int, default=100_000)
+    parser.add_argument(
+        "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
+    )
     args = parser.parse_args()
     print("fit with PipelineTuner / plain fit, alternated, GC off during fit")
     with tempfile.TemporaryDirectory() as log_dir:
         # Fits of a few seconds: the tuner's per-fit work (the lint before the first
         # step, the report, image and files after the last) is a fixed cost of
         # tens of milliseconds, which a sub-second fit would count as per-step cost.
-        measure("~1 ms model", 128, 64, 2000, args.rounds, os.path.join(log_dir, "small"))
-        measure("~10 ms model", 1024, 256, 300, args.rounds, os.path.join(log_dir, "large"))
-        # Where per-step costs show most: Keras' own loop is nearly all of the step.
-        measure(
-            "tiny model, long fit", 4, 1, args.tiny_steps, args.rounds,
-            os.path.join(log_dir, "tiny"), features=8,
-        )
+        if "small" in args.cases:
+            measure("~1 ms model", 128, 64, 2000, args.rounds, os.path.join(log_dir, "small"))
+        if "large" in args.cases:
+            measure("~10 ms model", 1024, 256, 300, args.rounds, os.path.join(log_dir, "large"))
+        if "tiny" in args.cases:
+            # Where per-step costs show most: Keras' own loop is nearly all of the step.
+            measure(
+                "tiny model, long fit", 4, 1, args.tiny_steps, args.rounds,
+                os.path.join(log_dir, "tiny"), features=8,
+            )
 
 
 if __name__ == "__main__":
