@@ -4,9 +4,12 @@ Runs plain fits and fits with the tuner alternately in one process on the same
 model and in-memory data (so only the tuner's cost differs), with Python's GC off
 during each fit, and prints the median ratio of wall times, for a model of about
 1 ms per step and one of about 10 ms per step; the tuner with its defaults, and
-with a log_dir (TensorBoard outputs and report files written as well).
+with a log_dir (TensorBoard outputs and report files written as well). A last row
+runs a long fit of a tiny model (about 0.1 ms a step on an idle machine), where
+per-step output costs show most, and prints how much the log dir's event files
+grew per fit (scalars of long runs are summarised, so they stay small).
 
-    python bench/overhead.py [--rounds 7]
+    python bench/overhead.py [--rounds 7] [--tiny-steps 100000] [--cases small large tiny]
 """
 
 import argparse
@@ -25,14 +28,14 @@ import tensorflow as tf  # noqa: E402
 import keras_pipeline_tuner as kpt  # noqa: E402
 
 
-def make_case(width: int, batch: int, steps: int):
+def make_case(width: int, batch: int, steps: int, features: int = 64):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(batch * steps, 64)).astype(np.float32)
+    x = rng.normal(size=(batch * steps, features)).astype(np.float32)
     y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
     model = keras.Sequential(
         [
-            keras.Input((64,)),
+            keras.Input((features,)),
             keras.layers.Dense(width, activation="relu"),
             keras.layers.Dense(width, activation="relu"),
             keras.layers.Dense(1),
@@ -53,8 +56,17 @@ def timed_fit(model, dataset, callbacks):
         gc.enable()
 
 
-def measure(name, width, batch, steps, rounds, log_dir):
-    model, dataset = make_case(width, batch, steps)
+def event_bytes(log_dir: str) -> int:
+    return sum(
+        os.path.getsize(os.path.join(directory, name))
+        for directory, _, names in os.walk(log_dir)
+        for name in names
+        if "tfevents" in name
+    )
+
+
+def measure(name, width, batch, steps, rounds, log_dir, features=64):
+    model, dataset = make_case(width, batch, steps, features)
     tuners = {
         # The always-on part: the step clock, the lint and the advice.
         "clock": kpt.PipelineTuner(verbose=0, profile="off"),
@@ -68,10 +80,14 @@ def measure(name, width, batch, steps, rounds, log_dir):
     for tuner in tuners.values():
         timed_fit(model, dataset, [tuner])
     plain, tuned = [], {key: [] for key in tuners}
+    grown = []
     for _ in range(rounds):
         plain.append(timed_fit(model, dataset, []))
         for key, tuner in tuners.items():
+            before = event_bytes(log_dir)
             tuned[key].append(timed_fit(model, dataset, [tuner]))
+            if key == "defaults+log_dir":
+                grown.append(event_bytes(log_dir) - before)
     step_ms = statistics.median(plain) / steps * 1e3
     print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds")
     for key, times in tuned.items():
@@ -83,19 +99,35 @@ def measure(name, width, batch, steps, rounds, log_dir):
             f"(min {min(ratios):.4f}, max {max(ratios):.4f}); "
             f"{report.verdict.value}, {window}"
         )
+    print(
+        f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of {steps} steps "
+        f"({statistics.median(grown) / steps:.1f} bytes a step)"
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tiny-steps", type=int, default=100_000)
+    parser.add_argument(
+        "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
+    )
     args = parser.parse_args()
     print("fit with PipelineTuner / plain fit, alternated, GC off during fit")
     with tempfile.TemporaryDirectory() as log_dir:
         # Fits of a few seconds: the tuner's per-fit work (the lint before the first
         # step, the report, image and files after the last) is a fixed cost of
         # tens of milliseconds, which a sub-second fit would count as per-step cost.
-        measure("~1 ms model", 128, 64, 2000, args.rounds, os.path.join(log_dir, "small"))
-        measure("~10 ms model", 1024, 256, 300, args.rounds, os.path.join(log_dir, "large"))
+        if "small" in args.cases:
+            measure("~1 ms model", 128, 64, 2000, args.rounds, os.path.join(log_dir, "small"))
+        if "large" in args.cases:
+            measure("~10 ms model", 1024, 256, 300, args.rounds, os.path.join(log_dir, "large"))
+        if "tiny" in args.cases:
+            # Where per-step costs show most: Keras' own loop is nearly all of the step.
+            measure(
+                "tiny model, long fit", 4, 1, args.tiny_steps, args.rounds,
+                os.path.join(log_dir, "tiny"), features=8,
+            )
 
 
 if __name__ == "__main__":

@@ -103,27 +103,28 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _load_report(path: str):
+    """The `Report` in a log dir or a report file, local or on a TensorFlow file system."""
+    from keras_pipeline_tuner._util import files
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
     from keras_pipeline_tuner.outputs.report import Report
 
-    if os.path.isdir(path):
-        file_path = os.path.join(path, REPORT_FILENAME)
-        if not os.path.isfile(file_path):
-            raise _NoReport(
-                f"no report in {path!r} (expected {REPORT_FILENAME}). "
-                "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
-            )
-    elif os.path.isfile(path):
-        file_path = path
-    else:
-        raise _NoReport(
-            f"{path!r} does not exist. Pass a log dir holding {REPORT_FILENAME}, or the file."
-        )
     try:
-        with open(file_path, encoding="utf-8") as file:
-            return Report.from_json(file.read())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise _NoReport(f"cannot read {file_path}: {error}") from error
+        if files.is_file(path):
+            file_path = path
+        elif files.exists(path):
+            file_path = os.path.join(path, REPORT_FILENAME)
+            if not files.is_file(file_path):
+                raise _NoReport(
+                    f"no report in {path!r} (expected {REPORT_FILENAME}). "
+                    "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
+                )
+        else:
+            raise _NoReport(
+                f"{path!r} does not exist. Pass a log dir holding {REPORT_FILENAME}, or the file."
+            )
+        return Report.from_json(files.read_text(file_path))
+    except (ImportError, OSError, UnicodeDecodeError, ValueError) as error:
+        raise _NoReport(f"cannot read {path}: {error}") from error
 
 
 def _failed(error: Exception) -> int:
@@ -139,6 +140,14 @@ def _report(log_dir: str) -> int:
     except _NoReport as error:
         return _failed(error)
     print_summary(report, details=True)
+    if not report.train.steps:
+        # A run that measured nothing must not pass for a good one in a script.
+        sys.stderr.write(
+            f"keras-pipeline-tuner: the report in {log_dir!r} holds no measured training "
+            "step, so it has no verdict: the fit ended (or failed) before its first "
+            "timed step. See the notes above.\n"
+        )
+        return 1
     return 0
 
 

@@ -363,8 +363,20 @@ def _replayed_gain(what_if) -> Optional[ExpectedGain]:
     step_ms, free_ms = what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms
     if step_ms is None or free_ms is None:
         return None
-    # Timing noise can make the replay a little slower than training.
-    speedup = max(1.0, what_if.speedup_if_input_free)
+    if what_if.speedup_if_input_free < 1.0:
+        # Slower with input free: the input costs nothing measurable, and the
+        # difference is noise or the replay's conditions. Not a gain: no gain.
+        return ExpectedGain(
+            1.0,
+            step_ms,
+            step_ms,
+            MEASURED,
+            f"Replayed from cached batches (input free), the training step took "
+            f"{free_ms:.2f} ms, no faster than the {step_ms:.2f} ms it took with the real "
+            "pipeline (the difference is timing noise or the replay's own conditions): "
+            "free input would not make training faster.",
+        )
+    speedup = what_if.speedup_if_input_free
     return ExpectedGain(
         speedup,
         step_ms,

@@ -154,6 +154,8 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
 
     >>> describe_gain(ExpectedGain(speedup=2.0, basis="estimated"))
     'up to 2.00x faster (estimated)'
+    >>> describe_gain(ExpectedGain(speedup=1.0, basis="measured"))
+    'no gain (measured)'
     """
     if gain is None:
         return "correctness, not speed"
@@ -161,6 +163,8 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
         if gain.step_ms is None:
             return "gain not measured"
         return f"many times faster ({gain.basis})"
+    if gain.speedup <= 1.0:
+        return f"no gain ({gain.basis})"
     if gain.likely_speedup is not None:
         return (
             f"about {gain.likely_speedup:.2f}x faster "

@@ -9,9 +9,11 @@ pipeline can go below, and the real step time over it is the ceiling of the
 speed-up any such change can bring.
 
 The replay trains the model on the replayed batches, so it is run on the
-trained model after training and undone: the model's weights, its optimizer's
-state (slots and iteration count), its metrics and its random seed state are
-copied before and put back after. Training itself is not touched.
+trained model after training and undone: every variable the replayed step
+reads or writes (the model's weights, its optimizer's slots and iteration
+count, its metrics, its seed state, and state kept elsewhere, such as a custom
+`train_step`'s `tf.random.Generator` or a layer's own `tf.Variable`) is copied
+before and put back after. Training itself is not touched.
 """
 
 import dataclasses
@@ -33,17 +35,26 @@ logger = logging.getLogger("keras_pipeline_tuner")
 DEFAULT_STEPS = 20
 DEFAULT_CACHED_BATCHES = 8
 AFTER_TRAINING = (
-    "after training, on the trained model, with its weights, optimizer, metric and "
-    "random seed state restored afterwards"
+    "after training, on the trained model, with every variable the step touched "
+    "(weights, optimizer, metric, random seed and other state) restored afterwards"
 )
 ON_REQUEST = (
-    "on the model as it was given, with its weights, optimizer, metric and random seed "
-    "state restored afterwards"
+    "on the model as it was given, with every variable the step touched (weights, "
+    "optimizer, metric, random seed and other state) restored afterwards"
 )
 # Calls set apart before timing: the first may trace, and buffers fill.
 _WARMUP_CALLS = 2
 # Replay and pipeline steps alternate in blocks of this many calls.
 _BLOCK_CALLS = 5
+
+
+class ReplayUnsupported(ValueError):
+    """The replay cannot run on this model or data: an expected limit, not a failure.
+
+    Raised for a step that cannot be timed here (a distribution strategy, eager
+    execution, Keras internals this version does not know) and for training data
+    that is not a `tf.data.Dataset`. The `PipelineTuner` reports it as a note.
+    """
 
 
 @dataclasses.dataclass
@@ -54,6 +65,7 @@ class WhatIfResult:
         speedup_if_input_free: mean step time with the real pipeline over mean
             step time on replayed batches: the most any input-pipeline change
             can speed training up (means, because total time is their sum).
+            Below 1 when the replay ran slower (a note says why): no gain.
         pipeline_step: step time with the real pipeline (input wait included).
         replay_step: step time on replayed, cached batches.
         replay_input_wait: input wait on replayed batches (near zero).
@@ -99,8 +111,9 @@ def what_if(
     them for `steps` steps of the model's compiled training step, timed inside
     the step. Unless `pipeline_stats` gives the real steps' times, as many
     steps run on `dataset` itself, alternating with the replay in blocks, so
-    both are timed under the same conditions. The model's weights, optimizer,
-    metric and seed state are restored afterwards: the model ends as it began.
+    both are timed under the same conditions. Every variable the step touches
+    (weights, optimizer, metrics, seeds, and state kept outside the model) is
+    restored afterwards: the model ends as it began.
 
     Args:
         model: a compiled `keras.Model` (TensorFlow backend).
@@ -131,7 +144,7 @@ def what_if(
     positive_int(cached_batches, "cached_batches")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ValueError("The model is not compiled: call model.compile(...) first.")
-    run_steps = _timed_steps_of(model)
+    run_steps, variables_touched = _timed_steps_of(model)
     cached = dataset.take(cached_batches).cache()
     # One full pass completes the cache; the repeats then read only memory.
     found = sum(1 for _ in cached)
@@ -139,7 +152,13 @@ def what_if(
     if found == 0:
         raise ValueError("The dataset is empty: there is nothing to replay.")
 
-    saved = _State(model)
+    # Everything the replayed step can change, found before it runs: the
+    # step may keep state outside the model (a custom `train_step`'s random
+    # generator, a layer's own variable), and all of it must end as it began.
+    touched = variables_touched(iter(replayed))
+    if pipeline_stats is None:
+        touched += variables_touched(iter(dataset))
+    saved = _State(model, touched)
     try:
         replay_rows, pipeline_rows = _run(run_steps, replayed, dataset, steps, pipeline_stats is None)
     finally:
@@ -160,6 +179,15 @@ def what_if(
     speedup = None
     if pipeline_step.mean_ms and replay.step.mean_ms:
         speedup = pipeline_step.mean_ms / replay.step.mean_ms
+        if speedup < 1.0:
+            notes.append(
+                f"The replayed step ({replay.step.mean_ms:.2f} ms) was slower than the "
+                f"step with the real pipeline ({pipeline_step.mean_ms:.2f} ms), so "
+                f"speedup_if_input_free is {speedup:.2f}, below 1: not a slow-down input "
+                "would cause, but input costing nothing measurable, plus timing noise or "
+                "the replay's own conditions (another load on the machine, the model "
+                "after training). No input-pipeline change can speed this training up."
+            )
     return WhatIfResult(
         speedup_if_input_free=speedup,
         pipeline_step=pipeline_step,
@@ -185,15 +213,16 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         A `WhatIfResult` whose real-pipeline figures are the training's.
 
     Raises:
-        ValueError: when fit was not given a tf.data dataset or the real
-            steps' times are unknown (says which).
+        ReplayUnsupported: when fit was not given a tf.data dataset, or the
+            step cannot be replayed here (says which).
+        ValueError: when the real steps' times are unknown.
     """
     found = fit_input.find_fit_input(model)
     if found is None or found.kind != fit_input.TF_DATASET or found.source is None:
         kind = "no data it could find" if found is None else f"{found.kind} data"
-        raise ValueError(
-            f"the replay needs fit's training data as a tf.data.Dataset, and fit got {kind}; "
-            "call kpt.what_if(model, dataset) with a tf.data version of it"
+        raise ReplayUnsupported(
+            f"The replay needs fit's training data as a tf.data.Dataset, and fit got "
+            f"{kind}: call kpt.what_if(model, dataset) with a tf.data version of it."
         )
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
@@ -296,7 +325,7 @@ def _pipeline_call(run_steps, iterator, dataset, found):
     try:
         found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
         return iterator
-    except tf.errors.OutOfRangeError:
+    except (tf.errors.OutOfRangeError, StopIteration):
         # The epoch ended: start the next one, as fit would (its set-up untimed).
         iterator = iter(dataset)
         found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
@@ -318,7 +347,7 @@ def _timed_steps_of(model) -> Callable:
     if reason is None and type(model.distribute_strategy).__name__ != "_DefaultDistributionStrategy":
         reason = "the model trains under a distribution strategy, which the replay does not support"
     if reason is not None:
-        raise ValueError(f"The training step cannot be timed here: {reason}.")
+        raise ReplayUnsupported(f"The training step cannot be timed here: {reason}.")
     if getattr(model, "train_function", None) is None:
         model.make_train_function()
     rows = []
@@ -335,16 +364,17 @@ def _timed_steps_of(model) -> Callable:
         timed(iterator)
         return rows.pop()
 
-    return run_steps
+    return run_steps, timed.variables_touched
 
 
 class _State:
     """A copy of everything a training step changes in a model, to put back."""
 
-    def __init__(self, model):
+    def __init__(self, model, touched: list):
         variables = list(model.variables)
         variables += list(getattr(model.optimizer, "variables", []))
         variables += list(getattr(model, "metrics_variables", []))
+        variables += list(touched)
         unique = {id(variable): variable for variable in variables}
         self._saved = [(variable, np.array(variable.numpy())) for variable in unique.values()]
 

@@ -111,7 +111,8 @@ class Report:
             The `Report`.
 
         Raises:
-            ValueError: if the text is not a report (names the field at fault).
+            ValueError: if the text is not a report (names the field at fault),
+                or has a `schema_version` other than this version's.
         """
         try:
             # `to_json` never writes NaN or Infinity.
@@ -122,7 +123,14 @@ class Report:
             raise ValueError("Not a report: the JSON is nested too deeply.") from error
         if not isinstance(data, dict):
             raise ValueError("Not a report: the JSON is not an object.")
-        data.pop("schema_version", None)
+        version = data.pop("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"Not a report this version can read: report.schema_version is "
+                f"{version!r}, and this keras-pipeline-tuner reads version "
+                f"{SCHEMA_VERSION}. Read it with the keras-pipeline-tuner that wrote it, "
+                "or upgrade (pip install -U keras-pipeline-tuner)."
+            )
         return from_dict(cls, data, "report")
 
 

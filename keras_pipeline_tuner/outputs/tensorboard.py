@@ -17,8 +17,13 @@ holds the profiler window's captures for the Profile tab), so it sits beside
 
 Nothing is written inside a step. Per-step scalars are taken from the step
 clock's retained rows and written in bulk, by a compiled function that costs
-about 20 us per step, at the end of each epoch and every `flush_every` steps
+about 20 us per point, at the end of each epoch and every `flush_every` steps
 within long epochs (so rows are written before the clock's ring drops them).
+Like Keras' `update_freq`, long runs are summarised so that neither the cost
+nor the event file grows with every step: each of the first `full_steps`
+(1000) steps of a fit is a point of its own; after that a point is the mean of
+a block of steps (fraction: total wait over total step time), 10 steps a block
+up to 10x `full_steps`, 100 up to 100x, and so on, about 900 points a decade.
 The timeline image takes about 0.1 s to draw, so within fit it is drawn only
 while drawing has cost under 2 % of the elapsed training time; the final one is
 always drawn.
@@ -33,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
@@ -58,6 +64,8 @@ SCALARS = features.TENSORBOARD_SCALARS
 TEXT = features.TENSORBOARD_TEXT
 TIMELINE = features.TENSORBOARD_TIMELINE
 DASHBOARD = features.TENSORBOARD_DASHBOARD
+# Steps of a fit written one point each; then blocks of 10, 100... steps a point.
+FULL_RESOLUTION_STEPS = 1000
 
 # Below this many rows, writing eagerly (about 0.45 ms a step) beats tracing the
 # compiled writer (0.2-0.3 s once; then about 20 us a step).
@@ -72,6 +80,9 @@ class TensorBoardSink:
         log_dir: the tuner's `log_dir`; the run `pipeline_tuner` is made in it.
         guard: the tuner's `FeatureGuard`: a failure turns off that output only.
         flush_every: steps between scalar writes within an epoch.
+        full_steps: steps of each fit written one point each; later steps are
+            written as means over blocks of 10, 100, ... steps (see the module
+            docstring).
 
     Example:
 
@@ -82,10 +93,19 @@ class TensorBoardSink:
     ```
     """
 
-    def __init__(self, log_dir: str, guard: FeatureGuard, flush_every: int = 1000):
+    def __init__(
+        self,
+        log_dir: str,
+        guard: FeatureGuard,
+        flush_every: int = 1000,
+        full_steps: int = FULL_RESOLUTION_STEPS,
+    ):
         self.run_dir = os.path.join(log_dir, RUN)
         self.guard = guard
         self.flush_every = flush_every
+        self.full_steps = full_steps
+        # The steps of the block being summed, not written yet (see _blocks).
+        self._open_block: Optional[_Block] = None
         self._writer = None
         self._compiled = {}
         self._clock: Optional[StepClock] = None
@@ -124,7 +144,7 @@ class TensorBoardSink:
             clock: the tuner's `StepClock`.
             report: the report after this epoch.
         """
-        self.write_scalars(clock)
+        self.write_scalars(clock, final=True)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
         if self._image_s <= _IMAGE_BUDGET * _training_seconds(clock):
@@ -138,7 +158,7 @@ class TensorBoardSink:
             clock: the tuner's `StepClock`.
             report: the final report.
         """
-        self.write_scalars(clock)
+        self.write_scalars(clock, final=True)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
         self.write_timeline(clock, report)
@@ -146,14 +166,19 @@ class TensorBoardSink:
 
     # The outputs.
 
-    def write_scalars(self, clock: StepClock) -> int:
+    def write_scalars(self, clock: StepClock, final: bool = False) -> int:
         """Writes the per-step scalars of training steps not written yet.
+
+        Each of a fit's first `full_steps` steps is one point; later steps are
+        summed into blocks (10, 100, ... steps), and a block is written as one
+        point at its last step once complete, or at `final`.
 
         Args:
             clock: the tuner's `StepClock`.
+            final: write the block in progress too (at an epoch's or fit's end).
 
         Returns:
-            How many steps were written.
+            How many points were written.
         """
         self._pending = 0
         self.write_step_rows(clock)
@@ -162,28 +187,34 @@ class TensorBoardSink:
         with self.guard(SCALARS):
             if clock is not self._clock:
                 # A new fit (or custom loop run) starts counting from its own step 1.
-                self._clock, self._written = clock, 0
+                self._clock, self._written, self._open_block = clock, 0, None
             new = clock.rows_since(TRAIN, self._written)
-            numbers, wait, compute = new["number"], new["wait"], new["compute"]
-            if not numbers.size:
+            numbers = new["number"]
+            if not numbers.size and not (final and self._open_block is not None):
                 return 0
-            step = step_seconds(wait, compute)
+            if numbers.size:
+                self._written = int(numbers[-1])
+            points, wait, step = self._blocks(
+                numbers, new["wait"], step_seconds(new["wait"], new["compute"]), final
+            )
+            if not points.size:
+                return 0
             measured = ~np.isnan(wait)
             if (~measured).any():
-                # Steps whose wait was not observed (whole steps, a custom loop's
+                # Points whose wait was not observed (whole steps, a custom loop's
                 # first step of an epoch) have a step time and nothing else: no
                 # NaN reaches TensorBoard.
                 whole = ~measured
                 self._write_scalar_rows(
-                    (WHOLE_STEP_TAG,), numbers[whole], (step[whole] * 1e3)[None, :].astype(np.float32)
+                    (WHOLE_STEP_TAG,), points[whole], (step[whole] * 1e3)[None, :].astype(np.float32)
                 )
             if measured.any():
-                wait, compute, step = wait[measured], compute[measured], step[measured]
+                wait, step = wait[measured], step[measured]
+                compute = step - wait
                 fraction = np.divide(wait, step, out=np.zeros_like(step), where=step > 0)
                 values = np.stack([wait * 1e3, compute * 1e3, step * 1e3, fraction])
-                self._write_scalar_rows(SCALAR_TAGS, numbers[measured], values.astype(np.float32))
-            self._written = int(numbers[-1])
-            return int(numbers.size)
+                self._write_scalar_rows(SCALAR_TAGS, points[measured], values.astype(np.float32))
+            return int(points.size)
         return 0
 
     def write_step_rows(self, clock: StepClock) -> int:
@@ -249,6 +280,56 @@ class TensorBoardSink:
                         dashboard.PROFILE_STAGES_TAG, dashboard.json_text(stages), step
                     )
             self._last_dashboard = (text, step)
+    def _blocks(self, numbers, wait, step, final):
+        """Sums steps into the points to write: (step numbers, mean wait, mean step time).
+
+        Steps up to `full_steps` are blocks of one; then a step n belongs to
+        the block of size 10**ceil(log10(n / full_steps)) ending at the next
+        multiple of that size. The steps of a block not complete yet are kept
+        as sums (the clock's ring may drop its rows before the block ends). A
+        point's wait is the mean over its steps whose wait was observed (NaN
+        when none was).
+        """
+        count = np.ones_like(step)
+        measured = (~np.isnan(wait)).astype(np.float64)
+        wait = np.nan_to_num(wait, nan=0.0)
+        if numbers.size:
+            ratio = np.maximum(numbers / self.full_steps, 1.0)
+            size = np.where(
+                numbers <= self.full_steps, 1, 10 ** np.ceil(np.log10(ratio))
+            ).astype(np.int64)
+            ends = (numbers + size - 1) // size * size
+            starts = np.flatnonzero(np.r_[True, ends[1:] != ends[:-1]])
+            ends, last = ends[starts], numbers[np.r_[starts[1:] - 1, numbers.size - 1]]
+            count, measured, wait, step = (
+                np.add.reduceat(column, starts) for column in (count, measured, wait, step)
+            )
+        else:
+            ends = last = np.zeros(0, np.int64)
+        block = self._open_block
+        if block is not None:
+            if ends.size and ends[0] == block.end:
+                count[0] += block.count
+                measured[0] += block.measured
+                wait[0] += block.wait
+                step[0] += block.step
+            else:
+                ends, last = np.r_[block.end, ends], np.r_[block.last, last]
+                count, measured = np.r_[block.count, count], np.r_[block.measured, measured]
+                wait, step = np.r_[block.wait, wait], np.r_[block.step, step]
+        self._open_block = None
+        if ends.size and not final and last[-1] != ends[-1]:
+            self._open_block = _Block(
+                ends[-1], last[-1], count[-1], measured[-1], wait[-1], step[-1]
+            )
+            ends, last, count, measured, wait, step = (
+                column[:-1] for column in (ends, last, count, measured, wait, step)
+            )
+        mean_wait = np.divide(
+            wait, measured, out=np.full_like(wait, np.nan), where=measured > 0
+        )
+        return last.astype(np.int64), mean_wait, step / count
+
 
     def write_report(self, report: Report, step: int) -> None:
         """Writes the report as markdown to the Text tab, if it changed.
@@ -350,7 +431,7 @@ class TensorBoardSink:
             profile is None
             or not profile.source  # not converted: the capture may be unreadable
             or not profile.xplane_path
-            or not os.path.exists(profile.xplane_path)
+            or not files.exists(profile.xplane_path)
         ):
             return (), ""
         rows = self._profile_rows.get(profile.xplane_path)
@@ -373,6 +454,18 @@ class TensorBoardSink:
         if profile.bottleneck:
             title += f": bottleneck {profile.bottleneck}"
         return rows, title
+
+
+class _Block:
+    """The sums of the steps of one scalar block that is not complete yet."""
+
+    def __init__(self, end: int, last: int, count: float, measured: float, wait: float, step: float):
+        self.end = end
+        self.last = last
+        self.count = count
+        self.measured = measured
+        self.wait = wait
+        self.step = step
 
 
 class _Summaries:

@@ -9,7 +9,7 @@ import array
 import dataclasses
 import logging
 import time
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 
@@ -25,6 +25,9 @@ logger = logging.getLogger("keras_pipeline_tuner")
 
 _BATCH_KINDS = ("batch", "padded_batch", "map_and_batch", "rebatch")
 _PROGRESS_INTERVAL_S = 0.1
+# Batches timed (after the warm-up) when the dataset's length is unknown and no
+# `num_batches` is given: such a dataset may never end.
+UNKNOWN_LENGTH_BATCHES = 500
 
 
 @dataclasses.dataclass
@@ -46,8 +49,9 @@ class BenchmarkResult:
         first_batch_ms: from creating the iterator to the first batch.
         warmup_batches: batches left out at the start, the first included.
         warmup_s: wall time of those, iterator creation included.
-        complete: whether the epoch ended (as opposed to `num_batches`
-            stopping it).
+        complete: whether the epoch ended (as opposed to `num_batches`, or
+            the default for a dataset of unknown length, stopping it).
+        notes: caveats, e.g. where a dataset of unknown length was stopped.
 
     Example:
 
@@ -67,6 +71,7 @@ class BenchmarkResult:
     warmup_batches: int = 0
     warmup_s: float = 0.0
     complete: bool = True
+    notes: List[str] = dataclasses.field(default_factory=list)
 
 
 def benchmark(
@@ -84,8 +89,11 @@ def benchmark(
 
     Args:
         dataset: the `tf.data.Dataset`, as given to `model.fit`.
-        num_batches: batches to time after the warm-up; `None` for the rest of
-            one epoch. Required for infinite datasets.
+        num_batches: batches to time after the warm-up; `None` for one epoch.
+            Required for infinite datasets. A dataset whose length TensorFlow
+            cannot know (`from_generator`, `filter`, files) may never end: without
+            `num_batches` it is stopped after `UNKNOWN_LENGTH_BATCHES` (500)
+            batches, and the result's notes say so.
         warmup: batches at the start left out of the rates (the first one
             includes the iterator's creation); its time is reported apart.
         batch_size: examples per batch, to count examples; `None` reads each
@@ -123,6 +131,9 @@ def benchmark(
         )
     batched = batch_size is None and _batches(dataset)
     total = None
+    capped = num_batches is None and cardinality == tf.data.UNKNOWN_CARDINALITY
+    if capped:
+        num_batches = UNKNOWN_LENGTH_BATCHES
     if num_batches is not None:
         total = num_batches + warmup
     elif cardinality >= 0:
@@ -159,7 +170,19 @@ def benchmark(
             f"than warmup={warmup}: nothing left to time. Pass a smaller warmup or a "
             "longer dataset."
         )
-    return _summarise(began, np.frombuffer(ends), np.frombuffer(examples, np.int64), warmup, complete)
+    result = _summarise(
+        began, np.frombuffer(ends), np.frombuffer(examples, np.int64), warmup, complete
+    )
+    if capped and not complete:
+        note = (
+            f"The dataset's length is unknown (it may never end), so timing stopped after "
+            f"{num_batches} batches (and {warmup} warm-up); pass num_batches to time more "
+            "or fewer."
+        )
+        result.notes.append(note)
+        if verbose:
+            logger.info("keras-pipeline-tuner: %s", note)
+    return result
 
 
 def _summarise(began, ends, examples, warmup, complete) -> BenchmarkResult:

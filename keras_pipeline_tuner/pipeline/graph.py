@@ -497,8 +497,9 @@ def in_memory_bytes(dataset) -> int:
     """Estimates the bytes of tensors a dataset holds in memory.
 
     Counts the tensors of `from_tensor_slices` / `from_tensors` sources and
-    those captured by the functions of its transformations, through all its
-    inputs. String tensors are counted at 64 bytes an element.
+    those the functions of its transformations capture or hold as constants
+    (such as an array sliced inside a `flat_map`), through all its inputs.
+    String tensors are counted at 64 bytes an element.
 
     Args:
         dataset: a `tf.data.Dataset`.
@@ -514,7 +515,11 @@ def in_memory_bytes(dataset) -> int:
             continue
         seen.add(id(current))
         for value in vars(current).values():
-            captured = getattr(getattr(value, "function", None), "captured_inputs", None)
+            function = getattr(value, "function", None)
+            # Arrays a function uses are constants of its graph (e.g. the
+            # `from_tensor_slices(array)` inside a `flat_map`), not captures.
+            total += _constant_bytes(getattr(function, "graph", None), tf)
+            captured = getattr(function, "captured_inputs", None)
             tensors = captured if captured is not None else value
             if not isinstance(tensors, (tf.Tensor, list, tuple, dict, tf.SparseTensor)):
                 continue
@@ -527,6 +532,22 @@ def in_memory_bytes(dataset) -> int:
             frontier.extend(current._inputs())  # pylint: disable=protected-access
         except (AttributeError, NotImplementedError):
             pass
+    return total
+
+
+def _constant_bytes(graph, tf) -> int:
+    # Read from the ops' output shapes: no constant is copied or serialised.
+    if not isinstance(graph, tf.Graph):
+        return 0
+    total = 0
+    for operation in graph.get_operations():
+        if operation.type != "Const":
+            continue
+        output = operation.outputs[0]
+        if output.dtype in (tf.resource, tf.variant) or not output.shape.is_fully_defined():
+            continue
+        size = 64 if output.dtype == tf.string else output.dtype.size
+        total += output.shape.num_elements() * size
     return total
 
 

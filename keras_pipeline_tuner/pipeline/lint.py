@@ -520,6 +520,8 @@ def _vectorize_map(pipeline: Pipeline) -> Iterable[Finding]:
             continue
         if candidate is not batch and len(list(_readers_of(pipeline, candidate))) > 1:
             continue
+        if not _runs_on_batches(candidate, by_node):
+            continue
         name = _code_name(candidate)
         size = batch.params.get("batch_size")
         size = size if isinstance(size, int) else "batch_size"
@@ -534,6 +536,38 @@ def _vectorize_map(pipeline: Pipeline) -> Iterable[Finding]:
             "unchanged).",
             f"ds = ds.batch({size}).map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
         )
+
+
+# Ops that apply element by element to tensors of any shape: a function made of
+# them gives the same values on a batch as on each of its elements.
+_ELEMENTWISE_OPS = frozenset(
+    """Abs Add AddV2 BiasAdd Cast Ceil ClipByValue Cos Div DivNoNan Equal Erf Exp Floor
+    FloorDiv FloorMod Greater GreaterEqual Identity IdentityN IsFinite IsNan Less LessEqual
+    Log Log1p LogicalAnd LogicalNot LogicalOr Maximum Minimum Mod Mul Neg NoOp NotEqual Pow
+    RealDiv Reciprocal Relu Relu6 Round Rsqrt Select SelectV2 Sigmoid Sign Sin Softplus Sqrt
+    Square SquaredDifference StopGradient Sub Tanh TruncateDiv TruncateMod""".split()
+)
+# Ops that only pass values around or hold constants.
+_NEUTRAL_OPS = frozenset(["Const", "Placeholder", "_Arg", "_Retval", "NoOp"])
+
+
+def _runs_on_batches(map_stage, by_node) -> bool:
+    """Whether `ds.batch(n).map(fn)` runs and equals `ds.map(fn).batch(n)`.
+
+    Batching before the map needs elements of one static shape (a map making
+    elements of varying shape, as before `ragged_batch`, cannot be batched
+    first), and `fn` must work element-wise (`tf.range`, `tf.fill`, reshapes
+    and reductions see a batch as one bigger element). Constants in `fn`
+    broadcast against the batch dimension only when they are scalars, which
+    the op names cannot tell: a constant that is not a scalar is rare in a
+    function this cheap, and the advice names the function to check.
+    """
+    source = by_node.get(map_stage.inputs[0]) if map_stage.inputs else None
+    if source is None or source.element_bytes is None:
+        return False
+    return all(
+        op in _ELEMENTWISE_OPS or op in _NEUTRAL_OPS for op in map_stage.function.ops
+    )
 
 
 def _shuffle_after_batch(pipeline: Pipeline) -> Iterable[Finding]:

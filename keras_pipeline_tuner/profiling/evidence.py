@@ -24,6 +24,7 @@ import time
 import typing
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import verdict_for
@@ -233,7 +234,7 @@ def analyze_capture(
     ```
     """
     evidence = ProfileEvidence(xplane_path=xplane_path)
-    evidence.cost.file_bytes = os.path.getsize(xplane_path)
+    evidence.cost.file_bytes = files.size(xplane_path)
     if evidence.cost.file_bytes > MAX_CONVERTED_BYTES:
         evidence.notes.append(
             f"The capture is {evidence.cost.file_bytes / 2**20:.0f} MB, above the "
@@ -448,9 +449,10 @@ def _tool_json(xplane_path: str, tool: str):
 
     # The legacy "trace_viewer" returns the whole trace as JSON and, unlike
     # "trace_viewer@", writes no cache files into the user's run folder.
-    with _native_stderr_silenced():
+    # xprof reads local files only: a capture in a remote log dir is read from a copy.
+    with files.local_copy(xplane_path) as local_path, _native_stderr_silenced():
         data, _ = raw_to_tool_data.xspace_to_tool_data(
-            [xplane_path], tool, {"use_saved_result": False}
+            [local_path], tool, {"use_saved_result": False}
         )
     if data is None:
         raise RuntimeError(f"xprof could not convert {xplane_path} with {tool!r}")

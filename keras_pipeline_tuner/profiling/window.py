@@ -21,8 +21,11 @@ import time
 from typing import List, Optional, Tuple, Union
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util import files
+from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
+from keras_pipeline_tuner.profiling import user_profile
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -121,8 +124,11 @@ class ProfilerWindow:
         self._pending: Optional[_Capture] = None
         self._taken = False
         self._steps_done = 0
+        self._calls = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._user: Optional[user_profile.ProfileRequest] = None
+        self._user_known: List[str] = []
 
     @property
     def capturing(self) -> bool:
@@ -137,6 +143,7 @@ class ProfilerWindow:
         """
         return (
             self.profile == "auto"
+            and self._user is None
             and self._capture is None
             and not self._taken
             and self._steps_done >= self._next_check
@@ -144,16 +151,33 @@ class ProfilerWindow:
 
     # Hooks.
 
-    def begin_fit(self) -> None:
-        """Starts a new fit: one window at most per fit."""
+    def begin_fit(self, callbacks: Optional[list] = None) -> None:
+        """Starts a new fit: one window at most per fit.
+
+        Args:
+            callbacks: the fit's callbacks, to find a profile the user asked
+                for (`keras.callbacks.TensorBoard(profile_batch=...)`), which
+                wins over the tuner's own window; `None` looks for them in the
+                fit that is calling.
+        """
         self._abandon()
         self.evidence = None
         self.notes = []
         self._pending = None
         self._taken = self.profile == "off"
         self._steps_done = 0
+        self._calls = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._user = None
+        if self._taken or not self._usable():
+            return
+        with self._guard(FEATURE):
+            if callbacks is None:
+                callbacks = current_fit_callbacks()
+            self._user = self._deferred_to(user_profile.requested_profile(callbacks))
+            if self._user is not None:
+                self._user_known = user_profile.run_folders(self._user.profile_dir)
 
     def before_step(self, batch: int, timed, clock, steps_left: Optional[int] = None) -> None:
         """Opens the window if it is due, and marks the step when it is open.
@@ -169,10 +193,14 @@ class ProfilerWindow:
                 it needs to name a bottleneck; it opens in the next epoch.
         """
         self._call_begin = batch
+        self._calls += 1
         if not self._usable():
             return
         with self._guard(FEATURE), self._cleanup_on_failure():
-            if self._capture is None and not self._taken:
+            if self._user is not None:
+                if self._capture is None and not self._taken and self._user.covers(self._calls):
+                    self._follow_user(timed)
+            elif self._capture is None and not self._taken:
                 trigger = self._due(clock, steps_left)
                 if trigger is not None:
                     self._open(trigger, timed)
@@ -192,7 +220,10 @@ class ProfilerWindow:
         with self._guard(FEATURE), self._cleanup_on_failure():
             if self._capture is not None:
                 self._capture.exit_marker()
-                if self._steps_done >= self._capture.stop_step:
+                if self._capture.adopted:
+                    if self._calls >= self._user.stop_batch:
+                        self._release_user(None)
+                elif self._steps_done >= self._capture.stop_step:
                     self._close(None)
 
     def close(self, reason: str) -> None:
@@ -204,7 +235,11 @@ class ProfilerWindow:
         if not self._usable():
             return
         with self._guard(FEATURE), self._cleanup_on_failure():
-            if self._capture is not None:
+            if self._capture is not None and self._capture.adopted:
+                # The user's window goes on over epoch ends, as their callback does.
+                if reason == FIT_ENDED:
+                    self._release_user(reason)
+            elif self._capture is not None:
                 self._close(reason)
 
     def end_epoch(self) -> None:
@@ -216,7 +251,12 @@ class ProfilerWindow:
         """Closes and converts whatever is left, and notes a window not reached."""
         self.close(FIT_ENDED)
         self._convert()
-        if isinstance(self.profile, tuple) and not self._taken and self._guard.enabled(FEATURE):
+        if (
+            isinstance(self.profile, tuple)
+            and not self._taken
+            and self._user is None
+            and self._guard.enabled(FEATURE)
+        ):
             self.notes.append(
                 f"No profiler window: profile={self.profile} starts after the last "
                 f"step of this fit ({self._steps_done} steps). Pick steps inside the fit."
@@ -229,6 +269,79 @@ class ProfilerWindow:
             return True
         self._abandon()
         return False
+
+    def _deferred_to(
+        self, request: Optional[user_profile.ProfileRequest]
+    ) -> Optional[user_profile.ProfileRequest]:
+        # The user's window wins over an automatic one, and over a requested
+        # one it overlaps (two profiler sessions cannot run at once). Windows
+        # apart both run: the request is then not followed.
+        if request is None:
+            return None
+        if isinstance(self.profile, tuple):
+            start, stop = self.profile
+            # Our steps [start, stop) from 0; theirs calls [first, last] from 1.
+            if stop <= request.start_batch - 1 or start >= request.stop_batch:
+                return None
+            self.notes.append(
+                f"The tuner's profiler window (profile={self.profile}) was not opened: "
+                f"{request.description} profiles the same steps, and one profiler "
+                "session runs at a time. The tuner analysed that capture instead."
+            )
+        return request
+
+    def _follow_user(self, timed) -> None:
+        # The user's callback starts (or has started) the profiler at this call;
+        # the tuner only marks the steps, so that xprof's analyzer finds them.
+        self._taken = True
+        user = self._user
+        self._capture = _Capture(
+            staging=None,
+            trigger=f"requested by the user: {user.description}",
+            first_step=self._steps_done,
+            stop_step=self._steps_done + user.stop_batch - self._calls + 1,
+            timed=timed,
+            started_at=time.perf_counter(),
+            start_s=0.0,
+        )
+        self._capture.adopted = True
+        if timed is not None:
+            timed.trace_step = self._mark
+        logger.info(
+            "keras-pipeline-tuner: using the profile of %s from step %d.",
+            user.description,
+            self._steps_done,
+        )
+
+    def _release_user(self, reason: Optional[str]) -> None:
+        capture, self._capture = self._capture, None
+        capture.release()
+        capture.steps = self._steps_done - capture.first_step
+        capture.window_s = time.perf_counter() - capture.started_at
+        if reason is not None:
+            capture.notes.append(
+                f"The user's profile window was still open when {reason}; its capture "
+                "is read if the TensorBoard callback has written it by then."
+            )
+        self._pending = capture
+
+    def _find_user_capture(self, capture) -> bool:
+        path = user_profile.new_capture(self._user.profile_dir, self._user_known)
+        if path is None:
+            self.notes.append(
+                f"No profile analysis: the capture {self._user.description} was to write "
+                f"into {self._user.profile_dir} is not there (it is written when that "
+                "callback stops its window)."
+            )
+            return False
+        capture.run_dir, capture.xplane_path = os.path.dirname(path), path
+        capture.notes.append(
+            f"This is the capture the user asked for with {self._user.description}; "
+            "the tuner opened no window of its own (one profiler session runs at a "
+            "time) and marked the steps for xprof's analyzer. The window's start and "
+            "stop costs are the callback's, not measured here."
+        )
+        return True
 
     def _due(self, clock, steps_left: Optional[int] = None) -> Optional[str]:
         step = self._steps_done
@@ -332,6 +445,8 @@ class ProfilerWindow:
         capture, self._pending = self._pending, None
         if capture is None or not self._guard.enabled(FEATURE):
             return
+        if capture.adopted and not self._find_user_capture(capture):
+            return
         evidence = ProfileEvidence(
             run_dir=capture.run_dir,
             xplane_path=capture.xplane_path,
@@ -382,6 +497,8 @@ class ProfilerWindow:
         if capture is None:
             return
         capture.release()
+        if capture.adopted:
+            return  # the user's session: theirs to stop
         try:
             tensorflow().profiler.experimental.stop(save=False)
         except Exception:  # noqa: BLE001 - nothing more can be done.
@@ -417,6 +534,8 @@ class _Capture:
         self.run_dir = ""
         self.xplane_path = ""
         self.temporary = False
+        # True for the user's own capture, which the tuner only marks and reads.
+        self.adopted = False
 
     def enter_marker(self, step: int) -> None:
         self.exit_marker()
@@ -442,8 +561,10 @@ def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
     """Moves a capture from its staging directory to a run folder of its own.
 
     The TF Profiler names run folders to the second, so two captures in one
-    second would land in one folder; capturing into a private directory and
-    claiming the final folder with an atomic `mkdir` keeps every capture.
+    second would land in one folder; capturing into a private, local directory
+    and claiming a final folder no other capture has keeps every capture. The
+    final folder may be on any file system `tf.io.gfile` reaches (a `gs://`
+    log dir): the files are copied there.
 
     Returns:
         The run folder, the `.xplane.pb` path in it, and whether it is in a
@@ -460,30 +581,45 @@ def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
             else os.path.join(log_dir, PROFILE_RUN)
         )
         profile_dir = os.path.join(root, "plugins", "profile")
-        os.makedirs(profile_dir, exist_ok=True)
-        base = os.path.basename(staged[0])
-        for index in itertools.count(1):
-            run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
-            try:
-                os.mkdir(run_dir)
-                break
-            except FileExistsError:
-                continue
+        files.makedirs(profile_dir)
+        run_dir = _claim_run_dir(profile_dir, os.path.basename(staged[0]))
         for name in os.listdir(staged[0]):
-            shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
+            if files.is_remote(run_dir):
+                files.copy_file(os.path.join(staged[0], name), os.path.join(run_dir, name))
+            else:
+                shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    captures = glob.glob(os.path.join(run_dir, "*.xplane.pb"))
+    captures = [name for name in files.list_dir(run_dir) if name.endswith(".xplane.pb")]
     if not captures:
         raise RuntimeError(f"the TF Profiler wrote no .xplane.pb into {run_dir}")
-    return run_dir, captures[0], temporary
+    return run_dir, os.path.join(run_dir, captures[0]), temporary
+
+
+def _claim_run_dir(profile_dir: str, base: str) -> str:
+    for index in itertools.count(1):
+        run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
+        if files.is_remote(run_dir):
+            # Object stores have no atomic mkdir: a folder of a name no capture
+            # has yet. Captures of one log dir come from one process at a time
+            # (the TF Profiler is process-wide), to the second apart.
+            if not files.exists(run_dir):
+                files.makedirs(run_dir)
+                return run_dir
+            continue
+        try:
+            os.mkdir(run_dir)
+            return run_dir
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def _file_bytes(path: str) -> int:
     # Outside the guard: a capture deleted with its log dir is reported by the
     # conversion, inside the guard, not here.
     try:
-        return os.path.getsize(path)
+        return files.size(path)
     except OSError:
         return 0
 

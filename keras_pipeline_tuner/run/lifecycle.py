@@ -246,6 +246,15 @@ class Run:
     def step_failed(self, error: Optional[BaseException]) -> None:
         """A step raised: the window closes and what was measured is written."""
         self.window.close(FIT_ENDED)
+        if error is not None and self._first_call.get(TRAIN):
+            # The first call's timings are lost with it; with several steps a
+            # call, some may have run (and trained) before the failure.
+            steps = self.steps_per_execution
+            ran = f", after running up to {steps - 1} of its {steps} steps" if steps > 1 else ""
+            self.notes.append(
+                f"No training step was measured: the first training call failed "
+                f"({type(error).__name__}){ran}, and its timings were lost with it."
+            )
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
             _RUNNING.discard(self)
@@ -317,7 +326,9 @@ class Run:
             missing = worker_reports.missing_note(self.worker_view, self.settings.log_dir)
             if missing is not None and self.worker_view.waited_s is not None:
                 notes.append(missing)
-        if not train.steps and TRAIN not in self.clock.first_steps:
+        if not train.steps and TRAIN not in self.clock.first_steps and not any(
+            note.startswith("No training step was measured") for note in notes
+        ):
             notes.append(
                 "No training step was measured: the dataset gave no batch, or fit has not "
                 "run a step yet."

@@ -9,6 +9,7 @@ import keras
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.instrumentation.custom_loop import LoopHooks
@@ -154,6 +155,7 @@ class PipelineTuner(keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        _refuse_a_second_tuner()
         model = self.model
         run = self._new_run()
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
@@ -250,12 +252,22 @@ class PipelineTuner(keras.callbacks.Callback):
             with self.guard(features.WHAT_IF):
                 # After training and with Keras' own functions back: the replay
                 # restores the model's state, so training is not changed.
-                run.what_if = what_if_replay.replay_after_fit(
-                    self.model, self.what_if_steps, run.clock.stats(TRAIN)
-                )
+                try:
+                    run.what_if = what_if_replay.replay_after_fit(
+                        self.model, self.what_if_steps, run.clock.stats(TRAIN)
+                    )
+                except what_if_replay.ReplayUnsupported as limit:
+                    # An expected limit (a strategy, array input): a note, no warning.
+                    run.notes.append(f"The what-if replay did not run. {limit}")
         elif self._contention_check_due(run):
             with self.guard(features.CONTENTION_CHECK):
-                run.what_if = what_if_replay.contention_check(self.model, run.clock.stats(TRAIN))
+                try:
+                    run.what_if = what_if_replay.contention_check(
+                        self.model, run.clock.stats(TRAIN)
+                    )
+                except what_if_replay.ReplayUnsupported:
+                    # Automatic, so an expected limit needs no note: the wait decides.
+                    pass
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
         self._timing = None
@@ -462,6 +474,18 @@ class PipelineTuner(keras.callbacks.Callback):
             self._timing.end(VALIDATION)
 
 
+def _refuse_a_second_tuner() -> None:
+    # Before anything is swapped: two tuners would time the same steps, and the
+    # second's timed function would take every step from the first.
+    tuners = [c for c in current_fit_callbacks() if isinstance(c, PipelineTuner)]
+    if len(tuners) > 1:
+        raise ValueError(
+            f"This fit has {len(tuners)} PipelineTuner callbacks; one fit takes one "
+            "tuner (each would time the same steps, and the second would hide them "
+            "from the first). Pass a single kpt.PipelineTuner in `callbacks`."
+        )
+
+
 def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwargs):
     """Times a custom loop's train step with a tuner of its own.
 
@@ -493,6 +517,18 @@ def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwar
     """
     kind = checked_kind(kind, "instrument")
     return PipelineTuner(**tuner_kwargs).instrument(fn, kind=kind)
+
+
+def _refuse_a_second_tuner() -> None:
+    # Before anything is swapped: two tuners would time the same steps, and the
+    # second's timed function would take every step from the first.
+    tuners = [c for c in current_fit_callbacks() if isinstance(c, PipelineTuner)]
+    if len(tuners) > 1:
+        raise ValueError(
+            f"This fit has {len(tuners)} PipelineTuner callbacks; one fit takes one "
+            "tuner (each would time the same steps, and the second would hide them "
+            "from the first). Pass a single kpt.PipelineTuner in `callbacks`."
+        )
 
 
 def _checked_log_dir(log_dir) -> Optional[str]:

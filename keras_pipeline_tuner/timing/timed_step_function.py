@@ -105,6 +105,7 @@ class TimedFunction:
         self._on_error = on_error
         self._iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
         steps_per_execution = int(model.steps_per_execution)
+        self._steps_per_execution = steps_per_execution
         strategy = model.distribute_strategy
 
         def one_step_on_data(data):
@@ -127,32 +128,58 @@ class TimedFunction:
                 return tf.timestamp()
 
         def timed_steps(iterator):
+            # The graph mirrors Keras' own `_make_function` op for op, because
+            # its races are part of what training computes: with one step per
+            # call, the step's data-independent updates (the optimizer's
+            # iteration counter, gradient-accumulation counters) may run while
+            # the last `get_next` of an unknown-length dataset fails, and Keras
+            # counts that step. Timestamps only observe: nothing of the step
+            # waits on them, so the step starts exactly when Keras' would.
             start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                # get_next raises OutOfRangeError at the end of the data, which
-                # Keras' epoch iterator turns into the end of the epoch.
-                data = iterator.get_next()
-            ready = after([], data)
-            with tf.control_dependencies([ready]):
-                outputs = one_step_on_data(data)
-            end = after([], outputs)
             if steps_per_execution == 1:
+                with tf.control_dependencies([start]):
+                    # Raises OutOfRangeError at the end of the data, which
+                    # Keras' epoch iterator turns into the end of the epoch.
+                    data = iterator.get_next()
+                ready = after([], data)
+                outputs = one_step_on_data(data)
+                end = after([], outputs)
                 return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
 
+            # As Keras: optional fetches, and the next batch fetched while
+            # nothing waits on it so that it overlaps the step (an implicit
+            # one-batch prefetch). An empty first fetch ends the epoch.
+            with tf.control_dependencies([start]):
+                first_inputs = iterator.get_next_as_optional()
+            first_ready = after([], first_inputs.has_value())
+            output_spec = []
+
+            def first_step():
+                step_outputs = one_step_on_data(first_inputs.get_value())
+                first = tf.experimental.Optional.from_value(step_outputs)
+                # tf.cond traces this branch first; the empty branch needs its spec.
+                output_spec.append(first.element_spec)
+                return first, after([], step_outputs)
+
+            def no_step():
+                return tf.experimental.Optional.empty(output_spec[0]), first_ready
+
+            outputs, first_end = tf.cond(first_inputs.has_value(), first_step, no_step)
             rows = tf.TensorArray(tf.float64, size=steps_per_execution)
-            rows = rows.write(0, tf.stack([start, ready, end]))
-            # Fetch the next batch while nothing waits on it, so it overlaps the
-            # step, as Keras' own loop does (an implicit one-batch prefetch).
-            next_inputs = iterator.get_next_as_optional()
+            rows = rows.write(0, tf.stack([start, first_ready, first_end]))
+            # After an empty first fetch, Keras fetches no more (nor do we).
+            next_inputs = tf.cond(
+                first_inputs.has_value(), iterator.get_next_as_optional, lambda: first_inputs
+            )
             next_ready = after([], next_inputs.has_value())
 
             def cond(step, outputs, next_inputs, next_ready, previous_end, rows):
                 return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
 
             def body(step, outputs, next_inputs, next_ready, previous_end, rows):
-                with tf.control_dependencies([next_ready]):
-                    outputs = one_step_on_data(next_inputs.get_value())
-                end = after([], outputs)
+                step_outputs = one_step_on_data(next_inputs.get_value())
+                outputs = tf.experimental.Optional.from_value(step_outputs)
+                end = after([], step_outputs)
                 rows = rows.write(step, tf.stack([previous_end, next_ready, end]))
                 following = tf.cond(
                     step + 1 < steps_per_execution,
@@ -171,13 +198,34 @@ class TimedFunction:
             steps, outputs, _, _, _, rows = tf.while_loop(
                 cond,
                 body,
-                loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, end, rows],
+                loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, first_end, rows],
             )
+            steps = tf.where(first_inputs.has_value(), steps, 0)
             return outputs, rows.stack()[:steps]
 
         if not model.run_eagerly:
             timed_steps = tf.function(timed_steps, reduce_retracing=True)
         self._timed_steps = timed_steps
+
+    def variables_touched(self, iterator) -> list:
+        """The variables a call on `iterator` reads or writes, found without running it.
+
+        Traces the call (a later call with the same kind of iterator reuses the
+        trace) and lists every variable the traced graph uses: the model's and
+        the optimizer's, and any other state the step keeps, such as a
+        `tf.random.Generator` of a custom `train_step` or a layer's own
+        `tf.Variable`.
+
+        Args:
+            iterator: an iterator of the data the calls will get.
+
+        Returns:
+            The variables, each once; empty when the step runs eagerly.
+        """
+        get_concrete_function = getattr(self._timed_steps, "get_concrete_function", None)
+        if get_concrete_function is None:
+            return []
+        return list(get_concrete_function(iterator).variables)
 
     def __call__(self, iterator):
         if not isinstance(iterator, self._iterator_types):
@@ -195,11 +243,18 @@ class TimedFunction:
             else:
                 with marker:
                     outputs, rows = self._timed_steps(iterator)
+            if self._steps_per_execution > 1:
+                # Keras' own function ends the epoch this way when the first
+                # fetch of a call finds no data.
+                if not outputs.has_value():
+                    raise StopIteration
+                outputs = outputs.get_value()
             # Inside the `try`: Ctrl-C often lands here, just after the step.
             self._on_rows(rows, time.perf_counter() - began, called_at)
         except BaseException as error:
-            # OutOfRangeError is the normal end of an epoch, not a failure.
-            if not isinstance(error, tensorflow().errors.OutOfRangeError):
+            # OutOfRangeError and StopIteration are the normal end of an
+            # epoch, not a failure.
+            if not isinstance(error, (tensorflow().errors.OutOfRangeError, StopIteration)):
                 self._on_error(error)
             raise
         return outputs

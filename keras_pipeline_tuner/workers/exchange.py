@@ -33,6 +33,7 @@ import socket
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
@@ -251,15 +252,9 @@ def write_summary(summary: WorkerSummary, log_dir: str) -> str:
     Returns:
         The path written.
     """
-    tf = tensorflow()
     path = summary_path(log_dir, summary.task)
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    partial = f"{path}.partial"
-    with tf.io.gfile.GFile(partial, "w") as file:
-        text = json.dumps(dataclasses.asdict(summary), default=encode_json_value, allow_nan=False)
-        file.write(text)
-    tf.io.gfile.rename(partial, path, overwrite=True)
-    return path
+    text = json.dumps(dataclasses.asdict(summary), default=encode_json_value, allow_nan=False)
+    return files.write_atomically(os.path.dirname(path), os.path.basename(path), text)
 
 
 def read_summary(log_dir: str, task: str) -> Optional[WorkerSummary]:
@@ -272,14 +267,12 @@ def read_summary(log_dir: str, task: str) -> Optional[WorkerSummary]:
     Returns:
         The `WorkerSummary`, or `None`.
     """
-    tf = tensorflow()
     path = summary_path(log_dir, task)
     try:
-        if not tf.io.gfile.exists(path):
-            return None
-        with tf.io.gfile.GFile(path, "r") as file:
-            return from_dict(WorkerSummary, json.loads(file.read()), path)
-    except (ValueError, tf.errors.OpError) as error:
+        return from_dict(WorkerSummary, json.loads(files.read_text(path)), path)
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError) as error:
         # Written by a newer tuner, or being replaced: as good as missing.
         logger.info("keras-pipeline-tuner: cannot read %s: %s", path, error)
         return None
@@ -292,11 +285,8 @@ def remove_summaries(log_dir: str, tasks: Sequence[str]) -> None:
         log_dir: the shared log dir.
         tasks: the tasks whose summaries to remove.
     """
-    tf = tensorflow()
     for task in tasks:
-        path = summary_path(log_dir, task)
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.remove(path)
+        files.remove(summary_path(log_dir, task))
 
 
 def compare(

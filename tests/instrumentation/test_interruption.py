@@ -17,6 +17,7 @@ from keras_pipeline_tuner.run import lifecycle
 from keras_pipeline_tuner.timing.timed_step_function import TimedFunction
 from tests.helpers.fault_injection import run_script
 from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import tiny_model
 
 STEPS_PER_EPOCH = 6
@@ -198,3 +199,19 @@ def test_ctrl_c_in_a_script_keeps_the_report_up_to_that_point(tmp_path):
     # 9 steps, the first reported apart; epoch 0 (6 steps) was written at its end.
     assert stored.train.steps == 8
     assert stored.first_steps["train"].wall_ms > 0
+
+
+def test_failure_inside_the_first_call_of_several_steps_is_not_called_an_empty_dataset():
+    # Three steps a call; the third batch fails: two steps trained in that call.
+    model = tiny_model(steps_per_execution=3)
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="third batch"):
+        model.fit(failing_source(8, 2, "third batch").batch(1), callbacks=[tuner], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    notes = tuner.report.notes
+    assert not any("the dataset gave no batch" in note for note in notes), notes
+    assert any(
+        "the first training call failed (InvalidArgumentError), after running up to 2 of its "
+        "3 steps" in note
+        for note in notes
+    ), notes

@@ -1,11 +1,17 @@
 """What-if replay: the step with free input, measured without changing training."""
 
+import subprocess
+import sys
+import textwrap
+
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
@@ -103,3 +109,127 @@ def test_standalone_arguments():
         kpt.what_if(model, slow_source(4, 0.0).batch(2), steps=0)
     with pytest.raises(ValueError, match="empty"):
         kpt.what_if(model, slow_source(4, 0.0).batch(2).take(0))
+
+
+class NoisyModel(keras.Sequential):
+    """A custom `train_step` that draws input noise from its own `tf.random.Generator`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.noise = tf.random.Generator.from_seed(11)
+
+    def train_step(self, data):
+        x, y = data
+        return super().train_step((x + self.noise.normal(tf.shape(x)), y))
+
+
+class RunningOffset(keras.layers.Layer):
+    """A stateful layer: a plain `tf.Variable` Keras does not track, updated every call."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = tf.Variable(0.0, trainable=False)
+
+    def call(self, inputs, training=False):
+        if training:
+            self.calls.assign_add(1.0)
+        return inputs + 0.01 * self.calls
+
+
+def _model_with_outside_state(kind):
+    keras.utils.set_random_seed(5)
+    if kind == "generator":
+        model = NoisyModel([keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+        outside = model.noise.state
+    else:
+        offset = RunningOffset()
+        model = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(4), offset, keras.layers.Dense(1)]
+        )
+        outside = offset.calls
+    assert all(outside is not variable for variable in model.variables)
+    model.compile(optimizer="adam", loss="mse")
+    return model, outside
+
+
+def _two_fits(kind, with_replay):
+    model, outside = _model_with_outside_state(kind)
+    dataset = slow_source(16, 0.0).batch(2)
+    callbacks = [kpt.PipelineTuner(what_if=5, verbose=0, profile="off")] if with_replay else []
+    first = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
+    if with_replay:
+        assert callbacks[0].report.what_if.replay_steps == 5
+    second = model.fit(dataset, epochs=2, verbose=0)
+    state = [np.array(v.numpy()) for v in model.variables]
+    return first.history, second.history, state + [outside.numpy()]
+
+
+@pytest.mark.parametrize("kind", ["generator", "stateful-layer"])
+def test_replay_restores_state_kept_outside_the_model_and_optimizer(kind):
+    plain = _two_fits(kind, with_replay=False)
+    replayed = _two_fits(kind, with_replay=True)
+    assert replayed[0] == plain[0] and replayed[1] == plain[1]
+    for without, after_replay in zip(plain[2], replayed[2]):
+        np.testing.assert_array_equal(without, after_replay)
+
+
+def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
+    script = textwrap.dedent(
+        """
+        import logging, os, sys
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        sys.path.insert(0, sys.argv[1])
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras_pipeline_tuner as kpt
+        from tests.helpers.training_data import slow_source, tiny_model
+        warnings = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        logging.getLogger("keras_pipeline_tuner").addHandler(handler)
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            model = tiny_model()
+        tuner = kpt.PipelineTuner(verbose=0, profile="off", what_if=True)
+        model.fit(slow_source(12, 0.0).batch(2), epochs=1, callbacks=[tuner], verbose=0)
+        print("WARNINGS", len(warnings), warnings)
+        print("REPORT" + tuner.report.to_json(indent=None))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(REPO_ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNINGS 0 []" in done.stdout, done.stdout
+    line = next(l for l in done.stdout.splitlines() if l.startswith("REPORT"))
+    report = kpt.Report.from_json(line[len("REPORT"):])
+    assert report.what_if is None
+    assert any(
+        note.startswith("The what-if replay did not run.") and "distribution strategy" in note
+        for note in report.notes
+    ), report.notes
+    assert not any("turned off after a failure" in note for note in report.notes)
+
+
+def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
+    from keras_pipeline_tuner.advice import advisor
+    from keras_pipeline_tuner.advice.recommendation import describe_gain
+
+    # Real steps of a cheap model, then the replay of a model whose step sleeps
+    # 20 ms: the replay is slower for sure, as noise can make it on a busy machine.
+    quick = kpt.PipelineTuner(verbose=0, profile="off")
+    tiny_model().fit(slow_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
+    slow = tiny_model(compute_delay_s=0.02)
+    dataset = slow_source(24, 0.0).batch(2)
+    result = kpt.what_if(slow, dataset, steps=4, cached_batches=2, pipeline_stats=quick.report.train)
+    assert result.speedup_if_input_free < 1
+    assert any("below 1" in note and "No input-pipeline change" in note for note in result.notes)
+
+    ranked = advisor.advise(quick.report.train, None, [], what_if=result)
+    gain = ranked[0].expected_gain
+    assert gain.speedup == 1.0 and gain.step_ms_after == gain.step_ms
+    assert "no faster than" in gain.statement and "at most" not in gain.statement
+    assert describe_gain(gain) == "no gain (measured)"

@@ -6,10 +6,13 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs.dashboard.summaries import PLUGIN_NAME
 from tests.helpers.tensorboard_app import wsgi_client
+from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
 
@@ -72,3 +75,28 @@ def test_demo_quick(tmp_path):
     assert f"Tuned:    {answer['tune']['tuned_pipeline']}" in done.stdout
     assert answer["tune"]["rewrites"]
     assert f"keras-pipeline-tuner compare {log_dir / 'naive'} {log_dir / 'tuned'}" in done.stdout
+
+
+def test_report_of_an_unknown_schema_version(tmp_path):
+    data = json.loads(kpt.Report().to_json())
+    data["schema_version"] = 99
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    done = run("report", str(tmp_path))
+    assert done.returncode == 2
+    assert "schema_version is 99" in done.stderr and "reads version 1" in done.stderr
+    with pytest.raises(ValueError, match="schema_version is 99"):
+        kpt.Report.from_json(json.dumps(data))
+
+
+def test_report_without_training_steps_fails_the_command(tmp_path):
+    # What a fit that failed on its first batch leaves: a report with no timed step.
+    log_dir = tmp_path / "run"
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile="off")
+    with pytest.raises(Exception, match="broken source"):
+        tiny_model().fit(
+            failing_source(8, 0, "broken source").batch(2), callbacks=[tuner], verbose=0
+        )
+    assert kpt.Report.from_json((log_dir / "report.json").read_text()).train.steps == 0
+    done = run("report", str(log_dir))
+    assert done.returncode == 1
+    assert "no measured training step" in done.stderr

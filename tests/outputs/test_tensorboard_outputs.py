@@ -264,3 +264,60 @@ def test_a_decorator_only_loop_over_two_epochs_writes_no_nan_scalar(tmp_path):
     # Every step after the run's first has its step time written, both epochs.
     assert len(values(events, f"{tensorboard_sink.TAG_PREFIX}/step_ms")) == report.train.steps
     assert written > report.train.steps
+def _record_steps(clock, sink, waits, computes, chunk):
+    """Records steps of known wait and compute, `chunk` rows a call, as fit hands them over."""
+    start = 0.0
+    for first in range(0, waits.size, chunk):
+        wait, compute = waits[first : first + chunk], computes[first : first + chunk]
+        ends = start + np.cumsum(wait + compute)
+        begins = ends - wait - compute
+        clock.record("train", np.stack([begins, begins + wait, ends], axis=1))
+        sink.step_ended(clock, steps=int(wait.size))
+        start = float(ends[-1])
+
+
+def test_long_runs_are_summarised_in_blocks_of_steps(tmp_path):
+    # A ring smaller than a block, flushes every 7 steps: blocks span flushes and
+    # outlive the rows they were summed from.
+    clock = StepClock(capacity=30)
+    clock.begin_epoch(0)
+    clock.record_first_step("train", 0.5, np.array([[0.0, 0.2, 0.3]]))
+    sink = tensorboard_sink.TensorBoardSink(
+        str(tmp_path), FeatureGuard(), flush_every=7, full_steps=10
+    )
+    numbers = np.arange(1, 251)
+    waits, computes = numbers * 1e-4, np.full(numbers.size, 2e-3)
+    _record_steps(clock, sink, waits, computes, chunk=3)
+    sink.finish(clock, kpt.Report())
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    rows = values(events, "input_pipeline/input_wait_ms")
+    # Every step to 10, blocks of 10 to 100, of 100 after; the last block is
+    # partial at the end of the fit.
+    expected = list(range(1, 11)) + list(range(20, 101, 10)) + [200, 250]
+    assert [step for step, _ in rows] == expected
+    bounds = [0] + expected
+    means = [numbers[lo:hi].mean() * 0.1 for lo, hi in zip(bounds, bounds[1:])]
+    np.testing.assert_allclose([float(v) for _, v in rows], means, rtol=1e-5)
+    fraction = [float(v) for _, v in values(events, "input_pipeline/input_fraction")]
+    totals = [
+        waits[lo:hi].sum() / (waits[lo:hi] + computes[lo:hi]).sum()
+        for lo, hi in zip(bounds, bounds[1:])
+    ]
+    np.testing.assert_allclose(fraction, totals, rtol=1e-5)
+    assert sink.guard.failures == {}
+
+
+def test_event_file_stays_small_on_a_long_run_of_tiny_steps(tmp_path):
+    clock = StepClock()
+    clock.begin_epoch(0)
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path), FeatureGuard())
+    steps = 100_000
+    waits = np.full(steps, 2e-5)
+    _record_steps(clock, sink, waits, np.full(steps, 1e-4), chunk=500)
+    sink.finish(clock, kpt.Report())
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    written = [step for step, _ in values(events, "input_pipeline/step_ms")]
+    # 1000 single steps, 900 blocks of 10, 900 blocks of 100: not 100 000 points.
+    assert len(written) == 2800 and written[-1] == steps
+    size = sum(path.stat().st_size for path in (tmp_path / tensorboard_sink.RUN).glob("*tfevents*"))
+    assert size < 2_000_000  # one point a step would be about 34 MB

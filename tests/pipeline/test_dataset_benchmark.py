@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.pipeline.benchmark import UNKNOWN_LENGTH_BATCHES
 
 from tests.helpers.training_data import slow_source
 
@@ -79,3 +80,15 @@ def test_too_short_for_the_warmup():
 def test_not_a_dataset():
     with pytest.raises(TypeError, match="from_tensor_slices"):
         kpt.benchmark([1, 2, 3])
+
+
+def test_endless_dataset_of_unknown_length_stops_at_a_default_and_says_so():
+    endless = tf.data.Dataset.range(10).repeat().filter(lambda x: x >= 0).batch(2)
+    assert endless.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    result = kpt.benchmark(endless, verbose=0)
+    assert result.batches == UNKNOWN_LENGTH_BATCHES and not result.complete
+    assert any("length is unknown" in note and "num_batches" in note for note in result.notes)
+    # A finite dataset of unknown length still runs to its end, with no note.
+    finite = tf.data.Dataset.range(40).filter(lambda x: x >= 0).batch(2)
+    result = kpt.benchmark(finite, verbose=0)
+    assert result.batches == 19 and result.complete and result.notes == []

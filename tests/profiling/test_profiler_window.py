@@ -200,32 +200,65 @@ def test_steps_per_execution_figures_come_from_the_trace(tmp_path):
     assert evidence.verdict == report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
-def test_users_tensorboard_profile_running_first_keeps_its_capture(tmp_path, caplog):
+def _assert_users_capture_is_the_evidence(report, tensorboard_dir, tuner_dir, first, last):
+    evidence = report.profile
+    assert evidence is not None, report.notes
+    assert evidence.trigger == (
+        f"requested by the user: keras.callbacks.TensorBoard(profile_batch=({first}, {last}))"
+    )
+    assert evidence.xplane_path in captures_under(tensorboard_dir)
+    assert not captures_under(tuner_dir)
+    # Batches counted from 1 by Keras' callback are steps from 0 here.
+    assert evidence.first_step == first - 1 and evidence.stop_step == last
+    assert evidence.source == profile_evidence.ANALYZER  # it found the tuner's step markers
+    assert len(evidence.steps) >= last - first  # the analyzer may drop an edge step
+    assert evidence.input_fraction > 0.5
+    assert any("the user asked for" in note for note in evidence.notes)
+
+
+@pytest.mark.parametrize("users_first", [True, False])
+def test_users_tensorboard_profile_wins_over_the_automatic_window(tmp_path, caplog, users_first):
     tensorboard_dir = tmp_path / "tensorboard"
-    tensorboard = keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=(2, 9))
-    tuner = kpt.PipelineTuner(log_dir=tmp_path / "tuner", verbose=0, profile=(4, 12))
-    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
-        report, history = fit(tuner, slow_source(100, 0.005).batch(2), steps=14,
-                              callbacks=[tensorboard])
+    tensorboard = keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=(13, 16))
+    # "auto" would open a window at step 10 on this input-bound job.
+    tuner = kpt.PipelineTuner(log_dir=tmp_path / "tuner", verbose=0)
+    model = tiny_model()
+    callbacks = [tensorboard, tuner] if users_first else [tuner, tensorboard]
+    with caplog.at_level(logging.WARNING):
+        history = model.fit(
+            slow_source(100, 0.005).batch(2), epochs=1, steps_per_epoch=20,
+            callbacks=callbacks, verbose=0,
+        )
     assert len(history.history["loss"]) == 1
-    skipped = [r for r in caplog.records if "another TF Profiler session" in r.getMessage()]
-    assert len(skipped) == 1
-    assert report.profile is None
-    assert any("another TF Profiler session" in note for note in report.notes)
-    assert captures_under(tensorboard_dir) and not captures_under(tmp_path / "tuner")
+    assert not [r for r in caplog.records if "profiler" in r.getMessage().lower()]
+    _assert_users_capture_is_the_evidence(
+        tuner.report, tensorboard_dir, tmp_path / "tuner", 13, 16
+    )
     assert_no_profiler_left_running(tmp_path)
 
 
-def test_users_tensorboard_profile_starting_inside_our_window(tmp_path):
+def test_users_tensorboard_profile_wins_over_an_overlapping_requested_window(tmp_path, caplog):
     tensorboard_dir = tmp_path / "tensorboard"
     tensorboard = keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=(5, 9))
     tuner = kpt.PipelineTuner(log_dir=tmp_path / "tuner", verbose=0, profile=(1, 12))
-    report, history = fit(tuner, slow_source(100, 0.005).batch(2), steps=14,
-                          callbacks=[tensorboard])
+    with caplog.at_level(logging.WARNING):
+        report, history = fit(tuner, slow_source(100, 0.005).batch(2), steps=14,
+                              callbacks=[tensorboard])
     assert len(history.history["loss"]) == 1
-    assert report.profile is not None and report.profile.cost.steps == 11
-    assert report.profile.input_fraction is not None
-    assert captures_under(tmp_path / "tuner") and not captures_under(tensorboard_dir)
+    assert not [r for r in caplog.records if "profiler" in r.getMessage().lower()]
+    _assert_users_capture_is_the_evidence(report, tensorboard_dir, tmp_path / "tuner", 5, 9)
+    assert any("profile=(1, 12)) was not opened" in note for note in report.notes)
+    assert_no_profiler_left_running(tmp_path)
+
+
+def test_users_tensorboard_profile_apart_from_the_requested_window(tmp_path):
+    tensorboard_dir = tmp_path / "tensorboard"
+    tensorboard = keras.callbacks.TensorBoard(log_dir=str(tensorboard_dir), profile_batch=(10, 12))
+    tuner = kpt.PipelineTuner(log_dir=tmp_path / "tuner", verbose=0, profile=(1, 5))
+    report, _ = fit(tuner, slow_source(100, 0.005).batch(2), steps=14, callbacks=[tensorboard])
+    # Both windows ran, one after the other; the tuner's own is its evidence.
+    assert report.profile.trigger == "requested: profile=(1, 5)"
+    assert captures_under(tmp_path / "tuner") and captures_under(tensorboard_dir)
     assert_no_profiler_left_running(tmp_path)
 
 

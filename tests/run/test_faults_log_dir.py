@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
@@ -102,13 +103,19 @@ def test_log_dir_deleted_mid_run(tmp_path, caplog, plain_run):
     assert set(range(2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH)) <= set(steps)
 
 
-def test_report_file_on_a_full_disk(tmp_path, caplog, plain_run):
+def test_report_file_on_a_full_disk(tmp_path, caplog, plain_run, monkeypatch):
     """The report is written through /dev/full: ENOSPC, for real."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this system")
     log_dir = tmp_path / "run"
     log_dir.mkdir()
     os.symlink("/dev/full", log_dir / (REPORT_FILENAME + ".partial"))
+    # Temporary names are random; this test needs one it can point at /dev/full.
+    monkeypatch.setattr(
+        files,
+        "temporary_name",
+        lambda path: path + ".partial" if path.endswith(REPORT_FILENAME) else f"{path}.x.partial",
+    )
     tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile="off")
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner], epochs=3)

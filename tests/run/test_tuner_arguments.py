@@ -125,3 +125,20 @@ def test_every_argument_of_the_constructor_is_covered():
     }
     # A new argument needs its bad values in the table above.
     assert parameters == checked
+
+
+def test_two_tuners_in_one_fit_are_refused_before_training():
+    from tests.helpers.training_data import slow_source
+    from tests.helpers.training_data import tiny_model
+
+    model = tiny_model()
+    first = kpt.PipelineTuner(verbose=0, profile="off")
+    second = kpt.PipelineTuner(verbose=0, profile="off")
+    weights = model.get_weights()
+    with pytest.raises(ValueError, match="2 PipelineTuner callbacks.*Pass a single"):
+        model.fit(slow_source(8, 0.0).batch(2), callbacks=[first, second], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0  # nothing trained
+    assert all((a == b).all() for a, b in zip(weights, model.get_weights()))
+    # Either tuner alone still works afterwards.
+    model.fit(slow_source(8, 0.0).batch(2), callbacks=[first], verbose=0)
+    assert first.report.train.steps == 3

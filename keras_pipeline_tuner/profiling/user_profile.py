@@ -1,0 +1,117 @@
+"""A profile the user asked for with `keras.callbacks.TensorBoard(profile_batch=...)`.
+
+The TF Profiler is process-wide: one session at a time. When the user's own TensorBoard
+callback is set to profile some batches of the fit, a window the tuner opened first would
+make Keras log "Another profiler is running" and lose the user's capture. So before any
+window opens, the tuner looks for such a request among the fit's callbacks; the user's
+window wins, and its capture becomes the tuner's evidence.
+"""
+
+import dataclasses
+import os
+from typing import List, Optional
+
+from keras_pipeline_tuner._util import files
+
+@dataclasses.dataclass
+class ProfileRequest:
+    """The batches another callback will profile in this fit, and where its capture goes.
+
+    Attributes:
+        start_batch: the first profiled batch, counted from 1 over the fit, as
+            Keras' TensorBoard callback counts (one per `train_function` call).
+        stop_batch: the last profiled batch (included).
+        profile_dir: the `plugins/profile` folder its capture lands in.
+        description: the request as the user wrote it, for notes.
+    """
+
+    start_batch: int
+    stop_batch: int
+    profile_dir: str
+    description: str
+
+    def covers(self, call: int) -> bool:
+        """Whether call number `call` (from 1) of the fit is inside the window."""
+        return self.start_batch <= call <= self.stop_batch
+
+
+def requested_profile(callbacks: List[object]) -> Optional[ProfileRequest]:
+    """The profile window a `keras.callbacks.TensorBoard` among `callbacks` will capture.
+
+    Args:
+        callbacks: the fit's callbacks (see `_util.fit_callbacks`).
+
+    Returns:
+        The first TensorBoard callback's request, or `None` when none profiles.
+
+    Example:
+
+    >>> import keras
+    >>> board = keras.callbacks.TensorBoard(log_dir="logs", profile_batch=(13, 16))
+    >>> request = requested_profile([board])
+    >>> request.start_batch, request.stop_batch, request.description
+    (13, 16, 'keras.callbacks.TensorBoard(profile_batch=(13, 16))')
+    >>> requested_profile([keras.callbacks.TensorBoard(log_dir="logs")]) is None
+    True
+    """
+    import keras
+
+    for callback in callbacks:
+        if not isinstance(callback, keras.callbacks.TensorBoard):
+            continue
+        # Keras keeps the request only in these attributes (read, never called);
+        # a Keras without them gives no request, and a clash is then reported
+        # as the profiler being busy.
+        start = getattr(callback, "_start_batch", None)
+        stop = getattr(callback, "_stop_batch", None)
+        if not isinstance(start, int) or not isinstance(stop, int) or start <= 0:
+            continue
+        train_dir = getattr(callback, "_train_dir", None) or os.path.join(
+            callback.log_dir, "train"
+        )
+        batches = f"({start}, {stop})" if stop != start else str(start)
+        return ProfileRequest(
+            start_batch=start,
+            stop_batch=max(stop, start),
+            profile_dir=os.path.join(train_dir, "plugins", "profile"),
+            description=f"keras.callbacks.TensorBoard(profile_batch={batches})",
+        )
+    return None
+
+
+def run_folders(profile_dir: str) -> List[str]:
+    """The capture run folders in `profile_dir` (names), empty if there is none.
+
+    Args:
+        profile_dir: a `plugins/profile` folder.
+
+    Returns:
+        Folder names, sorted.
+    """
+    try:
+        return files.list_dir(profile_dir) if files.exists(profile_dir) else []
+    except OSError:
+        return []
+
+
+def new_capture(profile_dir: str, known: List[str]) -> Optional[str]:
+    """The `.xplane.pb` of the newest run folder of `profile_dir` not in `known`.
+
+    Args:
+        profile_dir: the request's `plugins/profile` folder.
+        known: run folder names that were there before the fit.
+
+    Returns:
+        The capture's path, or `None` if no new capture is there.
+    """
+    for name in reversed(run_folders(profile_dir)):
+        if name in known:
+            continue
+        run_dir = os.path.join(profile_dir, name)
+        try:
+            captures = [entry for entry in files.list_dir(run_dir) if entry.endswith(".xplane.pb")]
+        except OSError:
+            continue
+        if captures:
+            return os.path.join(run_dir, captures[0])
+    return None

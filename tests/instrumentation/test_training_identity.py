@@ -1,0 +1,116 @@
+"""Training with the tuner equals training without it, bit for bit, on unknown-length data.
+
+On a dataset whose length TensorFlow cannot know (`from_generator`, `filter`, TFRecord
+files), every epoch ends with a failing fetch. With one step per call Keras' own loop
+counts one more optimizer iteration per epoch there (the step's counter update races the
+failing fetch), which moves Adam's bias correction, learning-rate schedules and gradient
+accumulation: the tuner's timed step has to do exactly the same.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+
+FEATURES = 8
+ELEMENTS = 20
+
+
+def _elements():
+    for i in range(ELEMENTS):
+        yield np.full((FEATURES,), i % 7, np.float32) / 7, np.float32(i % 2)
+
+
+def _from_generator(tmp_path):
+    return tf.data.Dataset.from_generator(
+        _elements,
+        output_signature=(
+            tf.TensorSpec((FEATURES,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    )
+
+
+def _filtered(tmp_path):
+    x = np.arange(ELEMENTS * 2 * FEATURES, dtype=np.float32).reshape(-1, FEATURES) / 100
+    y = np.arange(ELEMENTS * 2, dtype=np.float32) % 2
+    # Every other element: 20 of 40, a length TensorFlow cannot know in advance.
+    return tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda x, y: y > 0.5)
+
+
+def _tfrecord(tmp_path):
+    path = str(tmp_path / "data.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for x, y in _elements():
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+                        "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y])),
+                    }
+                )
+            )
+            writer.write(example.SerializeToString())
+    spec = {
+        "x": tf.io.FixedLenFeature([FEATURES], tf.float32),
+        "y": tf.io.FixedLenFeature([], tf.float32),
+    }
+
+    def parse(record):
+        parsed = tf.io.parse_single_example(record, spec)
+        return parsed["x"], parsed["y"]
+
+    return tf.data.TFRecordDataset(path).map(parse)
+
+
+def _adam():
+    return keras.optimizers.Adam(0.01)
+
+
+def _schedule():
+    return keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)
+    )
+
+
+def _accumulation():
+    return keras.optimizers.Adam(0.01, gradient_accumulation_steps=4)
+
+
+def _train(source, optimizer, steps_per_execution, with_tuner, tmp_path):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=optimizer(), loss="mse", steps_per_execution=steps_per_execution)
+    callbacks = [kpt.PipelineTuner(verbose=0, profile="off")] if with_tuner else []
+    dataset = source(tmp_path).batch(8)
+    assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    history = model.fit(dataset, epochs=3, callbacks=callbacks, verbose=0)
+    return int(model.optimizer.iterations.numpy()), history.history, model.get_weights()
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+@pytest.mark.parametrize(
+    "source, optimizer",
+    [
+        (_from_generator, _adam),
+        (_filtered, _schedule),
+        (_tfrecord, _accumulation),
+    ],
+    ids=["from_generator-adam", "filter-lr_schedule", "tfrecord-accumulation"],
+)
+def test_unknown_length_trains_as_plain_keras(source, optimizer, steps_per_execution, tmp_path):
+    plain_iterations, plain_history, plain_weights = _train(
+        source, optimizer, steps_per_execution, False, tmp_path
+    )
+    tuned_iterations, tuned_history, tuned_weights = _train(
+        source, optimizer, steps_per_execution, True, tmp_path
+    )
+    assert tuned_iterations == plain_iterations
+    assert tuned_history == plain_history
+    for plain, tuned in zip(plain_weights, tuned_weights):
+        np.testing.assert_array_equal(plain, tuned)
