@@ -41,6 +41,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
+from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import step_seconds
@@ -105,7 +106,8 @@ class TensorBoardSink:
         self.flush_every = flush_every
         self.full_steps = full_steps
         # The steps of the block being summed, not written yet (see _blocks).
-        self._open_block: Optional[_Block] = None
+        self._scalar_blocks = BlockMeans(full_steps)
+        self._row_blocks = BlockMeans(full_steps)
         self._writer = None
         self._compiled = {}
         self._clock: Optional[StepClock] = None
@@ -181,24 +183,27 @@ class TensorBoardSink:
             How many points were written.
         """
         self._pending = 0
-        self.write_step_rows(clock)
+        self.write_step_rows(clock, final)
         if not self.guard.enabled(SCALARS):
             return 0
         with self.guard(SCALARS):
             if clock is not self._clock:
                 # A new fit (or custom loop run) starts counting from its own step 1.
-                self._clock, self._written, self._open_block = clock, 0, None
+                self._clock, self._written = clock, 0
+                self._scalar_blocks.reset()
             new = clock.rows_since(TRAIN, self._written)
             numbers = new["number"]
-            if not numbers.size and not (final and self._open_block is not None):
+            if not numbers.size and not (final and self._scalar_blocks.pending):
                 return 0
             if numbers.size:
                 self._written = int(numbers[-1])
-            points, wait, step = self._blocks(
-                numbers, new["wait"], step_seconds(new["wait"], new["compute"]), final
+            step = step_seconds(new["wait"], new["compute"])
+            points, means = self._scalar_blocks.add(
+                numbers, np.stack([new["wait"], step], axis=1), final
             )
             if not points.size:
                 return 0
+            wait, step = means[:, 0], means[:, 1]
             measured = ~np.isnan(wait)
             if (~measured).any():
                 # Points whose wait was not observed (whole steps, a custom loop's
@@ -217,14 +222,17 @@ class TensorBoardSink:
             return int(points.size)
         return 0
 
-    def write_step_rows(self, clock: StepClock) -> int:
+    def write_step_rows(self, clock: StepClock, final: bool = False) -> int:
         """Writes the dashboard's rows of the training steps not written yet.
 
         Called with the scalars (every `flush_every` steps, at the tuner's
         checkpoints and at epoch ends), so the dashboard follows a running fit.
+        Beyond `full_steps` a row is the mean of a block of steps, as for the
+        scalars.
 
         Args:
             clock: the tuner's `StepClock`.
+            final: write the block in progress too (at an epoch's or fit's end).
 
         Returns:
             How many steps were written.
@@ -236,25 +244,29 @@ class TensorBoardSink:
                 # A new fit starts counting from its own step 1.
                 self._dashboard_clock, self._dashboard_written = clock, 0
                 self._step_blocks.reset()
-            numbers = clock.step_numbers(TRAIN)
-            new = numbers > self._dashboard_written
-            if not new.any():
+                self._row_blocks.reset()
+            new = clock.rows_since(TRAIN, self._dashboard_written)
+            numbers = new["number"]
+            if not numbers.size and not (final and self._row_blocks.pending):
                 return 0
-            steps = clock.steps(TRAIN)
-            rows = np.stack(
-                [
-                    numbers[new].astype(np.float64),
-                    steps["epoch"][new].astype(np.float64),
-                    steps["start"][new],
-                    steps["wait"][new],
-                    steps["compute"][new],
-                ],
-                axis=1,
+            if numbers.size:
+                self._dashboard_written = int(numbers[-1])
+            # Long runs are summarised as the scalars are: the file stays bounded.
+            points, means = self._row_blocks.add(
+                numbers,
+                np.stack(
+                    [new["epoch"].astype(np.float64), new["start"], new["wait"], new["compute"]],
+                    axis=1,
+                ),
+                final,
             )
+            if not points.size:
+                return 0
+            means[:, 0] = np.floor(means[:, 0])
+            rows = np.concatenate([points[:, None].astype(np.float64), means], axis=1)
             with self._summaries():
                 for block, block_rows in self._step_blocks.add(rows):
                     dashboard.write_step_block(block, block_rows)
-            self._dashboard_written = int(numbers[-1])
             return int(rows.shape[0])
         return 0
 
@@ -280,57 +292,6 @@ class TensorBoardSink:
                         dashboard.PROFILE_STAGES_TAG, dashboard.json_text(stages), step
                     )
             self._last_dashboard = (text, step)
-    def _blocks(self, numbers, wait, step, final):
-        """Sums steps into the points to write: (step numbers, mean wait, mean step time).
-
-        Steps up to `full_steps` are blocks of one; then a step n belongs to
-        the block of size 10**ceil(log10(n / full_steps)) ending at the next
-        multiple of that size. The steps of a block not complete yet are kept
-        as sums (the clock's ring may drop its rows before the block ends). A
-        point's wait is the mean over its steps whose wait was observed (NaN
-        when none was).
-        """
-        count = np.ones_like(step)
-        measured = (~np.isnan(wait)).astype(np.float64)
-        wait = np.nan_to_num(wait, nan=0.0)
-        if numbers.size:
-            ratio = np.maximum(numbers / self.full_steps, 1.0)
-            size = np.where(
-                numbers <= self.full_steps, 1, 10 ** np.ceil(np.log10(ratio))
-            ).astype(np.int64)
-            ends = (numbers + size - 1) // size * size
-            starts = np.flatnonzero(np.r_[True, ends[1:] != ends[:-1]])
-            ends, last = ends[starts], numbers[np.r_[starts[1:] - 1, numbers.size - 1]]
-            count, measured, wait, step = (
-                np.add.reduceat(column, starts) for column in (count, measured, wait, step)
-            )
-        else:
-            ends = last = np.zeros(0, np.int64)
-        block = self._open_block
-        if block is not None:
-            if ends.size and ends[0] == block.end:
-                count[0] += block.count
-                measured[0] += block.measured
-                wait[0] += block.wait
-                step[0] += block.step
-            else:
-                ends, last = np.r_[block.end, ends], np.r_[block.last, last]
-                count, measured = np.r_[block.count, count], np.r_[block.measured, measured]
-                wait, step = np.r_[block.wait, wait], np.r_[block.step, step]
-        self._open_block = None
-        if ends.size and not final and last[-1] != ends[-1]:
-            self._open_block = _Block(
-                ends[-1], last[-1], count[-1], measured[-1], wait[-1], step[-1]
-            )
-            ends, last, count, measured, wait, step = (
-                column[:-1] for column in (ends, last, count, measured, wait, step)
-            )
-        mean_wait = np.divide(
-            wait, measured, out=np.full_like(wait, np.nan), where=measured > 0
-        )
-        return last.astype(np.int64), mean_wait, step / count
-
-
     def write_report(self, report: Report, step: int) -> None:
         """Writes the report as markdown to the Text tab, if it changed.
 
@@ -454,18 +415,6 @@ class TensorBoardSink:
         if profile.bottleneck:
             title += f": bottleneck {profile.bottleneck}"
         return rows, title
-
-
-class _Block:
-    """The sums of the steps of one scalar block that is not complete yet."""
-
-    def __init__(self, end: int, last: int, count: float, measured: float, wait: float, step: float):
-        self.end = end
-        self.last = last
-        self.count = count
-        self.measured = measured
-        self.wait = wait
-        self.step = step
 
 
 class _Summaries:

@@ -44,9 +44,11 @@ def synthetic_steps(clock: StepClock, first: int, count: int) -> np.ndarray:
     return numbers
 
 
-def test_every_step_row_is_kept_once_however_long_the_run(tmp_path):
+def test_every_step_counts_once_however_long_the_run(tmp_path):
     # A ring far smaller than the run, and more steps than blocks hold: TensorBoard
-    # keeps 10 samples of each tag, and every row must still be there once.
+    # keeps 10 samples of each tag, and every step must still count once: as a
+    # row of its own up to `full_steps`, then in its block's mean (the event
+    # file stays bounded, as for the scalars).
     clock = StepClock(capacity=300)
     sink = tensorboard_sink.TensorBoardSink(str(tmp_path), FeatureGuard(), flush_every=120)
     written = []
@@ -62,10 +64,16 @@ def test_every_step_row_is_kept_once_however_long_the_run(tmp_path):
     numbers = np.concatenate(written)
     rows, source = reader(tmp_path).steps(CONTEXT, "", summaries.RUN)
     assert source == "summaries"
-    assert rows[:, 0].tolist() == numbers.tolist()
-    np.testing.assert_allclose(rows[:, 3], (numbers % 7) * 1e-3, atol=1e-9)
+    full = tensorboard_sink.FULL_RESOLUTION_STEPS
+    points = np.r_[np.arange(1, full + 1), np.arange(full + 10, numbers.size + 1, 10)]
+    assert rows[:, 0].tolist() == points.tolist()
+    bounds = np.r_[0, points]
+    waits = (numbers % 7) * 1e-3
+    means = [waits[lo:hi].mean() for lo, hi in zip(bounds[:-1], bounds[1:])]
+    np.testing.assert_allclose(rows[:, 3], means, atol=1e-9)
     np.testing.assert_allclose(rows[:, 4], 0.002, atol=1e-9)
-    assert rows[:, 1].tolist() == np.repeat([0, 1, 2], 900).tolist()
+    epochs = [int(numbers[hi - 1] - 1) // 900 for hi in bounds[1:]]
+    assert rows[:, 1].tolist() == epochs
     tags = reader(tmp_path).tagged_runs(CONTEXT, "")[summaries.RUN]
     blocks = sorted(tag for tag in tags if tag.startswith(summaries.STEPS_TAG_PREFIX))
     assert blocks == [summaries.steps_tag(block) for block in range(3)]

@@ -33,6 +33,7 @@ WRITING_FEATURES = {
     tensorboard_sink.SCALARS,
     tensorboard_sink.TEXT,
     tensorboard_sink.TIMELINE,
+    tensorboard_sink.DASHBOARD,
 }
 
 

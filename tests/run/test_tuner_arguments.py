@@ -92,6 +92,9 @@ def test_log_dir_not_created_yet_is_fine(tmp_path):
         ({"worker_timeout_s": float("nan")}, ValueError, "worker_timeout_s=30"),
         ({"worker_timeout_s": True}, ValueError, "worker_timeout_s=30"),
         ({"worker_timeout_s": "30"}, ValueError, "worker_timeout_s=30"),
+        ({"check_contention": "yes"}, ValueError, "check_contention=False"),
+        ({"check_contention": 1}, ValueError, "check_contention=False"),
+        ({"check_contention": None}, ValueError, "check_contention=False"),
     ],
     ids=lambda value: repr(value)[:40],
 )
@@ -122,6 +125,7 @@ def test_every_argument_of_the_constructor_is_covered():
         "what_if",
         "tensorboard_workers",
         "worker_timeout_s",
+        "check_contention",
     }
     # A new argument needs its bad values in the table above.
     assert parameters == checked
