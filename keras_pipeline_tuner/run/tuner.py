@@ -27,9 +27,9 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.outputs.tensorboard import RUN
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
-from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.instrument import fit_input
+from keras_pipeline_tuner.instrument import backend_fit_timing
 from keras_pipeline_tuner.pipeline import graph as pipeline_graph
 from keras_pipeline_tuner.timing import timed_step_function
 from keras_pipeline_tuner.instrument import what_if_replay
@@ -161,6 +161,13 @@ class PipelineTuner(keras.callbacks.Callback):
         self._workers: Optional[worker_reports.WorkerExchange] = None
         self._worker_view: Optional[worker_reports.MultiWorkerSummary] = None
         self._output_dir = self.log_dir
+        # On JAX and torch, input wait is timed by a per-backend timing source,
+        # and Keras may run batch-end hooks on its callback thread: this
+        # callback says it is safe there (its batch-end hooks then do nothing),
+        # so adding it does not make Keras dispatch callbacks synchronously.
+        self._backend = keras.backend.backend()
+        self.async_safe = self._backend in backend_fit_timing.BACKENDS
+        self._fit_timing = None
 
     # Keras hooks.
 
@@ -173,8 +180,14 @@ class PipelineTuner(keras.callbacks.Callback):
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         _RUNNING.add(self)
         self._restart_cpu_meter()
-        self._begin_workers(self.model.distribute_strategy)
-        self._window.begin_fit()
+        self._fit_timing = None
+        if self.async_safe:
+            self._workers, self._worker_view = None, None
+            self._window.begin_fit()
+            self._window.close(FIT_ENDED)
+        else:
+            self._begin_workers(self.model.distribute_strategy)
+            self._window.begin_fit()
         if self.guard.enabled(STEP_CLOCK) or self._workers is not None:
             with self.guard(STEP_CLOCK):
                 self._swap_in(TRAIN)
@@ -211,8 +224,18 @@ class PipelineTuner(keras.callbacks.Callback):
             self._tensorboard.epoch_ended(self.clock, report)
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self.async_safe:
+            # The previous step's end-of-step work, here on the training thread.
+            self._backend_step(TRAIN)
+            self._after_train_step()
+            return
         self._window.before_step(batch, self._swapped.get(TRAIN), self.clock)
         self._arm(TRAIN)
+
+    def _backend_step(self, kind: str) -> None:
+        if self._fit_timing is not None and self.guard.enabled(STEP_CLOCK):
+            with self.guard(STEP_CLOCK):
+                self._fit_timing.before_step(kind)
 
     def _arm(self, kind: str) -> None:
         timed = self._swapped.get(kind)
@@ -231,10 +254,16 @@ class PipelineTuner(keras.callbacks.Callback):
             setattr(self.model, _ATTRIBUTE[kind], timed.original)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.async_safe:
+            # May run on Keras' callback thread: see `on_train_batch_begin`.
+            return
         self._disarm(TRAIN)
         if self._measurement == "whole-step" and self._whole_step_start is not None:
             self._record_whole_step(TRAIN)
         self._window.after_step(batch)
+        self._after_train_step()
+
+    def _after_train_step(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.step_ended(
                 self.clock, getattr(self.model, "steps_per_execution", 1) or 1
@@ -264,9 +293,14 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._swap_in(VALIDATION)
 
     def on_test_batch_begin(self, batch, logs=None):
+        if self.async_safe:
+            self._backend_step(VALIDATION)
+            return
         self._arm(VALIDATION)
 
     def on_test_batch_end(self, batch, logs=None):
+        if self.async_safe:
+            return
         self._disarm(VALIDATION)
         if self._measurement == "whole-step" and self._whole_step_start is not None:
             self._record_whole_step(VALIDATION)
@@ -353,8 +387,11 @@ class PipelineTuner(keras.callbacks.Callback):
     @property
     def report(self) -> Report:
         """The `Report` of the latest fit, built from what was measured so far."""
-        tf = tensorflow()
         measurement, notes = self._measurement, list(self._notes)
+        if self._fit_timing is not None:
+            notes += self._fit_timing.notes()
+            if measurement != "whole-step":
+                measurement = self._fit_timing.measurement
         if self._loop_timer is not None:
             # Also hands the custom loop's latest steps to the clock.
             measurement, notes = self._loop_timer.describe(measurement, notes)
@@ -385,11 +422,7 @@ class PipelineTuner(keras.callbacks.Callback):
             what_if=self._what_if,
             workers=self._worker_view,
             cpu=self._cpu_usage(),
-            environment={
-                "tensorflow": tf.__version__,
-                "keras": keras.__version__,
-                "python": sys.version.split()[0],
-            },
+            environment=backend_fit_timing.environment(),
         )
         if self.guard.enabled(ADVICE):
             with self.guard(ADVICE):
@@ -515,6 +548,16 @@ class PipelineTuner(keras.callbacks.Callback):
     # Swapping Keras' functions.
 
     def _swap_in(self, kind: str) -> None:
+        if self.async_safe:
+            if self._fit_timing is None:
+                self._fit_timing = backend_fit_timing.fit_timing_for(
+                    self.model,
+                    on_rows=self._on_rows,
+                    on_error=self._on_step_error,
+                    on_fallback=self._fall_back,
+                )
+            self._fit_timing.begin(kind)
+            return
         attribute = _ATTRIBUTE[kind]
         current = getattr(self.model, attribute, None)
         if isinstance(current, timed_step_function.TimedFunction):
@@ -544,6 +587,10 @@ class PipelineTuner(keras.callbacks.Callback):
         self._swapped[kind] = timed
 
     def _restore(self, kind: str) -> None:
+        if self._fit_timing is not None:
+            # Hands over the last steps' rows, then puts Keras' own back.
+            with self.guard(STEP_CLOCK):
+                self._fit_timing.end(kind)
         timed = self._swapped.pop(kind, None)
         if timed is not None and getattr(self.model, _ATTRIBUTE[kind], None) is timed:
             setattr(self.model, _ATTRIBUTE[kind], timed.original)
