@@ -1,0 +1,262 @@
+"""Fits on the Keras backend of this process, with known injected delays; prints JSON.
+
+The Keras backend is fixed when Keras is imported, so tests run this script in
+a subprocess per backend (`KERAS_BACKEND=jax python -m tests.helpers.backend_fit
+SCENARIO ...`); it prints one JSON object on stdout.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_pipeline_tuner as kpt  # noqa: E402
+
+FEATURES = 8
+BATCH = 32
+# A step of about 30 ms on one core of these machines: three wide layers.
+WIDE_FEATURES = 256
+WIDE_UNITS = 1024
+WIDE_BATCH = 128
+
+
+def arrays(batches: int, features: int = FEATURES, batch: int = BATCH):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batches * batch, features)).astype(np.float32)
+    y = (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+    return x, y
+
+
+def tiny_model(steps_per_execution: int = 1, features: int = FEATURES):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((features,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def wide_model():
+    """About 30 ms a step here: the compute of the input-bound scenarios."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((WIDE_FEATURES,)),
+            keras.layers.Dense(WIDE_UNITS, activation="relu"),
+            keras.layers.Dense(WIDE_UNITS, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def slow_batches(batches: int, delay_s: float, features: int = FEATURES, batch: int = BATCH):
+    """A tf.data source of whole batches, each `delay_s` late (no prefetch)."""
+    import tensorflow as tf
+
+    x, y = arrays(batches, features, batch)
+
+    def generate():
+        for i in range(batches):
+            time.sleep(delay_s)
+            yield x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((None, features), tf.float32),
+            tf.TensorSpec((None, 1), tf.float32),
+        ),
+    )
+
+
+class SlowPyDataset(keras.utils.PyDataset):
+    """Batches of (x, y) whose `__getitem__` sleeps `delay_s`."""
+
+    def __init__(self, batches, delay_s, features=FEATURES, batch=BATCH, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = arrays(batches, features, batch)
+        self.batches, self.delay_s, self.batch = batches, delay_s, batch
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, index):
+        time.sleep(self.delay_s)
+        part = slice(index * self.batch, (index + 1) * self.batch)
+        return self.x[part], self.y[part]
+
+
+def torch_loader(batches, delay_s, num_workers=0, features=FEATURES, batch=BATCH):
+    """A torch `DataLoader` over a map-style dataset whose items sleep `delay_s`."""
+    import torch
+
+    x, y = arrays(batches, features, batch)
+
+    class SlowDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return batches
+
+        def __getitem__(self, index):
+            time.sleep(delay_s)
+            part = slice(index * batch, (index + 1) * batch)
+            return torch.from_numpy(x[part]), torch.from_numpy(y[part])
+
+    return torch.utils.data.DataLoader(
+        SlowDataset(),
+        batch_size=None,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def summary(tuner):
+    report = tuner.report
+    train = report.train
+    return {
+        "verdict": report.verdict.value,
+        "input_fraction": report.input_fraction,
+        "steps": train.steps,
+        "validation_steps": report.validation.steps if report.validation else 0,
+        "wait_ms": train.input_wait.median_ms if train.input_wait else None,
+        "compute_ms": train.compute.median_ms if train.compute else None,
+        "measurement": report.measurement,
+        "notes": report.notes,
+        "recommendations": [r.id for r in report.recommendations],
+        "findings": [f.id for f in report.findings],
+        "environment": report.environment,
+        "restored": "Timed" not in type(tuner.model.train_function).__name__,
+    }
+
+
+def inputs():
+    """fit runs to the end on arrays, tf.data, a PyDataset (and a DataLoader on torch)."""
+    import tensorflow as tf
+
+    x, y = arrays(6)
+    given = {
+        "arrays": dict(x=x, y=y, batch_size=BATCH),
+        "tf.data": dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)),
+        "PyDataset": dict(x=SlowPyDataset(6, 0.0)),
+    }
+    if keras.backend.backend() == "torch":
+        given["DataLoader"] = dict(x=torch_loader(6, 0.0))
+    results = {}
+    for name, data in given.items():
+        tuner = kpt.PipelineTuner(verbose=0)
+        history = tiny_model().fit(epochs=2, callbacks=[tuner], verbose=0, **data)
+        results[name] = {"epochs": len(history.history["loss"]), **summary(tuner)}
+    return results
+
+
+class _PeriodProbe(keras.callbacks.Callback):
+    """Times the training loop from outside the tuner: one batch begin to the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.begins = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begins.append(time.perf_counter())
+
+
+def delays(delay_s):
+    """An input-bound (or not) fit: `delay_s` per batch, about 30 ms of compute.
+
+    Returns the tuner's summary and the loop's median period between batch
+    begins (steady state: the source's pace when input-bound).
+    """
+    tuner, probe = kpt.PipelineTuner(verbose=0), _PeriodProbe()
+    model = wide_model()
+    # A PyDataset with one worker: Keras fetches on the training thread, on
+    # every backend, and nothing else (tf.data) competes for the two cores.
+    data = SlowPyDataset(16, delay_s, WIDE_FEATURES, WIDE_BATCH)
+    model.fit(data, epochs=1, callbacks=[tuner, probe], verbose=0)
+    period_ms = float(np.median(np.diff(probe.begins[2:]))) * 1e3
+    return {"period_ms": period_ms, **summary(tuner)}
+
+
+def steps_per_execution():
+    tuner = kpt.PipelineTuner(verbose=0)
+    x, y = arrays(12)
+    model = tiny_model(steps_per_execution=4)
+    model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[tuner], verbose=0)
+    return {"rows": tuner.clock.stats("train").steps, "first": "train" in tuner.clock.first_steps}
+
+
+def identical():
+    """Weights and history with and without the tuner, with validation."""
+    x, y = arrays(8)
+    results = []
+    for callbacks in ([], [kpt.PipelineTuner(verbose=0)]):
+        model = tiny_model()
+        history = model.fit(
+            x, y, batch_size=BATCH, epochs=2, validation_data=(x[:64], y[:64]),
+            shuffle=False, callbacks=callbacks, verbose=0,
+        )
+        results.append((model.get_weights(), history.history, callbacks))
+    (plain_weights, plain_history, _), (weights, history, (tuner,)) = results
+    return {
+        "weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, weights)),
+        "history": plain_history == history,
+        "validation_steps": tuner.report.validation.steps if tuner.report.validation else 0,
+        "train_steps": tuner.report.train.steps,
+    }
+
+
+class _ThreadProbe(keras.callbacks.Callback):
+    """Records on which thread Keras runs batch-end hooks."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.threads = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.threads.add(threading.get_ident())
+
+
+def dispatch():
+    """Whether Keras still runs batch-end hooks off the training thread with the tuner."""
+    probe = _ThreadProbe()
+    x, y = arrays(4)
+    tiny_model().fit(
+        x, y, batch_size=BATCH, epochs=1, callbacks=[kpt.PipelineTuner(verbose=0), probe],
+        verbose=0,
+    )
+    return {"off_training_thread": threading.get_ident() not in probe.threads}
+
+
+SCENARIOS = {
+    "inputs": inputs,
+    "slow": lambda: delays(0.08),
+    "fast": lambda: delays(0.0),
+    "steps_per_execution": steps_per_execution,
+    "identical": identical,
+    "dispatch": dispatch,
+}
+
+
+def main(names):
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # Two torch threads beside the other processes of a shared 2-core
+        # machine oversubscribe it (steps 5-10x slower); one keeps steps steady.
+        torch.set_num_threads(1)
+    results = {"backend": keras.backend.backend()}
+    for name in names:
+        results[name] = SCENARIOS[name]()
+    sys.stdout.write(json.dumps(results, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,116 @@
+"""The fit callback on every Keras backend: TensorFlow, JAX and torch.
+
+The backend is fixed when Keras is imported, so each backend's fits run in a
+subprocess of their own (`tests/helpers/backend_fit.py`), which prints what the
+tuner measured as JSON. Delays are injected (sleeps), so the truth is known.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers.paths import REPO_ROOT
+
+pytestmark = pytest.mark.backends
+
+BACKENDS = ("tensorflow", "jax", "torch")
+# Per backend: all scenarios in one process (a backend's imports take seconds).
+SCENARIOS = {
+    "tensorflow": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch"],
+    "jax": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch"],
+    # torch: steps_per_execution must be 1 (Keras says so).
+    "torch": ["inputs", "slow", "fast", "identical", "dispatch"],
+}
+DELAY_MS = 80.0
+
+
+def run_backend(backend, scenarios, extra_env=None):
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(extra_env or {})
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.backend_fit", *scenarios],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def measured(request):
+    results = run_backend(request.param, SCENARIOS[request.param])
+    assert results["backend"] == request.param
+    return results
+
+
+def test_fit_runs_to_the_end_on_every_input(measured):
+    inputs = measured["inputs"]
+    expected = {"arrays", "tf.data", "PyDataset"}
+    if measured["backend"] == "torch":
+        expected.add("DataLoader")
+    assert set(inputs) == expected
+    for name, result in inputs.items():
+        assert result["epochs"] == 2, name
+        # 6 batches a epoch, 2 epochs, the first step reported apart.
+        assert result["steps"] == 11, name
+        assert result["measurement"].startswith("in-step"), (name, result["notes"])
+        assert result["restored"], name
+        assert result["environment"]["backend"] == measured["backend"]
+
+
+def test_input_bound_source_is_judged_highly_input_bound(measured):
+    slow = measured["slow"]
+    assert slow["verdict"] == "highly input-bound", slow
+    # The loop runs no faster than the source (each batch takes 80 ms); the
+    # truth of the input wait is the period between steps (measured apart,
+    # from a callback) less the step's compute: with a synchronous fetch
+    # (torch) about 80 ms, with a fetch that overlaps the step (TF's injected
+    # prefetch, JAX's asynchronous dispatch) 80 ms less the overlap.
+    assert slow["period_ms"] >= 0.75 * DELAY_MS, slow
+    truth = slow["period_ms"] - slow["compute_ms"]
+    assert slow["wait_ms"] == pytest.approx(truth, rel=0.25), slow
+
+
+def test_source_with_no_delay_is_not_input_bound(measured):
+    fast = measured["fast"]
+    assert fast["input_fraction"] < 0.05, fast
+    assert fast["verdict"] == "not input-bound"
+
+
+def test_jax_fetch_time_is_reported_apart_from_the_wait(measured):
+    if measured["backend"] != "jax":
+        pytest.skip("fetch time is reported on the JAX backend only")
+    notes = " ".join(measured["slow"]["notes"])
+    assert "fetch time (inside next())" in notes
+    assert "device sat idle" in notes
+
+
+def test_steps_per_execution_gives_one_row_per_step(measured):
+    if measured["backend"] == "torch":
+        pytest.skip("Keras' torch backend requires steps_per_execution=1")
+    # 12 batches in 3 calls of 4 steps: every step a row, the first apart.
+    assert measured["steps_per_execution"] == {"rows": 11, "first": True}
+
+
+def test_training_is_identical_with_and_without_the_tuner(measured):
+    identical = measured["identical"]
+    assert identical["weights"] and identical["history"], identical
+    # Validation rows are tagged as validation: 2 epochs of 2 batches, and
+    # the training rows hold the training steps only (2 x 8, less the first).
+    assert identical["validation_steps"] == 3
+    assert identical["train_steps"] == 15
+
+
+def test_keras_still_dispatches_batch_end_hooks_asynchronously(measured):
+    if measured["backend"] == "tensorflow":
+        pytest.skip("Keras dispatches callbacks synchronously on TensorFlow")
+    assert measured["dispatch"]["off_training_thread"]
