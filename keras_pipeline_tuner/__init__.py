@@ -33,14 +33,14 @@ _MEASUREMENT_NAMES = {
     "tune": "keras_pipeline_tuner.pipeline.tuning",
     "TuneResult": "keras_pipeline_tuner.pipeline.tuning",
     "RewriteOutcome": "keras_pipeline_tuner.pipeline.tuning",
-    "what_if": "keras_pipeline_tuner.instrument.what_if_replay",
-    "WhatIfResult": "keras_pipeline_tuner.instrument.what_if_replay",
+    "what_if": "keras_pipeline_tuner.instrumentation.what_if_replay",
+    "WhatIfResult": "keras_pipeline_tuner.instrumentation.what_if_replay",
 }
 
 
 def __getattr__(name):
     # The callback subclasses keras.callbacks.Callback, so importing it imports
-    # Keras (and TensorFlow on its backend); keep `import keras_pipeline_tuner` light.
+    # Keras (and TensorFlow); keep `import keras_pipeline_tuner` light.
     if name in ("PipelineTuner", "instrument"):
         import keras
 
@@ -49,8 +49,8 @@ def __getattr__(name):
             from keras_pipeline_tuner._util.tf_import import tensorflow
 
             tensorflow()
-        from keras_pipeline_tuner.instrument.custom_loop import instrument
         from keras_pipeline_tuner.run.tuner import PipelineTuner
+        from keras_pipeline_tuner.run.tuner import instrument
 
         return PipelineTuner if name == "PipelineTuner" else instrument
     if name == "inspect":

@@ -25,7 +25,7 @@ def checked_dataset(value, function: str):
 
     Example:
 
-    >>> checked_dataset(tf.data.Dataset.range(3), "benchmark").cardinality().numpy()
+    >>> int(checked_dataset(tf.data.Dataset.range(3), "benchmark").cardinality())
     3
     """
     tf = tensorflow()

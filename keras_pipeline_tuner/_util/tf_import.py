@@ -27,7 +27,7 @@ def tensorflow():
     Example:
 
     >>> tf = tensorflow()
-    >>> tf.constant(1).numpy()
+    >>> int(tf.constant(1))
     1
     """
     # Keep TF's C++ start-up chatter out of users' terminals unless they asked for it.

@@ -53,6 +53,7 @@ from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
+from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
     from keras_pipeline_tuner.pipeline.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-    from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 
@@ -202,10 +203,7 @@ class _Run:
         if replayed is not None:
             self.bound = replayed
             self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
-        self.verdict = stats.verdict
-        if self.verdict == Verdict.UNKNOWN and profile is not None:
-            # The step was timed as a whole; the profiler window still split it.
-            self.verdict = profile.verdict
+        self.verdict = judge(stats, profile).verdict
 
 
 # Rules.

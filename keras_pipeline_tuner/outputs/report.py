@@ -7,6 +7,7 @@ import math
 import typing
 from typing import Any, Dict, List, Optional
 
+from keras_pipeline_tuner._util.files import write_atomically
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
@@ -18,7 +19,7 @@ from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
 from keras_pipeline_tuner.timing.step_clock import FirstStep
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
-from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 REPORT_FILENAME = "report.json"
@@ -119,3 +120,16 @@ class Report:
             raise ValueError("Not a report: the JSON is not an object.")
         data.pop("schema_version", None)
         return from_dict(cls, data, "report")
+
+
+def write_report(report: Report, log_dir: str) -> str:
+    """Writes `report.json` into `log_dir` atomically.
+
+    Args:
+        report: the `Report`.
+        log_dir: the directory; created if missing.
+
+    Returns:
+        The path written.
+    """
+    return write_atomically(log_dir, REPORT_FILENAME, report.to_json())

@@ -27,9 +27,11 @@ from typing import Optional
 
 import numpy as np
 
+from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_stats import step_seconds
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner._util.tf_import import tensorflow
@@ -46,9 +48,9 @@ REPORT_TAG = f"{TAG_PREFIX}/report"
 TIMELINE_TAG = f"{TAG_PREFIX}/timeline"
 TIMELINE_FILENAME = "timeline.png"
 
-SCALARS = "TensorBoard scalars"
-TEXT = "TensorBoard report text"
-TIMELINE = "TensorBoard timeline image"
+SCALARS = features.TENSORBOARD_SCALARS
+TEXT = features.TENSORBOARD_TEXT
+TIMELINE = features.TENSORBOARD_TIMELINE
 
 # Below this many rows, writing eagerly (about 0.45 ms a step) beats tracing the
 # compiled writer (0.2-0.3 s once; then about 20 us a step).
@@ -147,21 +149,25 @@ class TensorBoardSink:
             if clock is not self._clock:
                 # A new fit (or custom loop run) starts counting from its own step 1.
                 self._clock, self._written = clock, 0
-            numbers = clock.step_numbers(TRAIN)
-            new = numbers > self._written
-            if not new.any():
+            new = clock.rows_since(TRAIN, self._written)
+            numbers, wait, compute = new["number"], new["wait"], new["compute"]
+            if not numbers.size:
                 return 0
-            steps = clock.steps(TRAIN)
-            wait, compute = steps["wait"][new], steps["compute"][new]
-            numbers = numbers[new]
-            if np.isnan(wait).all():
-                tags, values = (WHOLE_STEP_TAG,), compute[None, :] * 1e3
-            else:
-                step = wait + compute
+            step = step_seconds(wait, compute)
+            measured = ~np.isnan(wait)
+            if (~measured).any():
+                # Steps whose wait was not observed (whole steps, a custom loop's
+                # first step of an epoch) have a step time and nothing else: no
+                # NaN reaches TensorBoard.
+                whole = ~measured
+                self._write_scalar_rows(
+                    (WHOLE_STEP_TAG,), numbers[whole], (step[whole] * 1e3)[None, :].astype(np.float32)
+                )
+            if measured.any():
+                wait, compute, step = wait[measured], compute[measured], step[measured]
                 fraction = np.divide(wait, step, out=np.zeros_like(step), where=step > 0)
-                tags = SCALAR_TAGS
                 values = np.stack([wait * 1e3, compute * 1e3, step * 1e3, fraction])
-            self._write_scalar_rows(tags, numbers, values.astype(np.float32))
+                self._write_scalar_rows(SCALAR_TAGS, numbers[measured], values.astype(np.float32))
             self._written = int(numbers[-1])
             return int(numbers.size)
         return 0

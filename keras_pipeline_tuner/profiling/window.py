@@ -20,6 +20,7 @@ import tempfile
 import time
 from typing import List, Optional, Tuple, Union
 
+from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
@@ -30,7 +31,7 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-FEATURE = "profiler window"
+FEATURE = features.PROFILER_WINDOW
 # Steps the step clock measures before "auto" judges the job (the first step, which
 # traces, is not counted). Until it fires, the check repeats at twice the step count
 # of the previous one: summarising the clock costs up to a millisecond, which must

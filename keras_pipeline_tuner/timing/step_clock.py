@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import step_seconds
 from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 TRAIN = "train"
@@ -78,7 +79,7 @@ class _Totals:
         self.steps += int(wait.size)
         self.measured_steps += int(measured.sum())
         self.wait_s += float(wait[measured].sum())
-        self.step_s += float((wait[measured] + compute[measured]).sum())
+        self.step_s += float(step_seconds(wait[measured], compute[measured]).sum())
 
     def fraction(self) -> Optional[float]:
         if self.measured_steps == 0:
@@ -253,6 +254,31 @@ class StepClock:
         retained = int(np.count_nonzero(self._kind[: self._size] == _KINDS.index(kind)))
         total = self._totals[kind].steps
         return np.arange(total - retained + 1, total + 1, dtype=np.int64)
+
+    def rows_since(self, kind: str, number: int) -> Dict[str, np.ndarray]:
+        """The retained steps of `kind` numbered after `number`, for outputs that
+        write what is new since their last write.
+
+        Args:
+            kind: "train" or "validation".
+            number: the last step number already handled (0 for none).
+
+        Returns:
+            As `steps()`, with a "number" array of the steps' run-wide numbers.
+
+        Example:
+
+        >>> clock = StepClock(capacity=10)
+        >>> clock.begin_epoch(0)
+        >>> clock.record("train", np.array([[0.0, 0.01, 0.02], [0.02, 0.03, 0.04]]))
+        >>> clock.rows_since("train", 1)["number"].tolist()
+        [2]
+        """
+        numbers = self.step_numbers(kind)
+        new = numbers > number
+        selected = {name: values[new] for name, values in self._select(kind).items()}
+        selected["number"] = numbers[new]
+        return selected
 
     @property
     def retained_steps(self) -> int:

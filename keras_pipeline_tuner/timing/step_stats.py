@@ -72,6 +72,30 @@ def format_ms(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def step_seconds(wait_s: np.ndarray, compute_s: np.ndarray) -> np.ndarray:
+    """Each step's time: its input wait plus its compute.
+
+    Where the wait was not observed (NaN) the compute holds the whole step, so
+    the step time is the compute alone: never NaN for a measured step. The one
+    rule for the clock, the report and every output.
+
+    Args:
+        wait_s: input wait per step, NaN where not observed.
+        compute_s: compute per step (the whole step where the wait is NaN).
+
+    Returns:
+        Step time per step, in the same unit.
+
+    Example:
+
+    >>> step_seconds(np.array([0.02, np.nan]), np.array([0.01, 0.05])).round(3).tolist()
+    [0.03, 0.05]
+    """
+    wait_s = np.asarray(wait_s, dtype=np.float64)
+    compute_s = np.asarray(compute_s, dtype=np.float64)
+    return np.where(np.isnan(wait_s), compute_s, wait_s + compute_s)
+
+
 @dataclasses.dataclass
 class Distribution:
     """Mean, median and 90th percentile of one timing, in milliseconds."""
@@ -150,7 +174,7 @@ class StepStats:
         """
         wait_s = np.asarray(wait_s, dtype=np.float64)
         compute_s = np.asarray(compute_s, dtype=np.float64)
-        step_s = np.where(np.isnan(wait_s), compute_s, wait_s + compute_s)
+        step_s = step_seconds(wait_s, compute_s)
         measured = ~np.isnan(wait_s)
         fraction = None
         if measured.any():

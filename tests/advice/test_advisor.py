@@ -311,7 +311,7 @@ def test_unmeasured_wait_gives_advice_without_a_number():
 
 def test_a_what_if_replay_measures_the_floor():
     from keras_pipeline_tuner.timing.step_stats import Distribution
-    from keras_pipeline_tuner.instrument.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 
     replay = WhatIfResult(
         speedup_if_input_free=40.0 / 12.5,

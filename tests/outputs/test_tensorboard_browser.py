@@ -46,10 +46,10 @@ CHROMIUM_FLAGS = (
 START_TIMEOUT_S = 60
 RENDER_TIMEOUT_S = 45
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
     CHROMIUM is None,
     reason="Chromium is not installed (Debian: `apt-get install -y chromium`, which .ci/run does)",
-)
+)]
 
 # Collects the text of the page, shadow roots included.
 _PAGE_TEXT = """(() => {

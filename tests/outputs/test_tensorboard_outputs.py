@@ -234,3 +234,33 @@ def test_a_failing_output_turns_off_alone(tmp_path, monkeypatch):
     events = accumulator(tmp_path / tensorboard_sink.RUN)
     assert len(values(events, "input_pipeline/step_ms")) == 2
     assert len(texts(events)) == 1
+
+
+def test_a_decorator_only_loop_over_two_epochs_writes_no_nan_scalar(tmp_path):
+    # The first step of each epoch has no observed wait (nothing says when it
+    # began): it gets a step time, and no NaN wait, compute or fraction.
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off")
+
+    @tuner.instrument
+    def train_step(x):
+        return tf.reduce_sum(x * 2.0)
+
+    for _ in range(2):
+        for batch in tf.data.Dataset.range(6).map(lambda i: tf.cast(i, tf.float32)).batch(2):
+            train_step(batch)
+        tuner.end_epoch()
+    report = tuner.close()
+    assert report.measurement == "decorator"
+    events = accumulator(tmp_path / tensorboard_sink.RUN)
+    tags = events.Tags()["tensors"]
+    assert f"{tensorboard_sink.TAG_PREFIX}/step_ms" in tags
+    written = 0
+    for tag in tags:
+        if not tag.startswith(tensorboard_sink.TAG_PREFIX) or tag.endswith(("report", "timeline")):
+            continue
+        numbers = np.array([float(value) for _, value in values(events, tag)])
+        written += len(numbers)
+        assert np.isfinite(numbers).all(), (tag, numbers)
+    # Every step after the run's first has its step time written, both epochs.
+    assert len(values(events, f"{tensorboard_sink.TAG_PREFIX}/step_ms")) == report.train.steps
+    assert written > report.train.steps

@@ -1,11 +1,14 @@
 """The scripts under examples/ run as they are."""
 
+import pytest
 import os
 import pathlib
 import re
 import subprocess
 import sys
 from tests.helpers.paths import EXAMPLES
+
+pytestmark = pytest.mark.multiprocess
 
 
 

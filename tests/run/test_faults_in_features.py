@@ -16,14 +16,15 @@ import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline import lint as pipeline_lint
-from keras_pipeline_tuner.run import tuner as pipeline_tuner
+from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner.run import lifecycle
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.outputs import markdown as report_markdown
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs import timeline_image
-from keras_pipeline_tuner.instrument import what_if_replay
+from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from tests.helpers.fault_injection import EPOCHS
@@ -44,18 +45,18 @@ def plain_run():
 # Feature name in the warning: what to break (module or class, attribute).
 FAULTS = {
     # At the end of the first epoch, so that steps were recorded (and scalars written).
-    pipeline_tuner.STEP_CLOCK: (StepClock, "end_epoch"),
+    features.STEP_CLOCK: (StepClock, "end_epoch"),
     profiler_window.FEATURE: (profiler_window, "_publish"),
-    pipeline_tuner.INSPECTION: (pipeline_lint, "inspect"),
-    pipeline_tuner.ADVICE: (pipeline_tuner, "advise"),
-    pipeline_tuner.REPORT_FILE: (pipeline_tuner, "write_report"),
-    pipeline_tuner.STEP_TRACE: (pipeline_tuner, "write_trace"),
-    pipeline_tuner.SUMMARY: (terminal_summary, "print_summary"),
-    pipeline_tuner.WHAT_IF: (what_if_replay, "replay_after_fit"),
+    features.INSPECTION: (pipeline_lint, "inspect"),
+    features.ADVICE: (lifecycle, "advise"),
+    features.REPORT_FILE: (lifecycle, "write_report"),
+    features.STEP_TRACE: (lifecycle, "write_trace"),
+    features.SUMMARY: (terminal_summary, "print_summary"),
+    features.WHAT_IF: (what_if_replay, "replay_after_fit"),
     tensorboard_sink.SCALARS: (tensorboard_sink.TensorBoardSink, "_write_scalar_rows"),
     tensorboard_sink.TEXT: (report_markdown, "render_markdown"),
     tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
-    pipeline_tuner.CPU_USAGE: (CpuMeter, "usage"),
+    features.CPU_USAGE: (CpuMeter, "usage"),
 }
 
 
@@ -78,7 +79,7 @@ def test_every_feature_failing_at_once_leaves_training_intact(
     warnings = tuner_warnings(caplog)
     # The what-if replay compares with the step clock's steps: with the clock
     # off it does not run, and says so in the report instead of failing.
-    failed = [feature for feature in FAULTS if feature != pipeline_tuner.WHAT_IF]
+    failed = [feature for feature in FAULTS if feature != features.WHAT_IF]
     for feature in failed:
         naming = [message for message in warnings if f"{feature} turned off" in message]
         assert len(naming) == 1, (feature, warnings)
@@ -94,9 +95,9 @@ def test_every_feature_failing_at_once_leaves_training_intact(
 
 SINGLE_FAULTS = [(feature, *broken) for feature, broken in FAULTS.items()] + [
     # On every step, from the first one.
-    (pipeline_tuner.STEP_CLOCK, StepClock, "record"),
+    (features.STEP_CLOCK, StepClock, "record"),
     # At the start of fit.
-    (pipeline_tuner.CPU_USAGE, CpuMeter, "restart"),
+    (features.CPU_USAGE, CpuMeter, "restart"),
 ]
 
 
@@ -121,22 +122,22 @@ def test_one_feature_failing_leaves_the_rest_working(
 
     report = tuner.report
     assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
-    if feature != pipeline_tuner.STEP_CLOCK:
+    if feature != features.STEP_CLOCK:
         assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
         assert report.validation.steps > 0
-    if feature != pipeline_tuner.REPORT_FILE:
+    if feature != features.REPORT_FILE:
         stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
         assert any(note.startswith(f"{feature} was turned off") for note in stored.notes)
-    if feature not in (profiler_window.FEATURE, pipeline_tuner.STEP_CLOCK):
+    if feature not in (profiler_window.FEATURE, features.STEP_CLOCK):
         assert report.profile is not None and report.profile.steps, report.notes
-    if feature != pipeline_tuner.INSPECTION:
+    if feature != features.INSPECTION:
         assert report.findings
-    if feature == pipeline_tuner.STEP_CLOCK:
+    if feature == features.STEP_CLOCK:
         assert report.what_if is None
         assert any("what-if replay did not run" in note for note in report.notes)
-    elif feature != pipeline_tuner.WHAT_IF:
+    elif feature != features.WHAT_IF:
         assert report.what_if is not None
-    if feature != pipeline_tuner.STEP_TRACE:
+    if feature != features.STEP_TRACE:
         assert (tmp_path / "step_timeline.trace.json").is_file()
     if feature not in (tensorboard_sink.SCALARS, tensorboard_sink.TEXT, tensorboard_sink.TIMELINE):
         assert glob.glob(os.path.join(tmp_path, "pipeline_tuner", "*tfevents*"))
@@ -194,4 +195,4 @@ def test_report_building_failing_leaves_training_intact(tmp_path, monkeypatch, c
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert f"{pipeline_tuner.REPORT} turned off: InjectedFault" in warnings[0]
+    assert f"{features.REPORT} turned off: InjectedFault" in warnings[0]

@@ -15,7 +15,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.run import tuner as pipeline_tuner
+from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
@@ -27,8 +27,8 @@ from tests.helpers.fault_injection import tuner_warnings
 from tests.helpers.fault_injection import turned_off
 
 WRITING_FEATURES = {
-    pipeline_tuner.REPORT_FILE,
-    pipeline_tuner.STEP_TRACE,
+    features.REPORT_FILE,
+    features.STEP_TRACE,
     tensorboard_sink.SCALARS,
     tensorboard_sink.TEXT,
     tensorboard_sink.TIMELINE,
@@ -114,7 +114,7 @@ def test_report_file_on_a_full_disk(tmp_path, caplog, plain_run):
         run = train([tuner], epochs=3)
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
-    assert turned_off(warnings) == [pipeline_tuner.REPORT_FILE], warnings
+    assert turned_off(warnings) == [features.REPORT_FILE], warnings
     assert "No space left on device" in warnings[0]
     assert not (log_dir / REPORT_FILENAME).exists()
     # The half-written file is removed, the other outputs are there.

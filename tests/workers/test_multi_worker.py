@@ -14,6 +14,8 @@ import pytest
 from keras_pipeline_tuner.outputs.report import Report
 from tests.helpers import private_network
 from tests.helpers.paths import HELPERS
+
+pytestmark = pytest.mark.multiprocess
 SCRIPT = HELPERS / "multi_worker_training.py"
 
 

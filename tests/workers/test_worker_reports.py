@@ -7,6 +7,10 @@ import numpy as np
 import pytest
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.profiling.window import ProfilerWindow
+from keras_pipeline_tuner.run.lifecycle import Run
+from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
@@ -146,21 +150,24 @@ def test_a_report_with_workers_and_cpu_round_trips_and_renders(tmp_path):
 
 def test_a_worker_other_than_the_chief_writes_into_its_own_folder(tmp_path):
     identity = worker_reports.identity_from_cluster(TWO_WORKERS, "worker", 1)
-    default = kpt.PipelineTuner(log_dir=tmp_path, verbose=0)
-    default._join_workers(identity)  # pylint: disable=protected-access
+
+    def begun(tensorboard_workers, who):
+        settings = RunSettings(log_dir=str(tmp_path), tensorboard_workers=tensorboard_workers)
+        guard = FeatureGuard()
+        run = Run(settings, guard, ProfilerWindow("off", None, str(tmp_path), guard))
+        run.begin(who)
+        return run
+
+    default = begun("chief", identity)
     worker_dir = str(tmp_path / "workers" / "worker_1")
-    assert default._output_dir == worker_dir  # pylint: disable=protected-access
+    assert default.output_dir == worker_dir
     # Only the chief writes TensorBoard summaries unless asked otherwise.
-    assert default._tensorboard is None  # pylint: disable=protected-access
-    everyone = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, tensorboard_workers="all")
-    everyone._join_workers(identity)  # pylint: disable=protected-access
-    assert everyone._tensorboard.run_dir.startswith(worker_dir)  # pylint: disable=protected-access
-    chief = kpt.PipelineTuner(log_dir=tmp_path, verbose=0)
-    chief._join_workers(  # pylint: disable=protected-access
-        worker_reports.identity_from_cluster(TWO_WORKERS, "worker", 0)
-    )
-    assert chief._output_dir == str(tmp_path)  # pylint: disable=protected-access
-    assert chief._tensorboard is not None  # pylint: disable=protected-access
+    assert default.tensorboard is None
+    everyone = begun("all", identity)
+    assert everyone.tensorboard.run_dir.startswith(worker_dir)
+    chief = begun("chief", worker_reports.identity_from_cluster(TWO_WORKERS, "worker", 0))
+    assert chief.output_dir == str(tmp_path)
+    assert chief.tensorboard is not None
 
 
 @pytest.mark.parametrize(

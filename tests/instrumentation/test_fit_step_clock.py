@@ -147,7 +147,7 @@ def _train(with_tuner: bool):
 @pytest.mark.parametrize("steps_per_execution", [1, 3])
 def test_tuner_changes_nothing_the_model_sees(steps_per_execution, monkeypatch):
     monkeypatch.setattr(
-        "tests.training_data.tiny_model.__defaults__", (0.0, steps_per_execution)
+        "tests.helpers.training_data.tiny_model.__defaults__", (0.0, steps_per_execution)
     )
     weights_plain, history_plain = _train(with_tuner=False)
     weights_tuned, history_tuned = _train(with_tuner=True)

@@ -212,7 +212,8 @@ class JaxFitTiming:
         on_fallback: Callable[[str], None],
     ):
         self._jax = backend_module("jax")
-        self.model = model
+        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
+        self._model = weakref.ref(model)
         self._on_rows = on_rows
         self._on_error = on_error
         self._on_fallback = on_fallback
@@ -226,33 +227,39 @@ class JaxFitTiming:
         self.fetch_s = {TRAIN: 0.0, VALIDATION: 0.0}
         self.fetches = {TRAIN: 0, VALIDATION: 0}
 
-    # The FitTiming interface.
+    @property
+    def model(self):
+        """The model being fit, or `None` once it is gone."""
+        return self._model()
+
+    # The FitTiming interface (see `instrumentation.fit_timing`).
 
     def begin(self, kind: str) -> None:
         """Puts the timed function in place of Keras' own for `kind`."""
+        model = self.model
         attribute = _ATTRIBUTE[kind]
-        current = getattr(self.model, attribute, None)
+        current = getattr(model, attribute, None)
         if isinstance(current, _TimedJaxFunction):
             # Left behind by a fit that was interrupted between steps.
             current = current.original
-            setattr(self.model, attribute, current)
+            setattr(model, attribute, current)
         if current is None:
             return
-        reason = unsupported_reason(self.model)
+        reason = unsupported_reason(model)
         if reason is not None:
             self._on_fallback(reason)
             return
-        cache = getattr(self.model, _CACHE_ATTRIBUTE, None)
+        cache = getattr(model, _CACHE_ATTRIBUTE, None)
         if not isinstance(cache, _FunctionCache):
             cache = _FunctionCache()
-            setattr(self.model, _CACHE_ATTRIBUTE, cache)
+            setattr(model, _CACHE_ATTRIBUTE, cache)
         timed = cache.functions.get(kind)
         if timed is None or timed.original is not current:
-            timed = cache.functions[kind] = _TimedJaxFunction(self.model, kind, current)
+            timed = cache.functions[kind] = _TimedJaxFunction(model, kind, current)
         timed.timing = self
         self._timed[kind] = timed
         self._start_waiter()
-        setattr(self.model, attribute, timed)
+        setattr(model, attribute, timed)
 
     def before_step(self, kind: str) -> None:
         """Hands over the rows of steps that have ended since the last call."""
@@ -263,11 +270,25 @@ class JaxFitTiming:
 
     def end(self, kind: str) -> None:
         """Waits for the last steps' outputs, hands over their rows, restores Keras'."""
-        self._flush()
-        self._deliver()
+        self.flush_rows(wait=True)
         self.restore(kind)
         if not self._timed:
             self._stop_waiter()
+
+    def flush_rows(self, wait: bool = False) -> None:
+        """Hands over the rows of the steps that have ended.
+
+        Args:
+            wait: first wait until every dispatched step has ended (at the end
+                of an epoch, when Keras has synchronised the state anyway).
+        """
+        if wait:
+            self._flush()
+        self._deliver()
+
+    def step_marker_target(self, kind: str):
+        """None: the TF Profiler window is not opened on this backend."""
+        return None
 
     # Also used by the run after a failure.
 
@@ -277,8 +298,9 @@ class JaxFitTiming:
         if timed is None:
             return
         timed.timing = None
-        if getattr(self.model, _ATTRIBUTE[kind], None) is timed:
-            setattr(self.model, _ATTRIBUTE[kind], timed.original)
+        model = self.model
+        if model is not None and getattr(model, _ATTRIBUTE[kind], None) is timed:
+            setattr(model, _ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report: the fetch time, apart from the input wait."""

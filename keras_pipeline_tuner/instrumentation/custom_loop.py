@@ -29,14 +29,16 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline import lint as pipeline_lint
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-FEATURE = "custom loop clock"
+FEATURE = features.LOOP_CLOCK
 
 # Values of `Report.measurement` for custom loops.
 DECORATOR = "decorator"
@@ -68,6 +70,32 @@ _WHAT_STILL_WORKS = (
     "dataset alone with kpt.benchmark(dataset). For per-step timings, iterate in "
     "Python: `for batch in tuner.iterate(dataset): train_step(batch)`."
 )
+
+
+@dataclasses.dataclass
+class LoopHooks:
+    """What the loop timer needs of the run it feeds: narrow callables.
+
+    Attributes:
+        begin_run: starts a new run; returns its `StepClock`.
+        is_current: whether a clock's run is still the latest one (a fit with
+            the same tuner starts a run of its own).
+        steps_ended: called between steps with how many just finished.
+        epoch_ended: called between steps when an epoch ended.
+        mark_step: called after each step, for the profiler's step marks.
+        inspect: runs the pipeline inspection with the callable it is given.
+        finish: ends the run; returns the final `Report`.
+        report: the latest `Report`.
+    """
+
+    begin_run: Callable[[], StepClock]
+    is_current: Callable[[StepClock], bool]
+    steps_ended: Callable[[int], None]
+    epoch_ended: Callable[[], None]
+    mark_step: Callable[[], None]
+    inspect: Callable[[Callable[[], Any]], None]
+    finish: Callable[[], Any]
+    report: Callable[[], Any]
 
 
 @dataclasses.dataclass
@@ -112,11 +140,12 @@ class LoopTimer:
 
     One per `PipelineTuner`, created at its first custom-loop use;
     `PipelineTuner.instrument`, `iterate`, `end_epoch`, `close` and the context
-    manager delegate to it. A run starts at the first measured call (with a fresh
-    `StepClock` on the tuner, as `fit` does) and ends at `close()`.
+    manager delegate to it. A run starts at the first measured call (a new run
+    with its own `StepClock`, as `fit` starts one) and ends at `close()`.
 
     Args:
-        tuner: the `PipelineTuner` whose clock, guard and outputs are used.
+        hooks: the `LoopHooks` of the run it feeds.
+        guard: the tuner's `FeatureGuard`.
 
     Example:
 
@@ -134,9 +163,9 @@ class LoopTimer:
     ```
     """
 
-    def __init__(self, tuner):
-        self.tuner = tuner
-        self._guard = tuner.guard
+    def __init__(self, hooks: LoopHooks, guard):
+        self._hooks = hooks
+        self._guard = guard
         # The py_function callback runs on a TensorFlow thread.
         self._lock = threading.Lock()
         self._clock: Optional[StepClock] = None
@@ -166,17 +195,14 @@ class LoopTimer:
 
         Args:
             fn: the train (or validation) step: a Python function or a
-                `tf.function`. `None` returns a decorator, for
-                `@tuner.instrument(kind="validation")`.
+                `tf.function`.
             kind: "train" or "validation".
 
         Returns:
             The wrapped function (same name, docstring, signature and return
-            values), with the tuner as its `tuner` attribute.
+            values).
         """
-        kind = _checked_kind(kind, "instrument")
-        if fn is None:
-            return functools.partial(self.instrument, kind=kind)
+        kind = checked_kind(kind, "instrument")
         if not callable(fn):
             raise TypeError(
                 f"`instrument` decorates the train-step function, got "
@@ -202,9 +228,7 @@ class LoopTimer:
                 return timer._graph_call(fn, kind, args, kwargs)
             return timer._eager_call(step, args, kwargs)
 
-        instrumented = _left_to_python(instrumented)
-        instrumented.tuner = self.tuner
-        return instrumented
+        return _left_to_python(instrumented)
 
     def iterate(self, iterable: Iterable, kind: str = TRAIN) -> "TimedIterator":
         """Wraps the loop's dataset so that each `next()` is timed.
@@ -216,7 +240,7 @@ class LoopTimer:
         Returns:
             A `TimedIterator`; each pass over it is one epoch.
         """
-        kind = _checked_kind(kind, "iterate")
+        kind = checked_kind(kind, "iterate")
         if not (hasattr(iterable, "__iter__") or hasattr(iterable, "__getitem__")):
             raise TypeError(
                 f"`iterate` expects what the loop iterates over (a tf.data.Dataset, an "
@@ -265,26 +289,26 @@ class LoopTimer:
         self._unreported_steps = self._unreported_epochs = 0
         if running and not self._finished:
             self._finished = True
-            self.tuner._window.end_fit()
-            return self.tuner.finish()
-        return self.tuner.report
+            return self._hooks.finish()
+        return self._hooks.report()
 
-    def describe(self, measurement: str, notes: List[str]) -> Tuple[str, List[str]]:
-        """How the latest run was measured, for the report.
-
-        Args:
-            measurement: the tuner's own value (from `fit`).
-            notes: the tuner's own notes.
+    def describe(self) -> Optional[Tuple[str, List[str]]]:
+        """How the loop's run was measured, for the report.
 
         Returns:
-            `(measurement, notes)`: unchanged when the latest run is a `fit`,
-            else the custom loop's.
+            `(measurement, notes)` while the loop's run is the latest one, else
+            `None`.
         """
         with self._lock:
             if self._clock is None or not self._is_current():
-                return measurement, notes
-            self._flush_rows()
-            return self._measurement(), list(notes) + self._notes()
+                return None
+            return self._measurement(), self._notes()
+
+    def flush_rows(self) -> None:
+        """Hands the steps kept back (they are recorded in batches) to the clock."""
+        with self._lock:
+            if self._clock is not None and self._is_current():
+                self._flush_rows()
 
     # Timed calls.
 
@@ -310,11 +334,7 @@ class LoopTimer:
         end = time.time()
         self._depth -= 1
         if kind == TRAIN:
-            # The profiler's step marks run from one step's end to the next's, so
-            # that each holds the loop's batch fetch as well as the step: the
-            # analyzer's input time is the fetch inside a marked step.
-            self.tuner._window.after_step(0)
-            self.tuner._window.before_step(0, None, self._clock)
+            self._hooks.mark_step()
         traced = tracing_count is not None and tracing_count() != traces
         if traced and not step.fetches_inside:
             self._read_trace(step, args, kwargs)
@@ -427,10 +447,10 @@ class LoopTimer:
             steps, epochs = self._unreported_steps, self._unreported_epochs
             self._unreported_steps = self._unreported_epochs = 0
             if epochs:
-                # Converts a profiler window closed this epoch, between steps.
-                self.tuner._window.end_epoch()
-                self.tuner._write_epoch_outputs()
-            self.tuner._loop_steps_ended(steps)
+                # Writes the epoch's outputs (and converts a profiler window
+                # closed this epoch), between steps.
+                self._hooks.epoch_ended()
+            self._hooks.steps_ended(steps)
 
     def _inspect(self, iterable, kind: str) -> None:
         """Lints the training dataset once per run, before its first batch, as `fit` does."""
@@ -440,12 +460,7 @@ class LoopTimer:
         tf = tensorflow()
         if not isinstance(iterable, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             return
-        from keras_pipeline_tuner.pipeline import lint as pipeline_lint
-        from keras_pipeline_tuner.run.tuner import INSPECTION
-
-        if self._guard.enabled(INSPECTION):
-            with self._guard(INSPECTION):
-                self.tuner._findings = pipeline_lint.inspect(iterable)
+        self._hooks.inspect(lambda: pipeline_lint.inspect(iterable))
 
     # Bookkeeping (every entry point holds the guard; the callers never raise).
 
@@ -469,11 +484,10 @@ class LoopTimer:
 
     def _is_current(self) -> bool:
         # A fit with this tuner replaces its clock; the custom-loop run is over.
-        return self.tuner.clock is self._clock
+        return self._hooks.is_current(self._clock)
 
     def _start_run(self) -> None:
-        self.tuner._begin_loop_run()
-        self._clock = self.tuner.clock
+        self._clock = self._hooks.begin_run()
         self._finished = False
         self._states = {kind: _KindState() for kind in _KINDS}
         self._epochs_done = 0
@@ -734,42 +748,8 @@ class TimedIterator:
         return len(self._iterable)
 
 
-def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwargs: Any):
-    """Times a custom loop's train step with a tuner of its own.
-
-    The shortcut for `tuner = kpt.PipelineTuner(...)` then `@tuner.instrument`:
-    the tuner is the decorated function's `tuner` attribute. Call
-    `train_step.tuner.close()` after the loop for the report and the outputs.
-
-    Args:
-        fn: the train step (a Python function or a `tf.function`); omitted when
-            arguments are given, as in `@kpt.instrument(log_dir="logs/run1")`.
-        kind: "train" or "validation".
-        **tuner_kwargs: arguments of `PipelineTuner` (`log_dir`, `verbose`, ...).
-
-    Returns:
-        The wrapped step, or a decorator when `fn` is omitted.
-
-    Example:
-
-    ```python
-    @kpt.instrument(log_dir="logs/run1")
-    @tf.function
-    def train_step(x, y):
-        ...
-
-    for x, y in train_step.tuner.iterate(train_ds):
-        train_step(x, y)
-    train_step.tuner.close()
-    ```
-    """
-    from keras_pipeline_tuner.run.tuner import PipelineTuner
-
-    kind = _checked_kind(kind, "instrument")
-    return PipelineTuner(**tuner_kwargs).instrument(fn, kind=kind)
-
-
-def _checked_kind(kind: str, where: str) -> str:
+def checked_kind(kind: str, where: str) -> str:
+    """`kind` if it is "train" or "validation", else a clear error naming `where`."""
     if kind not in _KINDS:
         raise ValueError(
             f"`{where}(kind=...)` must be 'train' or 'validation', got {kind!r}. Use "

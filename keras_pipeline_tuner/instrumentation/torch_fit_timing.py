@@ -151,7 +151,8 @@ class TorchFitTiming:
         on_fallback: Callable[[str], None],
     ):
         self._torch = backend_module("torch")
-        self.model = model
+        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
+        self._model = weakref.ref(model)
         self._on_rows = on_rows
         self._on_error = on_error
         self._on_fallback = on_fallback
@@ -160,13 +161,19 @@ class TorchFitTiming:
         self._fetch: Dict[str, tuple] = {}
         self.loader: Dict[str, Any] = {}
 
+    @property
+    def model(self):
+        """The model being fit, or `None` once it is gone."""
+        return self._model()
+
     def begin(self, kind: str) -> None:
         """Puts the timed function in place and wraps the running loop's loader."""
+        model = self.model
         attribute = _ATTRIBUTE[kind]
-        current = getattr(self.model, attribute, None)
+        current = getattr(model, attribute, None)
         if isinstance(current, _TimedTorchFunction):
             current = current.original
-            setattr(self.model, attribute, current)
+            setattr(model, attribute, current)
         if current is None:
             return
         if self._torch.cuda.is_available():
@@ -177,12 +184,12 @@ class TorchFitTiming:
                 "version does not time CUDA steps"
             )
             return
-        timed = _TimedTorchFunction(self.model, kind, current)
+        timed = _TimedTorchFunction(model, kind, current)
         timed.timing = self
         self._timed[kind] = timed
         self._fetch.pop(kind, None)
-        self._wrap_loader(kind)
-        setattr(self.model, attribute, timed)
+        self._wrap_loader(model, kind)
+        setattr(model, attribute, timed)
 
     def before_step(self, kind: str) -> None:
         """Nothing: the fetch is stamped by the loader, the step by the function."""
@@ -194,6 +201,13 @@ class TorchFitTiming:
         """Restores Keras' own function and the adapter's loader for `kind`."""
         self.restore(kind)
 
+    def flush_rows(self, wait: bool = False) -> None:
+        """Nothing kept back: each step's row is handed over when it returns."""
+
+    def step_marker_target(self, kind: str):
+        """None: the TF Profiler window is not opened on this backend."""
+        return None
+
     def restore(self, kind: str) -> None:
         """Puts Keras' own function back for `kind` (safe to call twice)."""
         adapter = self._adapters.pop(kind, None)
@@ -203,8 +217,9 @@ class TorchFitTiming:
         if timed is None:
             return
         timed.timing = None
-        if getattr(self.model, _ATTRIBUTE[kind], None) is timed:
-            setattr(self.model, _ATTRIBUTE[kind], timed.original)
+        model = self.model
+        if model is not None and getattr(model, _ATTRIBUTE[kind], None) is timed:
+            setattr(model, _ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report (none on torch: the fetch is the wait)."""
@@ -227,8 +242,8 @@ class TorchFitTiming:
         )
         return logs
 
-    def _wrap_loader(self, kind: str) -> None:
-        adapter = running_data_adapter(self.model, _LOOP_METHOD[kind])
+    def _wrap_loader(self, model, kind: str) -> None:
+        adapter = running_data_adapter(model, _LOOP_METHOD[kind])
         if adapter is None or not callable(getattr(adapter, "get_torch_dataloader", None)):
             logger.info(
                 "keras-pipeline-tuner: no running %s found; torch fetches are not timed.",

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.instrument import fit_input
+from keras_pipeline_tuner.instrumentation import fit_input
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
@@ -114,3 +114,29 @@ def test_large_in_memory_data_is_not_inspected_and_says_so_without_a_warning(cap
     )
     assert "pipeline inspection" not in caplog.text
     assert report.measurement == "in-step" and report.train.steps == 4
+
+
+def test_a_custom_loop_treats_large_in_memory_data_as_fit_does(caplog):
+    # The twin of the test above: a note in the report, no warning, and the
+    # inspection stays on for the tuner's next run.
+    x = np.zeros((2100, 2048), np.float32)
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+
+    @tuner.instrument
+    def train_step(batch):
+        return tf.reduce_sum(batch)
+
+    with caplog.at_level("WARNING", logger="keras_pipeline_tuner"):
+        for batch in tuner.iterate(tf.data.Dataset.from_tensor_slices(x).batch(512)):
+            train_step(batch)
+        report = tuner.close()
+    assert report.findings == []
+    assert any(
+        "not inspected" in note and "16 MB of in-memory tensors" in note for note in report.notes
+    )
+    assert "pipeline inspection" not in caplog.text
+    assert report.train.steps == 4
+    with tuner:
+        for batch in tuner.iterate(slow_source(8, 0.001).batch(4)):
+            train_step(tf.cast(batch[0], tf.float32))
+    assert tuner.report.findings, "the next run was not inspected"

@@ -14,6 +14,8 @@ from tests.helpers.fault_injection import run_script
 from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import tiny_model
 
+pytestmark = pytest.mark.slow
+
 
 def test_thousands_of_steps_keep_the_buffers_bounded():
     steps = 3000
@@ -65,11 +67,11 @@ def test_a_killed_process_keeps_the_summaries_of_the_last_seconds(tmp_path):
         import signal, time
         import keras
         import keras_pipeline_tuner as kpt
-        from keras_pipeline_tuner.run import tuner as pipeline_tuner
+        from keras_pipeline_tuner.run import lifecycle
         from tests.helpers.training_data import cached_source, tiny_model
 
         # Checkpoints every 0.2 s instead of every few seconds, to keep the test short.
-        pipeline_tuner.CHECKPOINT_S = 0.2
+        lifecycle.CHECKPOINT_S = 0.2
 
         class SlowThenKill(keras.callbacks.Callback):
             def on_epoch_begin(self, epoch, logs=None):

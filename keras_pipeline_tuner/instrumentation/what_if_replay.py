@@ -186,7 +186,7 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         ValueError: when fit was not given a tf.data dataset or the real
             steps' times are unknown (says which).
     """
-    from keras_pipeline_tuner.instrument import fit_input
+    from keras_pipeline_tuner.instrumentation import fit_input
 
     found = fit_input.find_fit_input(model)
     if found is None or found.kind != fit_input.TF_DATASET or found.source is None:

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.run import tuner as pipeline_tuner
+from keras_pipeline_tuner.run import lifecycle
 from keras_pipeline_tuner.timing.timed_step_function import TimedFunction
 from tests.helpers.fault_injection import run_script
 from tests.helpers.training_data import cached_source
@@ -150,7 +150,7 @@ class RaiseFromCallback(keras.callbacks.Callback):
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("other callback")])
 def test_interrupted_by_another_callback(hook, batch, steps_done, error, tmp_path, monkeypatch):
     # Written after every step here; by default every few seconds (see below).
-    monkeypatch.setattr(pipeline_tuner, "CHECKPOINT_S", 0.0)
+    monkeypatch.setattr(lifecycle, "CHECKPOINT_S", 0.0)
     dataset = cached_source(4 * STEPS_PER_EPOCH).batch(4)
     model = tiny_model()
     keras_train, keras_test = keras_functions(model, dataset)
@@ -170,7 +170,7 @@ def test_interrupted_by_another_callback(hook, batch, steps_done, error, tmp_pat
 
 
 def test_checkpoints_are_a_few_seconds_apart():
-    assert 1 <= pipeline_tuner.CHECKPOINT_S <= 10
+    assert 1 <= lifecycle.CHECKPOINT_S <= 10
 
 
 def test_ctrl_c_in_a_script_keeps_the_report_up_to_that_point(tmp_path):

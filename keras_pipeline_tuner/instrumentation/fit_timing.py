@@ -1,0 +1,246 @@
+"""Timing sources for `model.fit`: one per Keras backend, the same rows for all.
+
+Each source times the steps of one fit and hands the run rows of
+`(start, ready, end)` timestamps (see `timing.step_clock`) through the narrow
+callables it is given; it knows nothing of reports or outputs. The Keras
+callback drives it from its hooks: `begin(kind)` when training (or validation)
+begins, `before_step(kind)` / `after_step(kind)` around each call of Keras'
+train (or test) function, `end(kind)` to put Keras' own functions back.
+
+On the TensorFlow backend the batch is fetched inside `model.train_function`,
+so the source replaces it with an equivalent compiled function that takes
+timestamps around the fetch and after the step (`timing.timed_step_function`).
+The replacement is on the model only while a step runs: however fit is
+interrupted, Keras' own function is left in place.
+"""
+
+import time
+import weakref
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_clock import VALIDATION
+from keras_pipeline_tuner.timing import timed_step_function
+
+# The model attribute Keras calls for each kind of step.
+ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
+
+OnRows = Callable[[str, np.ndarray, float, float], None]
+OnError = Callable[[Optional[BaseException]], None]
+OnFallback = Callable[[str], None]
+
+
+class FitTiming:
+    """Times one fit's steps with whole-step wall time (the fallback every backend has).
+
+    Used as is when the step cannot be split into input wait and compute; the
+    backend sources subclass it.
+
+    Args:
+        model: the `keras.Model` being fit.
+        on_rows: called with `(kind, rows, wall_s, called_at)` after each call of
+            Keras' function: `rows` is an (n, 3) array of (start, ready, end)
+            seconds, `ready` NaN when not observed; `wall_s` the call's wall
+            time; `called_at` when it began (`time.time()`).
+        on_error: called with the exception when the user's step raises (or
+            `None` when a call comes from a fit that no longer uses the tuner).
+        on_fallback: called with a sentence when only whole steps can be timed.
+
+    Example:
+
+    ```python
+    timing = fit_timing_for(model, on_rows, on_error, on_fallback)
+    timing.begin("train")       # on_train_begin
+    timing.before_step("train") # on_train_batch_begin
+    timing.after_step("train")  # on_train_batch_end
+    timing.end("train")         # on_train_end
+    ```
+    """
+
+    def __init__(self, model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback):
+        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
+        self._model = weakref.ref(model)
+        self._on_rows = on_rows
+        self._on_error = on_error
+        self._on_fallback = on_fallback
+        self._step_started: Dict[str, float] = {}
+
+    @property
+    def model(self):
+        """The model being fit, or `None` once it is gone."""
+        return self._model()
+
+    def begin(self, kind: str) -> None:
+        """Prepares to time the steps of `kind` ("train" or "validation")."""
+
+    def before_step(self, kind: str) -> None:
+        """Called just before Keras runs one call of its function for `kind`."""
+        self._step_started[kind] = time.time()
+
+    def after_step(self, kind: str) -> None:
+        """Called just after that call; hands its row to the run."""
+        start = self._step_started.pop(kind, None)
+        if start is None:
+            return
+        end = time.time()
+        self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
+
+    def end(self, kind: str) -> None:
+        """Puts Keras' own functions for `kind` back."""
+
+    def flush_rows(self, wait: bool = False) -> None:
+        """Hands the run the rows of steps that have ended, if any are kept back.
+
+        Args:
+            wait: first wait for the steps still running (at the end of an epoch).
+        """
+
+    def notes(self) -> List[str]:
+        """Sentences for the report about how this backend was measured."""
+        return []
+
+    def step_marker_target(self, kind: str):
+        """The object the profiler window marks steps through, or `None`.
+
+        A timed compiled function takes a `trace_step` callable; without one the
+        window marks whole calls from the callback hooks.
+        """
+        return None
+
+
+class TensorFlowFitTiming(FitTiming):
+    """Times the fetch and the step inside the compiled function (TensorFlow backend).
+
+    Args: as `FitTiming`.
+    """
+
+    def __init__(self, model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback):
+        super().__init__(model, on_rows, on_error, on_fallback)
+        self._swapped: Dict[str, timed_step_function.TimedFunction] = {}
+        self._whole_step = False
+
+    def begin(self, kind: str) -> None:
+        model = self.model
+        attribute = ATTRIBUTE[kind]
+        current = getattr(model, attribute, None)
+        if isinstance(current, timed_step_function.TimedFunction):
+            # Left behind by a fit that was interrupted outside a step.
+            current = current.original
+            setattr(model, attribute, current)
+        if current is None:
+            return
+        reason = timed_step_function.unsupported_reason(model)
+        if reason is None and model.run_eagerly:
+            reason = "the model runs eagerly (run_eagerly=True)"
+        if reason is None and not _is_keras_own(model, kind, current):
+            reason = (
+                f"the model overrides make_{'train' if kind == TRAIN else 'test'}_function, "
+                "so its own function runs as it is"
+            )
+        if reason is not None:
+            self._whole_step = True
+            self._on_fallback(reason)
+            return
+        previous = self._swapped.get(kind)
+        if previous is not None and previous.original is current:
+            return
+        self._swapped[kind] = timed_step_function.TimedFunction(
+            model,
+            model.train_step if kind == TRAIN else model.test_step,
+            current,
+            on_rows=lambda rows, wall, called_at: self._on_rows(
+                kind, np.asarray(rows), wall, called_at
+            ),
+            on_error=self._failed,
+        )
+
+    def before_step(self, kind: str) -> None:
+        timed = self._swapped.get(kind)
+        if timed is None:
+            if self._whole_step:
+                super().before_step(kind)
+            return
+        timed.armed = True
+        # In place from here to the end of the step only: fit interrupted
+        # between steps (Ctrl-C, another callback raising) leaves Keras' own
+        # function on the model. About 1 us a step.
+        setattr(self.model, ATTRIBUTE[kind], timed)
+
+    def after_step(self, kind: str) -> None:
+        timed = self._swapped.get(kind)
+        if timed is None:
+            if self._whole_step:
+                super().after_step(kind)
+            return
+        model = self.model
+        if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
+            setattr(model, ATTRIBUTE[kind], timed.original)
+
+    def end(self, kind: str) -> None:
+        timed = self._swapped.pop(kind, None)
+        model = self.model
+        if timed is not None and model is not None:
+            if getattr(model, ATTRIBUTE[kind], None) is timed:
+                setattr(model, ATTRIBUTE[kind], timed.original)
+
+    def step_marker_target(self, kind: str):
+        return self._swapped.get(kind)
+
+    def _failed(self, error: Optional[BaseException]) -> None:
+        self.end(TRAIN)
+        self.end(VALIDATION)
+        self._on_error(error)
+
+
+def fit_timing_for(model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback) -> FitTiming:
+    """The timing source for `model`'s backend.
+
+    Args:
+        model: the `keras.Model` being fit.
+        on_rows, on_error, on_fallback: as for `FitTiming`.
+
+    Returns:
+        A timing source for the active Keras backend: `TensorFlowFitTiming`,
+        `JaxFitTiming`, `TorchFitTiming`, or whole-step `FitTiming` for others.
+    """
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return TensorFlowFitTiming(model, on_rows, on_error, on_fallback)
+    if backend == "jax":
+        # Imported here: jax is imported only for a fit on its backend.
+        from keras_pipeline_tuner.instrumentation.jax_fit_timing import JaxFitTiming
+
+        return JaxFitTiming(model, on_rows, on_error, on_fallback)
+    if backend == "torch":
+        from keras_pipeline_tuner.instrumentation.torch_fit_timing import TorchFitTiming
+
+        return TorchFitTiming(model, on_rows, on_error, on_fallback)
+    timing = FitTiming(model, on_rows, on_error, on_fallback)
+    on_fallback(
+        f"the Keras backend is {backend!r}; input wait is measured inside the step on "
+        "the TensorFlow, JAX and torch backends only"
+    )
+    return timing
+
+
+def _is_keras_own(model, kind: str, function) -> bool:
+    """Whether `function` was made by Keras' own `make_train_function` (or test).
+
+    A model that overrides it runs code of its own around the step (clipping
+    weights after every call, say); replacing the function would drop that code.
+    """
+    import keras
+
+    name = "make_train_function" if kind == TRAIN else "make_test_function"
+    override = getattr(type(model), name, None)
+    own = getattr(keras.Model, name, None)
+    if override is None or own is None:
+        return True
+    defining = next(
+        (klass for klass in type(model).__mro__ if name in vars(klass)), None
+    )
+    return defining is None or defining.__module__.startswith("keras.")

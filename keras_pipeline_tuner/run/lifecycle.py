@@ -1,0 +1,452 @@
+"""The run lifecycle that `model.fit` and custom training loops both drive.
+
+A run begins (a fit's `on_train_begin`, or a custom loop's first measured call),
+receives timing rows from a timing source, sees epochs end, and finishes. Along
+the way it keeps what the evidence modules found (the pipeline's findings, the
+profiler window, the what-if replay, the CPU meter, the other workers'
+summaries), builds the `Report` from them, and writes the outputs (report.json,
+TensorBoard, the step trace, the terminal summary) at a cadence: every epoch,
+every few seconds within one, when a step fails, and at the end.
+
+Drivers (the Keras callback, the custom-loop timer) call only the public
+methods here; timing sources hand rows to `record_rows`.
+"""
+
+import atexit
+import dataclasses
+import logging
+import sys
+import time
+import weakref
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.outputs import terminal as terminal_summary
+from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import write_report
+from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
+from keras_pipeline_tuner.outputs.trace import write_trace
+from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
+from keras_pipeline_tuner.profiling.window import FIT_ENDED
+from keras_pipeline_tuner.profiling.window import ProfilerWindow
+from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_clock import VALIDATION
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.workers import exchange as worker_reports
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+# Seconds between writes of report.json and the TensorBoard scalars within an
+# epoch, so that a crash loses at most this much (a write costs about 3 ms).
+CHECKPOINT_S = 5.0
+# Runs in progress, written at interpreter exit: a script ended by an exception
+# between steps (e.g. Ctrl-C) keeps the report up to that point.
+_RUNNING = weakref.WeakSet()
+
+# `Report.measurement` of a run timed inside the step, and of one timed whole.
+IN_STEP = "in-step"
+WHOLE_STEP = "whole-step"
+
+
+@dataclasses.dataclass
+class RunSettings:
+    """What a run needs of the tuner's arguments.
+
+    Attributes:
+        log_dir: where outputs go; `None` keeps the report in memory.
+        verbose: 0 silences the terminal summary.
+        buffer_steps: per-step rows the clock retains.
+        tensorboard_workers: "chief" or "all" (multi-worker runs).
+        worker_timeout_s: how long the chief waits for the other workers.
+    """
+
+    log_dir: Optional[str] = None
+    verbose: int = 1
+    buffer_steps: int = 10_000
+    tensorboard_workers: str = "chief"
+    worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S
+
+
+class Run:
+    """One measured run: a fit, or a custom loop from its first step to `close()`.
+
+    Args:
+        settings: the `RunSettings`.
+        guard: the tuner's `FeatureGuard` (a failed feature stays off for the
+            tuner's life, across runs).
+        window: the tuner's `ProfilerWindow`.
+        describe: returns `(measurement, notes)` of the timing source when it
+            knows better than the run (custom loops), else `None`.
+        flush_rows: hands over rows a timing source keeps back (custom loops
+            record in batches); called before each output is written.
+
+    Example:
+
+    ```python
+    run = Run(RunSettings(log_dir="logs/run1"), FeatureGuard(), window)
+    run.begin(worker_identity=None)
+    run.record_rows("train", rows, wall_s, called_at)
+    run.epoch_ended()
+    report = run.finish()
+    ```
+    """
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        guard: FeatureGuard,
+        window: ProfilerWindow,
+        describe: Optional[Callable[[], Optional[tuple]]] = None,
+        flush_rows: Optional[Callable[[], None]] = None,
+    ):
+        self.settings = settings
+        self.guard = guard
+        self.window = window
+        self.clock = StepClock(settings.buffer_steps)
+        self.measurement = IN_STEP
+        self.notes: List[str] = []
+        self.findings = []
+        self.what_if = None
+        self.steps_per_execution = 1
+        self.finished = False
+        self._describe = describe
+        self._flush_rows = flush_rows
+        self._first_call = {TRAIN: True, VALIDATION: True}
+        self._cpu: Optional[CpuMeter] = None
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        self._workers: Optional[worker_reports.WorkerExchange] = None
+        self.worker_view: Optional[worker_reports.MultiWorkerSummary] = None
+        self.output_dir = settings.log_dir
+        self.tensorboard: Optional[TensorBoardSink] = None
+
+    # Lifecycle.
+
+    def begin(self, worker_identity: Optional[worker_reports.WorkerIdentity]) -> None:
+        """Starts the run: the CPU meter, the worker exchange, the profiler window.
+
+        Args:
+            worker_identity: this process's place in a multi-worker cluster, or
+                `None`.
+        """
+        _RUNNING.add(self)
+        self._restart_cpu_meter()
+        self._join_workers(worker_identity)
+        self.window.begin_fit()
+
+    @property
+    def multi_worker(self) -> bool:
+        """Whether this run exchanges summaries with other workers."""
+        return self._workers is not None
+
+    def record_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+        """Adds one call's steps: an (n, 3) array of (start, ready, end) seconds.
+
+        The first call of each kind is kept apart (it traces the step).
+
+        Args:
+            kind: "train" or "validation".
+            rows: the call's rows.
+            wall_s: the call's wall time, seen from Python.
+            called_at: when the call began (`time.time()`).
+        """
+        if not self.guard.enabled(features.STEP_CLOCK):
+            return
+        with self.guard(features.STEP_CLOCK):
+            rows = np.asarray(rows)
+            if self._first_call.get(kind, False):
+                self._first_call[kind] = False
+                self.clock.record_first_step(kind, wall_s, rows, called_at)
+                if kind == TRAIN:
+                    # CPU use is judged over the steps, as the input wait is:
+                    # tracing the first one keeps a single core busy.
+                    self._restart_cpu_meter()
+            else:
+                self.clock.record(kind, rows, called_at)
+
+    def expect_first_call(self) -> None:
+        """The next call of each kind is a first call again (evaluate() on its own)."""
+        self._first_call = {TRAIN: True, VALIDATION: True}
+
+    def fall_back(self, reason: str) -> None:
+        """Only whole steps can be timed: said once, in the log and the report."""
+        if self.measurement != WHOLE_STEP:
+            note = (
+                f"Input wait is not separated from compute because {reason}: only "
+                "the whole step time is measured (no input fraction, no verdict)."
+            )
+            logger.warning("keras-pipeline-tuner: %s", note)
+            self.notes.append(note)
+        self.measurement = WHOLE_STEP
+
+    def inspect(self, find: Callable[[], list]) -> None:
+        """Runs the pipeline inspection once, before the first step; keeps its findings.
+
+        A dataset whose in-memory tensors are too large to read is an expected
+        limit, said in the report, not a failure: fit and custom loops alike.
+
+        Args:
+            find: returns the findings (e.g. `lambda: kpt.inspect(dataset)`).
+        """
+        if not self.guard.enabled(features.INSPECTION):
+            return
+        with self.guard(features.INSPECTION):
+            try:
+                self.findings = find()
+            except InMemoryDataTooLarge as reason:
+                self.notes.append(f"The pipeline was not inspected. {reason}")
+
+    def steps_ended(self, steps: int) -> None:
+        """Between steps: counts them for TensorBoard, checkpoints every few seconds."""
+        if steps and self.tensorboard is not None:
+            self.tensorboard.step_ended(self.clock, steps)
+        if time.monotonic() >= self._next_checkpoint:
+            self.checkpoint()
+
+    def epoch_ended(self) -> None:
+        """Writes the epoch's outputs, so a crash loses at most the current epoch."""
+        self.window.end_epoch()
+        self.flush_rows()
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        self._exchange_worker_summaries(final=False)
+        report = self.built_report()
+        if report is None:
+            return
+        self._write_report_file(report)
+        if self.tensorboard is not None:
+            self.tensorboard.epoch_ended(self.clock, report)
+
+    def checkpoint(self) -> None:
+        """Within long epochs: report.json and the scalars so far, on disk."""
+        self.flush_rows()
+        report = self.built_report()
+        if report is not None:
+            self._write_report_file(report)
+        if self.tensorboard is not None:
+            self.tensorboard.write_scalars(self.clock)
+            self.tensorboard.flush()
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+
+    def step_failed(self, error: Optional[BaseException]) -> None:
+        """A step raised: the window closes and what was measured is written."""
+        self.window.close(FIT_ENDED)
+        if error is not None:
+            # fit ends here without on_train_end: keep what was measured so far.
+            _RUNNING.discard(self)
+            self.checkpoint()
+
+    def finish(self) -> Report:
+        """Builds the final report and writes every output.
+
+        The driver closes the profiler window first (`window.end_fit()`).
+
+        Returns:
+            The final `Report`.
+        """
+        _RUNNING.discard(self)
+        self.finished = True
+        self.flush_rows()
+        if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
+            with self.guard(features.CPU_USAGE):
+                self._cpu.stop()
+        self._exchange_worker_summaries(final=True)
+        report = self.built_report()
+        if report is None:
+            return Report(notes=self.failure_notes())
+        failures = len(self.guard.failures)
+        self._write_report_file(report)
+        if self.tensorboard is not None:
+            self.tensorboard.finish(self.clock, report)
+            if self.guard.enabled(features.STEP_TRACE):
+                with self.guard(features.STEP_TRACE):
+                    write_trace(self.clock, self.output_dir)
+        if self.settings.verbose and self.guard.enabled(features.SUMMARY):
+            with self.guard(features.SUMMARY):
+                terminal_summary.print_summary(report)
+        if len(self.guard.failures) != failures:
+            # An output failed after the file was written: the file says so too.
+            report.notes = report.notes + self.failure_notes()[failures:]
+            self._write_report_file(report)
+        return report
+
+    def flush_rows(self) -> None:
+        """Has the timing source hand over the rows it keeps back, if it keeps any."""
+        if self._flush_rows is not None:
+            self._flush_rows()
+
+    # The report.
+
+    def built_report(self) -> Optional[Report]:
+        """The report, or `None` when building it failed (the failure is logged once)."""
+        # Building the report reads every feature's state: a failure there must
+        # not end the user's training either.
+        if self.guard.enabled(features.REPORT):
+            with self.guard(features.REPORT):
+                return self.report()
+        return None
+
+    def report(self) -> Report:
+        """The `Report` of what was measured so far."""
+        import keras
+
+        measurement, notes = self.measurement, list(self.notes)
+        described = self._describe() if self._describe is not None else None
+        if described is not None:
+            measurement, source_notes = described
+            notes += source_notes
+        validation = self.clock.stats(VALIDATION)
+        train = self.clock.stats(TRAIN)
+        notes += self.failure_notes()
+        if self.worker_view is not None:
+            missing = worker_reports.missing_note(self.worker_view, self.settings.log_dir)
+            if missing is not None and self.worker_view.waited_s is not None:
+                notes.append(missing)
+        if not train.steps and TRAIN not in self.clock.first_steps:
+            notes.append(
+                "No training step was measured: the dataset gave no batch, or fit has not "
+                "run a step yet."
+            )
+        # The one verdict: the terminal line, the file and the advice agree.
+        judgement = judge(train, self.window.evidence)
+        report = Report(
+            verdict=judgement.verdict,
+            input_fraction=judgement.input_fraction,
+            train=train,
+            validation=validation if validation.steps else None,
+            epochs=list(self.clock.epochs),
+            first_steps=dict(self.clock.first_steps),
+            measurement=measurement,
+            steps_per_execution=self.steps_per_execution,
+            notes=notes + self.window.notes,
+            profile=self.window.evidence,
+            findings=list(self.findings),
+            what_if=self.what_if,
+            workers=self.worker_view,
+            cpu=self._cpu_usage(),
+            environment=_environment(keras.__version__),
+        )
+        if self.guard.enabled(features.ADVICE):
+            with self.guard(features.ADVICE):
+                report.recommendations = advise(
+                    report.train,
+                    report.profile,
+                    # With the pipeline they were found in, when inspected here.
+                    self.findings,
+                    what_if=report.what_if,
+                    cpu=report.cpu,
+                    workers=report.workers,
+                )
+        return report
+
+    def failure_notes(self) -> List[str]:
+        """One note per feature that failed and was turned off."""
+        return [
+            f"{feature} was turned off after a failure: {reason}"
+            for feature, reason in self.guard.failures.items()
+        ]
+
+    # Internals.
+
+    def _write_report_file(self, report: Report) -> None:
+        if self.output_dir is not None and self.guard.enabled(features.REPORT_FILE):
+            with self.guard(features.REPORT_FILE):
+                write_report(report, self.output_dir)
+
+    def _restart_cpu_meter(self) -> None:
+        if self.guard.enabled(features.CPU_USAGE):
+            with self.guard(features.CPU_USAGE):
+                if self._cpu is None:
+                    self._cpu = CpuMeter()
+                else:
+                    self._cpu.restart()
+
+    def _cpu_usage(self):
+        # Guarded apart: a failed reading must not take the whole report with it.
+        if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
+            with self.guard(features.CPU_USAGE):
+                return self._cpu.usage()
+        return None
+
+    def _join_workers(self, identity: Optional[worker_reports.WorkerIdentity]) -> None:
+        """Sets up the exchange with the chief, and where this worker writes.
+
+        The chief writes into `log_dir`; another worker into its own folder under
+        `log_dir/workers/`, and TensorBoard summaries only if
+        `tensorboard_workers="all"`.
+        """
+        settings = self.settings
+        self._workers, self.worker_view = None, None
+        if identity is not None:
+            self._workers = worker_reports.WorkerExchange(
+                identity, settings.log_dir, settings.worker_timeout_s
+            )
+            if self.guard.enabled(features.WORKER_SUMMARY):
+                with self.guard(features.WORKER_SUMMARY):
+                    self._workers.begin_fit()
+        workers = self._workers
+        self.output_dir = workers.output_dir() if workers is not None else settings.log_dir
+        self.window.log_dir = self.output_dir
+        writes_summaries = workers is None or (
+            workers.identity.is_chief or settings.tensorboard_workers == "all"
+        )
+        self.tensorboard = (
+            TensorBoardSink(self.output_dir, self.guard)
+            if self.output_dir is not None and writes_summaries
+            else None
+        )
+
+    def _exchange_worker_summaries(self, final: bool) -> None:
+        """Writes this worker's summary; the chief also reads the others'.
+
+        At the end the chief waits at most `worker_timeout_s` for them. Nothing
+        here talks to the other workers directly, so a worker whose tuner fails
+        makes the chief wait that long at most.
+        """
+        workers = self._workers
+        if workers is None:
+            return
+        own = None
+        if self.guard.enabled(features.WORKER_SUMMARY):
+            with self.guard(features.WORKER_SUMMARY):
+                own = worker_reports.WorkerSummary(
+                    task=workers.identity.task,
+                    host=worker_reports.this_host(),
+                    chief=workers.identity.is_chief,
+                    final=final,
+                    epochs=sum(1 for epoch in self.clock.epochs if epoch.kind == TRAIN),
+                    train=self.clock.stats(TRAIN),
+                    cpu=self._cpu_usage(),
+                    notes=self.failure_notes(),
+                )
+                workers.publish(own)
+        if own is not None and self.guard.enabled(features.WORKER_COMPARISON):
+            with self.guard(features.WORKER_COMPARISON):
+                self.worker_view = workers.collect(own, final=final)
+
+
+def _environment(keras_version: str) -> dict:
+    import keras
+
+    environment = {}
+    # Named only when the run used them: the torch and JAX backends may run
+    # without TensorFlow, and no framework is imported just to name it.
+    for name in ("tensorflow", "jax", "torch"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "__version__"):
+            environment[name] = str(module.__version__)
+    environment.update(
+        keras=keras_version, backend=keras.backend.backend(), python=sys.version.split()[0]
+    )
+    return environment
+
+
+@atexit.register
+def _write_running_reports() -> None:
+    for run in list(_RUNNING):
+        _RUNNING.discard(run)
+        run.checkpoint()
