@@ -6,30 +6,40 @@ during each fit, and prints the median ratio of wall times, for a model of about
 1 ms per step and one of about 10 ms per step; the tuner with its defaults, and
 with a log_dir (TensorBoard outputs and report files written as well).
 
-    python bench/overhead.py [--rounds 7]
+Every Keras backend is measured, each in a process of its own (the backend is
+fixed when Keras is imported): TensorFlow on a cached tf.data dataset, JAX and
+torch on NumPy arrays (torch on one thread, as the tests run it).
+
+    python bench/overhead.py [--rounds 7] [--backend tensorflow|jax|torch|all]
 """
 
 import argparse
 import gc
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_pipeline_tuner as kpt  # noqa: E402
+BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def make_case(width: int, batch: int, steps: int):
+    import keras
+    import numpy as np
+
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * steps, 64)).astype(np.float32)
     y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        dataset = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache())
+    else:
+        dataset = dict(x=x, y=y, batch_size=batch)
     model = keras.Sequential(
         [
             keras.Input((64,)),
@@ -47,13 +57,15 @@ def timed_fit(model, dataset, callbacks):
     gc.disable()
     try:
         began = time.perf_counter()
-        model.fit(dataset, epochs=1, callbacks=callbacks, verbose=0, shuffle=False)
+        model.fit(epochs=1, callbacks=callbacks, verbose=0, shuffle=False, **dataset)
         return time.perf_counter() - began
     finally:
         gc.enable()
 
 
 def measure(name, width, batch, steps, rounds, log_dir):
+    import keras_pipeline_tuner as kpt
+
     model, dataset = make_case(width, batch, steps)
     tuners = {
         # The always-on part: the step clock, the lint and the advice.
@@ -73,7 +85,7 @@ def measure(name, width, batch, steps, rounds, log_dir):
         for key, tuner in tuners.items():
             tuned[key].append(timed_fit(model, dataset, [tuner]))
     step_ms = statistics.median(plain) / steps * 1e3
-    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds")
+    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds", flush=True)
     for key, times in tuned.items():
         ratios = [t / p for p, t in zip(plain, times)]
         report = tuners[key].report
@@ -81,15 +93,34 @@ def measure(name, width, batch, steps, rounds, log_dir):
         print(
             f"  tuner ({key:<16}) / plain: median {statistics.median(ratios):.4f} "
             f"(min {min(ratios):.4f}, max {max(ratios):.4f}); "
-            f"{report.verdict.value}, {window}"
+            f"{report.verdict.value}, {window}",
+            flush=True,
         )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backend", choices=BACKENDS + ("all",), default="all")
     args = parser.parse_args()
-    print("fit with PipelineTuner / plain fit, alternated, GC off during fit")
+    if args.backend == "all":
+        for backend in BACKENDS:
+            # A process per backend: Keras fixes it at import.
+            subprocess.run(
+                [sys.executable, __file__, "--rounds", str(args.rounds), "--backend", backend],
+                env=dict(os.environ, KERAS_BACKEND=backend),
+                check=True,
+            )
+        return
+    os.environ["KERAS_BACKEND"] = args.backend
+    if args.backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    print(
+        f"[{args.backend}] fit with PipelineTuner / plain fit, alternated, GC off during fit",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as log_dir:
         # Fits of a few seconds: the tuner's per-fit work (the lint before the first
         # step, the report, image and files after the last) is a fixed cost of

@@ -93,6 +93,10 @@ class _StampedLoader:
     def __len__(self):
         return len(self.loader)
 
+    def __getattr__(self, name):
+        # Anything else is the loader's own (num_workers, batch_size, ...).
+        return getattr(self.loader, name)
+
 
 class _TimedTorchFunction:
     """Stands in for `model.train_function` (or `test_function`) during a fit."""

@@ -151,7 +151,8 @@ class PipelineTuner(keras.callbacks.Callback):
         run = self._new_run(flush_rows=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         identity = None
-        if self.guard.enabled(features.WORKER_SUMMARY):
+        # Multi-worker training is a tf.distribute strategy: TensorFlow backend only.
+        if not self.async_safe and self.guard.enabled(features.WORKER_SUMMARY):
             with self.guard(features.WORKER_SUMMARY):
                 identity = worker_reports.identity_of(
                     getattr(model, "distribute_strategy", None)

@@ -12,6 +12,9 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("KPT_TEST_WITHOUT_TENSORFLOW"):
+    # As if TensorFlow were not installed: importing it raises ImportError.
+    sys.modules["tensorflow"] = None
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -236,7 +239,89 @@ def dispatch():
     return {"off_training_thread": threading.get_ident() not in probe.threads}
 
 
+def advice():
+    """A slow loader on one worker, then with more workers, as the advice says.
+
+    40 ms a batch against a step of about 30 ms: one worker leaves the step
+    waiting; four threads (PyDataset) or two processes (DataLoader) load ahead.
+    """
+    cases = {"PyDataset": (lambda workers: SlowPyDataset(
+        12, 0.04, WIDE_FEATURES, WIDE_BATCH, workers=workers), 1, 4)}
+    if keras.backend.backend() == "torch":
+        cases["DataLoader"] = (
+            lambda workers: torch_loader(12, 0.04, workers, WIDE_FEATURES, WIDE_BATCH), 0, 2
+        )
+    results = {}
+    for name, (make, before, after) in cases.items():
+        for label, workers in (("before", before), ("after", after)):
+            tuner = kpt.PipelineTuner(verbose=0)
+            wide_model().fit(make(workers), epochs=2, callbacks=[tuner], verbose=0)
+            report = tuner.report
+            results[f"{name} {label}"] = {
+                "workers": workers,
+                "input_fraction": report.input_fraction,
+                "verdict": report.verdict.value,
+                "recommendations": [r.id for r in report.recommendations],
+                "findings": [f.id for f in report.findings],
+                "reasons": [f.reason for f in report.findings],
+            }
+    return results
+
+
+def outputs():
+    """Every output of a fit with a log_dir: report file, event files, summary, CLI."""
+    import contextlib
+    import io
+    import tempfile
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    log_dir = tempfile.mkdtemp()
+    x, y = arrays(6)
+    printed = io.StringIO()
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=1)
+    with contextlib.redirect_stdout(printed):
+        tiny_model().fit(x, y, batch_size=BATCH, epochs=2, callbacks=[tuner], verbose=0)
+    run_dir = os.path.join(log_dir, "pipeline_tuner")
+    events = event_accumulator.EventAccumulator(
+        run_dir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.IMAGES: 0}
+    )
+    events.Reload()
+    tags = events.Tags()
+    wait_steps = [event.step for event in events.Tensors("input_pipeline/input_wait_ms")]
+    command = subprocess_report(log_dir)
+    return {
+        "report_file": os.path.isfile(os.path.join(log_dir, "report.json")),
+        # Tag: the TensorBoard plugin that shows it (scalars, text, images).
+        "plugins": {
+            tag: events.SummaryMetadata(tag).plugin_data.plugin_name
+            for tag in tags.get("tensors", [])
+        },
+        "wait_steps": wait_steps,
+        "summary": printed.getvalue(),
+        "notes": tuner.report.notes,
+        "failures": dict(tuner.guard.failures),
+        "cli": command,
+        "tensorflow_imported": sys.modules.get("tensorflow") is not None,
+    }
+
+
+def subprocess_report(log_dir):
+    """`keras-pipeline-tuner report LOGDIR`, in a process of its own."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_pipeline_tuner.cli", "report", log_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return {"returncode": result.returncode, "stdout": result.stdout}
+
+
 SCENARIOS = {
+    "outputs": outputs,
+    "advice": advice,
     "inputs": inputs,
     "slow": lambda: delays(0.08),
     "fast": lambda: delays(0.0),

@@ -19,10 +19,12 @@ pytestmark = pytest.mark.backends
 BACKENDS = ("tensorflow", "jax", "torch")
 # Per backend: all scenarios in one process (a backend's imports take seconds).
 SCENARIOS = {
-    "tensorflow": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch"],
-    "jax": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch"],
+    "tensorflow": [
+        "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "outputs"
+    ],
+    "jax": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice"],
     # torch: steps_per_execution must be 1 (Keras says so).
-    "torch": ["inputs", "slow", "fast", "identical", "dispatch"],
+    "torch": ["inputs", "slow", "fast", "identical", "dispatch", "advice"],
 }
 DELAY_MS = 80.0
 
@@ -114,3 +116,63 @@ def test_keras_still_dispatches_batch_end_hooks_asynchronously(measured):
     if measured["backend"] == "tensorflow":
         pytest.skip("Keras dispatches callbacks synchronously on TensorFlow")
     assert measured["dispatch"]["off_training_thread"]
+
+
+@pytest.mark.parametrize(
+    "loader, finding, backends",
+    [
+        ("PyDataset", "py-dataset-workers", ("jax", "torch")),
+        ("DataLoader", "torch-dataloader-workers", ("torch",)),
+    ],
+)
+def test_loader_on_one_worker_is_advised_more_and_that_helps(measured, loader, finding, backends):
+    if measured["backend"] not in backends:
+        pytest.skip(f"{loader} advice is checked on {backends}")
+    before = measured["advice"][f"{loader} before"]
+    after = measured["advice"][f"{loader} after"]
+    # One worker, 40 ms a batch against a ~30 ms step: input-bound, and the
+    # first recommendation is the loader's own knob.
+    assert before["verdict"] == "highly input-bound", before
+    assert before["recommendations"][0] == finding, before
+    if loader == "DataLoader":
+        # Read from the loader object itself.
+        assert "num_workers=0" in before["reasons"][0]
+    # Following it (more workers) lowers the input fraction (generous margin)
+    # and the finding goes away.
+    assert after["input_fraction"] < 0.7 * before["input_fraction"], (before, after)
+    assert finding not in after["findings"], after
+
+
+@pytest.fixture(scope="module", params=("jax", "torch"))
+def without_tensorflow(request):
+    # As a JAX or torch user without TensorFlow installed: importing it fails.
+    return run_backend(request.param, ["outputs"], {"KPT_TEST_WITHOUT_TENSORFLOW": "1"})
+
+
+def check_outputs(outputs):
+    assert outputs["failures"] == {}, outputs["failures"]
+    assert outputs["report_file"]
+    plugins = outputs["plugins"]
+    for name in ("input_wait_ms", "compute_ms", "step_ms", "input_fraction"):
+        assert plugins[f"input_pipeline/{name}"] == "scalars"
+    assert plugins["input_pipeline/report"] == "text"
+    assert plugins["input_pipeline/timeline"] == "images"
+    # One scalar per measured training step (2 epochs of 6, the first apart).
+    assert outputs["wait_steps"] == list(range(1, 12))
+    assert outputs["summary"].startswith("Input pipeline: ")
+    assert outputs["cli"]["returncode"] == 0
+    assert outputs["cli"]["stdout"].startswith("Input pipeline: ")
+
+
+def test_outputs_on_the_tensorflow_backend(measured):
+    if measured["backend"] != "tensorflow":
+        pytest.skip("JAX and torch outputs are checked without TensorFlow below")
+    check_outputs(measured["outputs"])
+
+
+def test_outputs_need_no_tensorflow_on_jax_and_torch(without_tensorflow):
+    outputs = without_tensorflow["outputs"]
+    check_outputs(outputs)
+    assert not outputs["tensorflow_imported"]
+    # The report says what needs TensorFlow.
+    assert any("TensorFlow backend only" in note for note in outputs["notes"])
