@@ -179,10 +179,15 @@ def delays(delay_s):
     """
     tuner, probe = kpt.PipelineTuner(verbose=0), _PeriodProbe()
     model = wide_model()
-    # A PyDataset with one worker: Keras fetches on the training thread, on
-    # every backend, and nothing else (tf.data) competes for the two cores.
-    data = SlowPyDataset(16, delay_s, WIDE_FEATURES, WIDE_BATCH)
-    model.fit(data, epochs=1, callbacks=[tuner, probe], verbose=0)
+    if delay_s:
+        # A PyDataset with one worker: Keras fetches on the training thread, on
+        # every backend, and nothing else (tf.data) competes for the two cores.
+        data = dict(x=SlowPyDataset(16, delay_s, WIDE_FEATURES, WIDE_BATCH))
+    else:
+        # No delay: in-memory arrays, which Keras slices ahead of the step.
+        x, y = arrays(16, WIDE_FEATURES, WIDE_BATCH)
+        data = dict(x=x, y=y, batch_size=WIDE_BATCH)
+    model.fit(epochs=1, callbacks=[tuner, probe], verbose=0, **data)
     period_ms = float(np.median(np.diff(probe.begins[2:]))) * 1e3
     return {"period_ms": period_ms, **summary(tuner)}
 
@@ -319,7 +324,76 @@ def subprocess_report(log_dir):
     return {"returncode": result.returncode, "stdout": result.stdout}
 
 
+def custom_loop():
+    """`@tuner.instrument` on a JAX (jax.jit) or torch step, `tuner.iterate` on a slow source.
+
+    Also times the same step directly (outputs ready), for the truth of compute.
+    """
+    tuner = kpt.PipelineTuner(verbose=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 512)).astype(np.float32)
+
+    def source(batches=10):
+        for _ in range(batches):
+            time.sleep(0.03)
+            yield x
+
+    if keras.backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        w = jnp.asarray(rng.normal(size=(512, 512)).astype(np.float32) / 32)
+
+        def chain(x):
+            # Each matmul needs the previous one: nothing to fold away.
+            for _ in range(40):
+                x = jnp.tanh(x @ w)
+            return x.mean()
+
+        plain = jax.jit(chain)
+        step = tuner.instrument(jax.jit(chain))
+        wait = jax.block_until_ready
+    else:
+        import torch
+
+        w = torch.from_numpy(rng.normal(size=(512, 512)).astype(np.float32) / 32)
+
+        def chain(x):
+            x = torch.from_numpy(x)
+            for _ in range(40):
+                x = torch.tanh(x @ w)
+            return x.mean()
+
+        plain = chain
+        step = tuner.instrument(chain)
+
+        def wait(outputs):
+            return outputs
+
+    wait(plain(x))
+    direct, dispatch = [], []
+    for _ in range(7):
+        began = time.perf_counter()
+        outputs = plain(x)
+        dispatch.append(time.perf_counter() - began)
+        wait(outputs)
+        direct.append(time.perf_counter() - began)
+    for batch in tuner.iterate(source()):
+        step(batch)
+    report = tuner.close()
+    return {
+        "measurement": report.measurement,
+        "steps": report.train.steps,
+        "wait_ms": report.train.input_wait.median_ms,
+        "compute_ms": report.train.compute.median_ms,
+        "direct_ms": float(np.median(direct)) * 1e3,
+        "dispatch_ms": float(np.median(dispatch)) * 1e3,
+        "verdict": report.verdict.value,
+    }
+
+
 SCENARIOS = {
+    "custom_loop": custom_loop,
     "outputs": outputs,
     "advice": advice,
     "inputs": inputs,

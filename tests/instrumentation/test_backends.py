@@ -22,9 +22,12 @@ SCENARIOS = {
     "tensorflow": [
         "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "outputs"
     ],
-    "jax": ["inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice"],
+    "jax": [
+        "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice",
+        "custom_loop",
+    ],
     # torch: steps_per_execution must be 1 (Keras says so).
-    "torch": ["inputs", "slow", "fast", "identical", "dispatch", "advice"],
+    "torch": ["inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop"],
 }
 DELAY_MS = 80.0
 
@@ -176,3 +179,21 @@ def test_outputs_need_no_tensorflow_on_jax_and_torch(without_tensorflow):
     assert not outputs["tensorflow_imported"]
     # The report says what needs TensorFlow.
     assert any("TensorFlow backend only" in note for note in outputs["notes"])
+
+
+def test_custom_loop_step_is_timed_to_outputs_ready(measured):
+    if measured["backend"] == "tensorflow":
+        pytest.skip("custom loops on TensorFlow are tested in test_custom_loop.py")
+    loop = measured["custom_loop"]
+    assert loop["measurement"] == "decorator+iterator"
+    # 10 batches, the first (compiling) step reported apart.
+    assert loop["steps"] == 9
+    # The source sleeps 30 ms a batch; `iterate` times the fetch itself.
+    assert loop["wait_ms"] == pytest.approx(30.0, rel=0.25)
+    assert loop["verdict"] != "not input-bound"
+    # Compute is the step up to its outputs being ready, as the same step
+    # timed directly (generous bounds: a shared machine).
+    assert 0.4 * loop["direct_ms"] <= loop["compute_ms"] <= 2.5 * loop["direct_ms"], loop
+    if measured["backend"] == "jax":
+        # Not the dispatch, which returns long before the outputs are ready.
+        assert loop["compute_ms"] > 10 * loop["dispatch_ms"], loop
