@@ -66,16 +66,24 @@ def running_data_adapter(model, method: str):
 class _StampedIterator:
     """A `DataLoader` iterator whose every `next()` is stamped."""
 
-    def __init__(self, iterator, on_fetch: Callable[[float, float], None]):
+    def __init__(self, iterator, on_fetch: Callable[[float, float], None], on_error):
         self._iterator = iterator
         self._on_fetch = on_fetch
+        self._on_error = on_error
 
     def __iter__(self):
         return self
 
     def __next__(self):
         start = time.time()
-        item = next(self._iterator)
+        try:
+            item = next(self._iterator)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            # The user's data raised: fit ends without its end hooks on torch.
+            self._on_error(error)
+            raise
         self._on_fetch(start, time.time())
         return item
 
@@ -83,12 +91,13 @@ class _StampedIterator:
 class _StampedLoader:
     """Stands in for the adapter's `DataLoader`: same batches, stamped fetches."""
 
-    def __init__(self, loader, on_fetch: Callable[[float, float], None]):
+    def __init__(self, loader, on_fetch: Callable[[float, float], None], on_error):
         self.loader = loader
         self._on_fetch = on_fetch
+        self._on_error = on_error
 
     def __iter__(self):
-        return _StampedIterator(iter(self.loader), self._on_fetch)
+        return _StampedIterator(iter(self.loader), self._on_fetch, self._on_error)
 
     def __len__(self):
         return len(self.loader)
@@ -259,7 +268,9 @@ class TorchFitTiming:
         def stamped_loader():
             loader = keras_loader()
             self.loader[kind] = loader
-            return _StampedLoader(loader, lambda start, ready: self._stamp(kind, start, ready))
+            return _StampedLoader(
+                loader, lambda start, ready: self._stamp(kind, start, ready), self._on_error
+            )
 
         # An instance attribute: this adapter only, for this fit (see `restore`).
         adapter.get_torch_dataloader = stamped_loader

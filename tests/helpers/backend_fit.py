@@ -392,7 +392,69 @@ def custom_loop():
     }
 
 
+class FailingPyDataset(SlowPyDataset):
+    """Raises ValueError when batch `fail_at` is loaded."""
+
+    def __init__(self, batches, fail_at, **kwargs):
+        super().__init__(batches, 0.0, **kwargs)
+        self.fail_at = fail_at
+
+    def __getitem__(self, index):
+        if index == self.fail_at:
+            raise ValueError("bad batch")
+        return super().__getitem__(index)
+
+
+def _compilations():
+    """Counts XLA compilations in this process (JAX backend), or None elsewhere."""
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    counted = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kwargs: counted.append(event)
+        if event == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+    return counted
+
+
+def recovery():
+    """Keras' own functions after an error; what a second fit compiles."""
+    x, y = arrays(6)
+    failed = tiny_model()
+    error = None
+    try:
+        failed.fit(FailingPyDataset(6, 3), epochs=1, callbacks=[kpt.PipelineTuner(verbose=0)],
+                   verbose=0)
+    except ValueError as raised:
+        error = str(raised)
+    restored = "Timed" not in type(failed.train_function).__name__
+    # A plain fit afterwards is not timed into the failed fit's run.
+    failed.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    compiles = _compilations()
+    first, second = {}, {}
+    for label, make_callbacks in (
+        ("plain", lambda: []), ("tuner", lambda: [kpt.PipelineTuner(verbose=0)])
+    ):
+        model = tiny_model()
+        before = len(compiles) if compiles is not None else 0
+        model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=make_callbacks(), verbose=0)
+        middle = len(compiles) if compiles is not None else 0
+        model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=make_callbacks(), verbose=0)
+        if compiles is not None:
+            first[label], second[label] = middle - before, len(compiles) - middle
+    return {
+        "error": error,
+        "restored": restored,
+        "first_fit_compiles": first,
+        "second_fit_compiles": second,
+    }
+
+
 SCENARIOS = {
+    "recovery": recovery,
     "custom_loop": custom_loop,
     "outputs": outputs,
     "advice": advice,

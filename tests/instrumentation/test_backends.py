@@ -24,10 +24,12 @@ SCENARIOS = {
     ],
     "jax": [
         "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice",
-        "custom_loop",
+        "custom_loop", "recovery",
     ],
     # torch: steps_per_execution must be 1 (Keras says so).
-    "torch": ["inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop"],
+    "torch": [
+        "inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop", "recovery"
+    ],
 }
 DELAY_MS = 80.0
 
@@ -197,3 +199,21 @@ def test_custom_loop_step_is_timed_to_outputs_ready(measured):
     if measured["backend"] == "jax":
         # Not the dispatch, which returns long before the outputs are ready.
         assert loop["compute_ms"] > 10 * loop["dispatch_ms"], loop
+
+
+def test_keras_functions_are_restored_after_an_error(measured):
+    if measured["backend"] == "tensorflow":
+        pytest.skip("tested on TensorFlow in test_interruption.py")
+    recovery = measured["recovery"]
+    assert recovery["error"] == "bad batch"
+    assert recovery["restored"]
+
+
+def test_second_fit_compiles_nothing_extra(measured):
+    if measured["backend"] != "jax":
+        pytest.skip("compilations are counted on JAX")
+    recovery = measured["recovery"]
+    # The counter sees compilations: the first fit compiles its step...
+    assert recovery["first_fit_compiles"]["tuner"] > 0
+    # ...and a second fit with the tuner compiles no more than a plain one.
+    assert recovery["second_fit_compiles"]["tuner"] == recovery["second_fit_compiles"]["plain"]
