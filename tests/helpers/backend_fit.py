@@ -152,6 +152,15 @@ def inputs():
     }
     if keras.backend.backend() == "torch":
         given["DataLoader"] = dict(x=torch_loader(6, 0.0))
+    if keras.backend.backend() in ("jax", "torch"):
+        import grain
+
+        # Keras 3 takes Grain datasets directly.
+        given["Grain"] = dict(
+            x=grain.MapDataset.source(
+                [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(6)]
+            )
+        )
     results = {}
     for name, data in given.items():
         tuner, model = kpt.PipelineTuner(verbose=0), tiny_model()
