@@ -40,7 +40,7 @@ _MEASUREMENT_NAMES = {
 
 def __getattr__(name):
     # The callback subclasses keras.callbacks.Callback, so importing it imports
-    # Keras (and TensorFlow); keep `import keras_pipeline_tuner` light.
+    # Keras (and TensorFlow on its backend); keep `import keras_pipeline_tuner` light.
     if name in ("PipelineTuner", "instrument"):
         import keras
 

@@ -11,7 +11,10 @@ On the TensorFlow backend the batch is fetched inside `model.train_function`,
 so the source replaces it with an equivalent compiled function that takes
 timestamps around the fetch and after the step (`timing.timed_step_function`).
 The replacement is on the model only while a step runs: however fit is
-interrupted, Keras' own function is left in place.
+interrupted, Keras' own function is left in place. JAX (`jax_fit_timing`:
+the device's idle wait under asynchronous dispatch) and torch
+(`torch_fit_timing`: the `DataLoader` fetch, outside the train function) have
+sources of their own, imported only on their backend.
 """
 
 import time

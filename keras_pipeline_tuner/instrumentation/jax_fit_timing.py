@@ -63,7 +63,10 @@ def unsupported_reason(model) -> Optional[str]:
     for name in ("_make_function", "make_train_function", "make_test_function"):
         if not callable(getattr(model, name, None)):
             return f"this Keras version ({keras.__version__}) has no model.{name}"
-    major, minor = (int(part) for part in keras.__version__.split(".")[:2])
+    try:
+        major, minor = (int(part) for part in keras.__version__.split(".")[:2])
+    except ValueError:
+        major, minor = 3, 7  # A development version: assume a recent one.
     if (major, minor) < (3, 7):
         return (
             f"this Keras version ({keras.__version__}) fetches batches outside the "
@@ -320,6 +323,17 @@ class JaxFitTiming:
     # Called from the timed function, on the training thread.
 
     def run(self, kind: str, function: Callable, state, iterator):
+        """Runs one call of Keras' function with a stamping iterator.
+
+        Args:
+            kind: "train" or "validation".
+            function: the timed function Keras built.
+            state: the JAX state Keras passes.
+            iterator: Keras' batch iterator.
+
+        Returns:
+            What Keras' function returns: `(logs, state)`.
+        """
         call = _Call(kind=kind, called_at=time.time())
         self._current = call
         self._calls.append(call)
@@ -337,6 +351,7 @@ class JaxFitTiming:
             self._current = None
 
     def step_dispatched(self, outputs) -> None:
+        """Hands a dispatched step's outputs to the thread that stamps its end."""
         call = self._current
         if call is None:
             return

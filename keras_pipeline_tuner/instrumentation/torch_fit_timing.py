@@ -39,7 +39,7 @@ _LOOP_METHOD = {TRAIN: "fit", VALIDATION: "evaluate"}
 _MAX_FRAMES = 30
 
 
-def running_data_adapter(model, method: str):
+def running_data_adapter(model, method: str) -> Any:
     """The data adapter of the running `fit` (or `evaluate`) of `model`.
 
     Keras keeps the epoch iterator in a local variable of `fit`; a callback
@@ -241,6 +241,16 @@ class TorchFitTiming:
     # Called on the training thread.
 
     def run(self, kind: str, function: Callable, data):
+        """Runs one step with Keras' function and hands over its row.
+
+        Args:
+            kind: "train" or "validation".
+            function: Keras' own train (or test) function.
+            data: the batch Keras fetched.
+
+        Returns:
+            Keras' logs.
+        """
         called_at = time.time()
         began = time.perf_counter()
         start, ready = self._fetch.pop(kind, (called_at, math.nan))

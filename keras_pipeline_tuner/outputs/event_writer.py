@@ -9,6 +9,7 @@ are the same as `tf.summary` writes.
 
 import struct
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class EventWriter:
 
         self._writer = EventFileWriter(run_dir)
 
-    def scalars(self, tags, numbers: np.ndarray, values: np.ndarray) -> None:
+    def scalars(self, tags: Sequence[str], numbers: np.ndarray, values: np.ndarray) -> None:
         """Writes one event per step with a scalar per tag.
 
         Args:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.paths import REPO_ROOT
 
-pytestmark = pytest.mark.backends
+pytestmark = [pytest.mark.backends, pytest.mark.multiprocess]
 
 BACKENDS = ("tensorflow", "jax", "torch")
 # Per backend: all scenarios in one process (a backend's imports take seconds).
