@@ -9,30 +9,41 @@ runs a long fit of a tiny model (about 0.1 ms a step on an idle machine), where
 per-step output costs show most, and prints how much the log dir's event files
 grew per fit (scalars of long runs are summarised, so they stay small).
 
-    python bench/overhead.py [--rounds 7] [--tiny-steps 100000] [--cases small large tiny]
+Every Keras backend is measured, each in a process of its own (the backend is
+fixed when Keras is imported): TensorFlow on a cached tf.data dataset, JAX and
+torch on NumPy arrays (torch on one thread, as the tests run it).
+
+    python bench/overhead.py [--rounds 7] [--backend tensorflow|jax|torch|all]
+                             [--cases small large tiny] [--tiny-steps 100000]
 """
 
 import argparse
 import gc
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import keras_pipeline_tuner as kpt  # noqa: E402
+BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def make_case(width: int, batch: int, steps: int, features: int = 64):
+    import keras
+    import numpy as np
+
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * steps, features)).astype(np.float32)
     y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache()
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        dataset = dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).cache())
+    else:
+        dataset = dict(x=x, y=y, batch_size=batch)
     model = keras.Sequential(
         [
             keras.Input((features,)),
@@ -50,7 +61,7 @@ def timed_fit(model, dataset, callbacks):
     gc.disable()
     try:
         began = time.perf_counter()
-        model.fit(dataset, epochs=1, callbacks=callbacks, verbose=0, shuffle=False)
+        model.fit(epochs=1, callbacks=callbacks, verbose=0, shuffle=False, **dataset)
         return time.perf_counter() - began
     finally:
         gc.enable()
@@ -66,6 +77,8 @@ def event_bytes(log_dir: str) -> int:
 
 
 def measure(name, width, batch, steps, rounds, log_dir, features=64):
+    import keras_pipeline_tuner as kpt
+
     model, dataset = make_case(width, batch, steps, features)
     tuners = {
         # The always-on part: the step clock, the lint and the advice.
@@ -89,7 +102,7 @@ def measure(name, width, batch, steps, rounds, log_dir, features=64):
             if key == "defaults+log_dir":
                 grown.append(event_bytes(log_dir) - before)
     step_ms = statistics.median(plain) / steps * 1e3
-    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds")
+    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds", flush=True)
     for key, times in tuned.items():
         ratios = [t / p for p, t in zip(plain, times)]
         report = tuners[key].report
@@ -97,23 +110,46 @@ def measure(name, width, batch, steps, rounds, log_dir, features=64):
         print(
             f"  tuner ({key:<16}) / plain: median {statistics.median(ratios):.4f} "
             f"(min {min(ratios):.4f}, max {max(ratios):.4f}); "
-            f"{report.verdict.value}, {window}"
+            f"{report.verdict.value}, {window}",
+            flush=True,
         )
     print(
         f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of {steps} steps "
-        f"({statistics.median(grown) / steps:.1f} bytes a step)"
+        f"({statistics.median(grown) / steps:.1f} bytes a step)",
+        flush=True,
     )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--backend", choices=BACKENDS + ("all",), default="all")
     parser.add_argument("--tiny-steps", type=int, default=100_000)
     parser.add_argument(
         "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
     )
     args = parser.parse_args()
-    print("fit with PipelineTuner / plain fit, alternated, GC off during fit")
+    if args.backend == "all":
+        for backend in BACKENDS:
+            # A process per backend: Keras fixes it at import.
+            subprocess.run(
+                [
+                    sys.executable, __file__, "--rounds", str(args.rounds), "--backend", backend,
+                    "--tiny-steps", str(args.tiny_steps), "--cases", *args.cases,
+                ],
+                env=dict(os.environ, KERAS_BACKEND=backend),
+                check=True,
+            )
+        return
+    os.environ["KERAS_BACKEND"] = args.backend
+    if args.backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
+    print(
+        f"[{args.backend}] fit with PipelineTuner / plain fit, alternated, GC off during fit",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as log_dir:
         # Fits of a few seconds: the tuner's per-fit work (the lint before the first
         # step, the report, image and files after the last) is a fixed cost of

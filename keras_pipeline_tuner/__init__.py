@@ -42,11 +42,15 @@ _MEASUREMENT_NAMES = {
 
 def __getattr__(name):
     # The callback subclasses keras.callbacks.Callback, so importing it imports
-    # Keras (and TensorFlow); keep `import keras_pipeline_tuner` light.
+    # Keras (and TensorFlow on its backend); keep `import keras_pipeline_tuner` light.
     if name in ("PipelineTuner", "instrument"):
-        from keras_pipeline_tuner._util.tf_import import tensorflow
+        import keras
 
-        tensorflow()
+        if keras.backend.backend() == "tensorflow":
+            # The install hint, before anything else needs TensorFlow.
+            from keras_pipeline_tuner._util.tf_import import tensorflow
+
+            tensorflow()
         from keras_pipeline_tuner.run.tuner import PipelineTuner
         from keras_pipeline_tuner.run.tuner import instrument
 

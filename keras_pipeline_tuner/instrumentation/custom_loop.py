@@ -30,6 +30,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -123,6 +124,8 @@ class _Step:
     tracing_count: Optional[Callable[[], int]]
     # Found in its traced graph: it fetches its batches itself.
     fetches_inside: bool = False
+    # A JAX or torch step has been called (its first call compiles).
+    called: bool = False
 
 
 @dataclasses.dataclass
@@ -209,8 +212,20 @@ class LoopTimer:
                 f"{type(fn).__name__} {fn!r}. Write `@tuner.instrument` on the line above "
                 "`def train_step(...)` (above or below `@tf.function`)."
             )
-        tf = tensorflow()
         timer = self
+        wait_for = _output_waiter(fn)
+        if wait_for is not None:
+            # A JAX or torch step: no TensorFlow involved.
+            step = _Step(fn, kind, None)
+
+            @functools.wraps(fn, updated=())
+            def instrumented_step(*args, **kwargs):
+                if not timer._measuring():
+                    return fn(*args, **kwargs)
+                return timer._framework_call(step, wait_for, args, kwargs)
+
+            return instrumented_step
+        tf = tensorflow()
         step = _Step(fn, kind, getattr(fn, "experimental_get_tracing_count", None))
         self._tf = tf
         self._fetching_types = (
@@ -345,6 +360,31 @@ class LoopTimer:
         self._after_steps()
         return outputs
 
+    def _framework_call(self, step: _Step, wait_for: Callable[[Any], None], args, kwargs):
+        """A JAX or torch step: compute ends when its outputs are ready."""
+        fn, kind = step.fn, step.kind
+        if self._depth:
+            return fn(*args, **kwargs)
+        self._depth += 1
+        called_at = time.time()
+        try:
+            outputs = fn(*args, **kwargs)
+            # JAX dispatches asynchronously: the step ends when its outputs
+            # are computed, not when the call returns.
+            wait_for(outputs)
+        except BaseException:
+            self._depth -= 1
+            self._step_failed(kind)
+            raise
+        end = time.time()
+        self._depth -= 1
+        # The first call compiles (jax.jit): reported apart, as a traced step.
+        first = not step.called
+        step.called = True
+        self._step_done(kind, called_at, end, False, first, end)
+        self._after_steps()
+        return outputs
+
     def _read_trace(self, step: _Step, args, kwargs) -> None:
         """Finds out whether a freshly traced step fetches its batches itself."""
         if not self._guard.enabled(FEATURE):
@@ -457,6 +497,9 @@ class LoopTimer:
         if kind != TRAIN or not self._measuring() or self._inspected:
             return
         self._inspected = True
+        if sys.modules.get("tensorflow") is None:
+            # Not a tf.data dataset: without TensorFlow imported, there is none.
+            return
         tf = tensorflow()
         if not isinstance(iterable, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             return
@@ -746,6 +789,29 @@ class TimedIterator:
 
     def __len__(self) -> int:
         return len(self._iterable)
+
+
+def _output_waiter(fn) -> Optional[Callable[[Any], None]]:
+    """How to wait until a JAX or torch step's outputs are ready; None for TensorFlow.
+
+    A `jax.jit` function, or any step under Keras' JAX backend, is waited for
+    with `jax.block_until_ready` on its outputs (never on anything it donates);
+    a torch step under Keras' torch backend returns when done on CPU, and is
+    synchronised with the device on CUDA.
+    """
+    if hasattr(fn, "experimental_get_tracing_count"):
+        return None  # A tf.function.
+    keras = sys.modules.get("keras")
+    backend = keras.backend.backend() if keras is not None else None
+    module = type(fn).__module__ or ""
+    if module.startswith(("jax", "jaxlib")) or backend == "jax":
+        return backend_module("jax").block_until_ready
+    if backend == "torch":
+        torch = backend_module("torch")
+        if torch.cuda.is_available():
+            return lambda outputs: torch.cuda.synchronize()
+        return lambda outputs: None
+    return None
 
 
 def checked_kind(kind: str, where: str) -> str:

@@ -25,6 +25,7 @@ TF_DATASET = "tf.data"
 PY_DATASET = "PyDataset"
 GENERATOR = "generator"
 ARRAYS = "arrays"
+TORCH_DATALOADER = "DataLoader"
 OTHER = "other"
 
 _ADAPTER_KINDS = {
@@ -32,6 +33,7 @@ _ADAPTER_KINDS = {
     "PyDatasetAdapter": PY_DATASET,
     "GeneratorDataAdapter": GENERATOR,
     "ArrayDataAdapter": ARRAYS,
+    "TorchDataLoaderAdapter": TORCH_DATALOADER,
 }
 
 
@@ -98,8 +100,13 @@ def inspect_fit_input(model) -> Findings:
             "could not find the data model.fit iterates (no running fit of this model "
             "on the call stack); inspect the dataset directly with kpt.inspect(dataset)"
         )
-    if fit_input.kind in (TF_DATASET, PY_DATASET) and fit_input.source is not None:
+    if fit_input.kind == PY_DATASET and fit_input.source is not None:
+        # Not through `inspect`: a PyDataset's advice needs no TensorFlow.
+        return pipeline_lint.lint_py_dataset(fit_input.source)
+    if fit_input.kind == TF_DATASET and fit_input.source is not None:
         return pipeline_lint.inspect(fit_input.source)
+    if fit_input.kind == TORCH_DATALOADER and fit_input.source is not None:
+        return pipeline_lint.lint_torch_dataloader(fit_input.source)
     if fit_input.kind == GENERATOR:
         return pipeline_lint.lint_generator()
     if fit_input.kind == ARRAYS:
@@ -118,4 +125,7 @@ def _classify(adapter) -> FitInput:
         source = getattr(adapter, "_dataset", None)
     elif kind == PY_DATASET:
         source = getattr(adapter, "py_dataset", None)
+    elif kind == TORCH_DATALOADER:
+        # The user's own DataLoader: this adapter hands it out as it is.
+        source = adapter.get_torch_dataloader()
     return FitInput(kind=kind, source=source, adapter=name)

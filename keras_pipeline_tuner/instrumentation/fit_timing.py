@@ -11,12 +11,15 @@ On the TensorFlow backend the batch is fetched inside `model.train_function`,
 so the source replaces it with an equivalent compiled function that takes
 timestamps around the fetch and after the step (`timing.timed_step_function`).
 The replacement is on the model only while a step runs: however fit is
-interrupted, Keras' own function is left in place.
+interrupted, Keras' own function is left in place. JAX (`jax_fit_timing`:
+the device's idle wait under asynchronous dispatch) and torch
+(`torch_fit_timing`: the `DataLoader` fetch, outside the train function) have
+sources of their own, imported only on their backend.
 """
 
 import time
 import weakref
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -89,6 +92,17 @@ class FitTiming:
 
     def end(self, kind: str) -> None:
         """Puts Keras' own functions for `kind` back."""
+
+    def flush_rows(self, wait: bool = False) -> None:
+        """Hands the run the rows of steps that have ended, if any are kept back.
+
+        Args:
+            wait: first wait for the steps still running (at the end of an epoch).
+        """
+
+    def notes(self) -> List[str]:
+        """Sentences for the report about how this backend was measured."""
+        return []
 
     def step_marker_target(self, kind: str):
         """The object the profiler window marks steps through, or `None`.
@@ -191,17 +205,27 @@ def fit_timing_for(model, on_rows: OnRows, on_error: OnError, on_fallback: OnFal
         on_rows, on_error, on_fallback: as for `FitTiming`.
 
     Returns:
-        A `FitTiming` for the active Keras backend.
+        A timing source for the active Keras backend: `TensorFlowFitTiming`,
+        `JaxFitTiming`, `TorchFitTiming`, or whole-step `FitTiming` for others.
     """
     import keras
 
     backend = keras.backend.backend()
     if backend == "tensorflow":
         return TensorFlowFitTiming(model, on_rows, on_error, on_fallback)
+    if backend == "jax":
+        # Imported here: jax is imported only for a fit on its backend.
+        from keras_pipeline_tuner.instrumentation.jax_fit_timing import JaxFitTiming
+
+        return JaxFitTiming(model, on_rows, on_error, on_fallback)
+    if backend == "torch":
+        from keras_pipeline_tuner.instrumentation.torch_fit_timing import TorchFitTiming
+
+        return TorchFitTiming(model, on_rows, on_error, on_fallback)
     timing = FitTiming(model, on_rows, on_error, on_fallback)
     on_fallback(
-        f"the Keras backend is {backend!r}; input wait is only measured inside the "
-        "step on the TensorFlow backend"
+        f"the Keras backend is {backend!r}; input wait is measured inside the step on "
+        "the TensorFlow, JAX and torch backends only"
     )
     return timing
 

@@ -32,6 +32,7 @@ always drawn.
 import dataclasses
 import logging
 import os
+import sys
 import time
 from typing import Optional
 
@@ -122,6 +123,8 @@ class TensorBoardSink:
         self._dashboard_written = 0
         self._step_blocks = dashboard.StepBlocks()
         self._last_dashboard = None
+        # TensorBoard's own writer, when TensorFlow is not imported (JAX, torch).
+        self._event_writer = None
 
     # What the tuner calls.
 
@@ -307,9 +310,12 @@ class TensorBoardSink:
             text = render_markdown(report, heading=_heading(report))
             if text == self._last_text and step == self._last_text_step:
                 return
-            tf = tensorflow()
-            with self._summaries():
-                tf.summary.text(REPORT_TAG, text, step=step)
+            if _without_tensorflow():
+                self._events().text(REPORT_TAG, text, step=step)
+            else:
+                tf = tensorflow()
+                with self._summaries():
+                    tf.summary.text(REPORT_TAG, text, step=step)
             self._last_text, self._last_text_step = text, step
 
     def write_timeline(self, clock: StepClock, report: Report) -> None:
@@ -336,19 +342,23 @@ class TensorBoardSink:
             png = timeline_image.timeline_png(
                 timeline_image.step_rows(steps), title, profiled, profile_title
             )
-            tf = tensorflow()
-            # Also a plain file, for a look without TensorBoard (and for docs).
-            tf.io.gfile.makedirs(self.run_dir)
-            with tf.io.gfile.GFile(os.path.join(self.run_dir, TIMELINE_FILENAME), "wb") as file:
-                file.write(png)
-            image = tf.expand_dims(tf.io.decode_png(png, channels=4), 0)
-            with self._summaries():
-                tf.summary.image(
-                    TIMELINE_TAG,
-                    image,
-                    step=step,
-                    description="Input wait and compute of the latest training steps.",
-                )
+            description = "Input wait and compute of the latest training steps."
+            if _without_tensorflow():
+                # Also a plain file, for a look without TensorBoard (and for docs).
+                os.makedirs(self.run_dir, exist_ok=True)
+                with open(os.path.join(self.run_dir, TIMELINE_FILENAME), "wb") as file:
+                    file.write(png)
+                self._events().image(TIMELINE_TAG, png, step=step, description=description)
+            else:
+                tf = tensorflow()
+                tf.io.gfile.makedirs(self.run_dir)
+                with tf.io.gfile.GFile(
+                    os.path.join(self.run_dir, TIMELINE_FILENAME), "wb"
+                ) as file:
+                    file.write(png)
+                image = tf.expand_dims(tf.io.decode_png(png, channels=4), 0)
+                with self._summaries():
+                    tf.summary.image(TIMELINE_TAG, image, step=step, description=description)
             self._last_image_step = step
             self._image_s += time.perf_counter() - began
 
@@ -357,6 +367,9 @@ class TensorBoardSink:
         if self._writer is not None:
             with self.guard(SCALARS):
                 self._writer.flush()
+        if self._event_writer is not None:
+            with self.guard(SCALARS):
+                self._event_writer.flush()
 
     # Internals.
 
@@ -366,7 +379,17 @@ class TensorBoardSink:
             self._writer = tf.summary.create_file_writer(self.run_dir)
         return _Summaries(tf, self._writer)
 
+    def _events(self):
+        if self._event_writer is None:
+            from keras_pipeline_tuner.outputs.event_writer import EventWriter
+
+            self._event_writer = EventWriter(self.run_dir)
+        return self._event_writer
+
     def _write_scalar_rows(self, tags, numbers: np.ndarray, values: np.ndarray) -> None:
+        if _without_tensorflow():
+            self._events().scalars(tags, numbers, values)
+            return
         tf = tensorflow()
         with self._summaries():
             if numbers.size < _EAGER_ROWS and tags not in self._compiled:
@@ -462,6 +485,13 @@ def _compiled_scalar_writer(tf, tags):
         return tf.constant(True)
 
     return write
+
+
+def _without_tensorflow() -> bool:
+    # TensorFlow's writer when the process has TensorFlow already (its
+    # compiled scalar writer is the fastest); TensorBoard's own otherwise, so
+    # that JAX and torch users need not install, or import, TensorFlow.
+    return sys.modules.get("tensorflow") is None
 
 
 def _training_seconds(clock: StepClock) -> float:

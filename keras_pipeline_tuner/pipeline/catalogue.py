@@ -125,6 +125,18 @@ KINDS: Dict[str, FindingKind] = {
         parallelises=False,
     ),
     FindingKind(
+        "torch-dataloader-workers",
+        "a torch DataLoader loads batches on the training thread (num_workers=0)",
+        "Load the batches of {stage} in worker processes (num_workers)",
+        parallelises=True,
+    ),
+    FindingKind(
+        "torch-dataloader-respawn",
+        "a torch DataLoader starts its worker processes again every epoch",
+        "Keep the workers of {stage} between epochs (persistent_workers=True)",
+        parallelises=False,
+    ),
+    FindingKind(
         "python-generator",
         "fit reads a Python generator on one thread",
         "Replace the Python generator {stage} with a PyDataset or tf.data",

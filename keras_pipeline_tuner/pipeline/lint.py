@@ -178,6 +178,76 @@ def lint_py_dataset(py_dataset) -> Findings:
     return findings
 
 
+def lint_torch_dataloader(loader) -> Findings:
+    """Advice for a torch `DataLoader` given to `model.fit` (torch backend).
+
+    Reads the loader's own settings (`num_workers`, `pin_memory`,
+    `persistent_workers`, `prefetch_factor`); tf.data knobs do not apply.
+
+    Args:
+        loader: the `torch.utils.data.DataLoader`.
+
+    Returns:
+        `Findings` about the one stage that stands for the loader.
+
+    Example:
+
+    ```python
+    loader = torch.utils.data.DataLoader(dataset, batch_size=32)
+    lint_torch_dataloader(loader).ids  # ['torch-dataloader-workers']
+    ```
+    """
+    dataset = getattr(loader, "dataset", None)
+    name = f"DataLoader({type(dataset).__name__})" if dataset is not None else "DataLoader"
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    persistent = bool(getattr(loader, "persistent_workers", False))
+    params = {
+        "num_workers": workers,
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+        "persistent_workers": persistent,
+    }
+    prefetch_factor = getattr(loader, "prefetch_factor", None)
+    if prefetch_factor is not None:
+        # torch leaves it None without workers.
+        params["prefetch_factor"] = int(prefetch_factor)
+    stage = Stage(
+        node=name,
+        op="DataLoader",
+        kind="DataLoader",
+        params=params,
+        function=StageFunction(name=f"{type(dataset).__name__}.__getitem__", graph_name="")
+        if dataset is not None
+        else None,
+    )
+    findings = Findings(pipeline=Pipeline(stages=[stage]))
+    if workers == 0:
+        findings.append(
+            _finding(
+                "torch-dataloader-workers",
+                Severity.WARNING,
+                stage,
+                f"{name} has num_workers=0: each batch is loaded on the training thread, "
+                "so while a batch loads nothing trains. With num_workers > 0, worker "
+                "processes load prefetch_factor batches each ahead of the step.",
+                "torch.utils.data.DataLoader(dataset, ..., num_workers=4, "
+                "persistent_workers=True)",
+            )
+        )
+    elif not persistent:
+        findings.append(
+            _finding(
+                "torch-dataloader-respawn",
+                Severity.INFO,
+                stage,
+                f"{name} starts {workers} worker processes at the start of every epoch "
+                "and stops them at its end; the first batches of each epoch wait for them.",
+                "torch.utils.data.DataLoader(dataset, ..., "
+                f"num_workers={workers}, persistent_workers=True)",
+            )
+        )
+    return findings
+
+
 def lint_generator(name: str = "generator") -> Findings:
     """Advice for a Python generator given to `model.fit`.
 

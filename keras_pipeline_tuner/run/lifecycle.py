@@ -499,12 +499,18 @@ class Run:
 
 
 def _environment(keras_version: str) -> dict:
+    import keras
+
     environment = {}
-    # Named only when the run used it: the torch and JAX backends may run without.
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and hasattr(tf, "__version__"):
-        environment["tensorflow"] = tf.__version__
-    environment.update(keras=keras_version, python=sys.version.split()[0])
+    # Named only when the run used them: the torch and JAX backends may run
+    # without TensorFlow, and no framework is imported just to name it.
+    for name in ("tensorflow", "jax", "torch"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "__version__"):
+            environment[name] = str(module.__version__)
+    environment.update(
+        keras=keras_version, backend=keras.backend.backend(), python=sys.version.split()[0]
+    )
     return environment
 
 

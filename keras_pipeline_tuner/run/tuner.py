@@ -31,6 +31,8 @@ from keras_pipeline_tuner.timing.step_stats import verdict_for
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 _PROFILE_MODES = ("auto", "off")
+# Keras backends whose fit loop may dispatch batch-end hooks asynchronously.
+ASYNC_BACKENDS = ("jax", "torch")
 
 
 class PipelineTuner(keras.callbacks.Callback):
@@ -146,6 +148,12 @@ class PipelineTuner(keras.callbacks.Callback):
         self._timing: Optional[FitTiming] = None
         self._loop: Optional[LoopTimer] = None
         self._validating_epoch = 0
+        # On JAX and torch Keras may run batch-end hooks on a callback thread,
+        # unless a callback that overrides them is not `async_safe`: then it
+        # runs every callback on the training thread, which slows those fits.
+        # This callback is safe there because its batch-end hooks do nothing on
+        # those backends (the end of one step is handled when the next begins).
+        self.async_safe = keras.backend.backend() in ASYNC_BACKENDS
 
     def __deepcopy__(self, memo) -> "PipelineTuner":
         # A copy is a new tuner with the same arguments: compiled functions, the
@@ -157,15 +165,24 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         _refuse_a_second_tuner()
         model = self.model
-        run = self._new_run()
+        run = self._new_run(flush_rows=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         identity = None
-        if self.guard.enabled(features.WORKER_SUMMARY):
+        # Multi-worker training is a tf.distribute strategy: TensorFlow backend only.
+        if not self.async_safe and self.guard.enabled(features.WORKER_SUMMARY):
             with self.guard(features.WORKER_SUMMARY):
                 identity = worker_reports.identity_of(
                     getattr(model, "distribute_strategy", None)
                 )
         run.begin(identity)
+        if self.async_safe and self.profile != "off":
+            # The window is never opened on this backend (see on_train_batch_begin).
+            run.notes.append(
+                f"No profiler window: it is captured on the TensorFlow backend only, and "
+                f"this fit ran on {keras.backend.backend()!r}. The step clock, the "
+                "advice and all outputs work on every backend; the tf.data lint needs "
+                "TensorFlow installed."
+            )
         self._timing = None
         if self.guard.enabled(features.STEP_CLOCK) or run.multi_worker:
             with self.guard(features.STEP_CLOCK):
@@ -181,11 +198,22 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         with self.guard(features.STEP_CLOCK):
+            if self._timing is not None:
+                # The epoch's last steps, before the epoch is closed.
+                self._timing.flush_rows(wait=True)
             self._run.clock.end_epoch(TRAIN, epoch)
         self._run.epoch_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
         timing = self._timing
+        if self.async_safe:
+            # Here, on the training thread, rather than in the batch-end hook.
+            if timing is not None:
+                with self.guard(features.STEP_CLOCK):
+                    timing.before_step(TRAIN)
+            if batch:
+                self._run.steps_ended(self._run.steps_per_execution)
+            return
         marker = timing.step_marker_target(TRAIN) if timing is not None else None
         self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
@@ -199,6 +227,9 @@ class PipelineTuner(keras.callbacks.Callback):
         return steps - batch
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.async_safe:
+            # May run on Keras' callback thread: see `on_train_batch_begin`.
+            return
         if self._timing is not None:
             self._timing.after_step(TRAIN)
         self._window.after_step(batch)
@@ -220,9 +251,12 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_test_batch_begin(self, batch, logs=None):
         if self._timing is not None:
-            self._timing.before_step(VALIDATION)
+            with self.guard(features.STEP_CLOCK):
+                self._timing.before_step(VALIDATION)
 
     def on_test_batch_end(self, batch, logs=None):
+        if self.async_safe:
+            return
         if self._timing is not None:
             self._timing.after_step(VALIDATION)
 
@@ -233,8 +267,11 @@ class PipelineTuner(keras.callbacks.Callback):
             self._run.clock.end_epoch(VALIDATION, self._validating_epoch)
 
     def on_train_end(self, logs=None):
+        timing = self._timing
         self._end_timing()
         run = self._run
+        if timing is not None:
+            run.notes.extend(timing.notes())
         self._window.end_fit()
         if self.what_if_steps and not self.guard.enabled(features.STEP_CLOCK):
             # The replay is compared with the clock's steps: there are none.
@@ -459,6 +496,9 @@ class PipelineTuner(keras.callbacks.Callback):
             return False
         if run.multi_worker or run.measurement != "in-step" or self.model is None:
             return False
+        if keras.backend.backend() != "tensorflow":
+            # The replay runs the TensorFlow backend's compiled step.
+            return False
         with self.guard(features.CONTENTION_CHECK):
             steady = run.clock.steady_share(TRAIN)
             if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
@@ -467,6 +507,11 @@ class PipelineTuner(keras.callbacks.Callback):
                 return False
             return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(self.model)
         return False
+    def _flush_timing_rows(self) -> None:
+        # Rows the timing source keeps back until steps end (JAX), for the outputs.
+        if self._timing is not None and self.guard.enabled(features.STEP_CLOCK):
+            with self.guard(features.STEP_CLOCK):
+                self._timing.flush_rows()
 
     def _end_timing(self) -> None:
         if self._timing is not None:

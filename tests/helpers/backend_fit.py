@@ -1,0 +1,493 @@
+"""Fits on the Keras backend of this process, with known injected delays; prints JSON.
+
+The Keras backend is fixed when Keras is imported, so tests run this script in
+a subprocess per backend (`KERAS_BACKEND=jax python -m tests.helpers.backend_fit
+SCENARIO ...`); it prints one JSON object on stdout.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if os.environ.get("KPT_TEST_WITHOUT_TENSORFLOW"):
+    # As if TensorFlow were not installed: importing it raises ImportError.
+    sys.modules["tensorflow"] = None
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_pipeline_tuner as kpt  # noqa: E402
+
+FEATURES = 8
+BATCH = 32
+# A step of about 30 ms on one core of these machines: three wide layers.
+WIDE_FEATURES = 256
+WIDE_UNITS = 1024
+WIDE_BATCH = 128
+
+
+def arrays(batches: int, features: int = FEATURES, batch: int = BATCH):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batches * batch, features)).astype(np.float32)
+    y = (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+    return x, y
+
+
+def tiny_model(steps_per_execution: int = 1, features: int = FEATURES):
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((features,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def wide_model():
+    """About 30 ms a step here: the compute of the input-bound scenarios."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [
+            keras.Input((WIDE_FEATURES,)),
+            keras.layers.Dense(WIDE_UNITS, activation="relu"),
+            keras.layers.Dense(WIDE_UNITS, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def slow_batches(batches: int, delay_s: float, features: int = FEATURES, batch: int = BATCH):
+    """A tf.data source of whole batches, each `delay_s` late (no prefetch)."""
+    import tensorflow as tf
+
+    x, y = arrays(batches, features, batch)
+
+    def generate():
+        for i in range(batches):
+            time.sleep(delay_s)
+            yield x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((None, features), tf.float32),
+            tf.TensorSpec((None, 1), tf.float32),
+        ),
+    )
+
+
+class SlowPyDataset(keras.utils.PyDataset):
+    """Batches of (x, y) whose `__getitem__` sleeps `delay_s`."""
+
+    def __init__(self, batches, delay_s, features=FEATURES, batch=BATCH, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = arrays(batches, features, batch)
+        self.batches, self.delay_s, self.batch = batches, delay_s, batch
+
+    def __len__(self):
+        return self.batches
+
+    def __getitem__(self, index):
+        time.sleep(self.delay_s)
+        part = slice(index * self.batch, (index + 1) * self.batch)
+        return self.x[part], self.y[part]
+
+
+def torch_loader(batches, delay_s, num_workers=0, features=FEATURES, batch=BATCH):
+    """A torch `DataLoader` over a map-style dataset whose items sleep `delay_s`."""
+    import torch
+
+    x, y = arrays(batches, features, batch)
+
+    class SlowDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return batches
+
+        def __getitem__(self, index):
+            time.sleep(delay_s)
+            part = slice(index * batch, (index + 1) * batch)
+            return torch.from_numpy(x[part]), torch.from_numpy(y[part])
+
+    return torch.utils.data.DataLoader(
+        SlowDataset(),
+        batch_size=None,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def summary(tuner, model=None):
+    report = tuner.report
+    train = report.train
+    return {
+        "verdict": report.verdict.value,
+        "input_fraction": report.input_fraction,
+        "steps": train.steps,
+        "validation_steps": report.validation.steps if report.validation else 0,
+        "wait_ms": train.input_wait.median_ms if train.input_wait else None,
+        "compute_ms": train.compute.median_ms if train.compute else None,
+        "measurement": report.measurement,
+        "notes": report.notes,
+        "recommendations": [r.id for r in report.recommendations],
+        "findings": [f.id for f in report.findings],
+        "environment": report.environment,
+        # Keras' own function is back on the model after fit.
+        "restored": model is None or "Timed" not in type(model.train_function).__name__,
+    }
+
+
+def inputs():
+    """fit runs to the end on arrays, tf.data, a PyDataset (and a DataLoader on torch)."""
+    import tensorflow as tf
+
+    x, y = arrays(6)
+    given = {
+        "arrays": dict(x=x, y=y, batch_size=BATCH),
+        "tf.data": dict(x=tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)),
+        "PyDataset": dict(x=SlowPyDataset(6, 0.0)),
+    }
+    if keras.backend.backend() == "torch":
+        given["DataLoader"] = dict(x=torch_loader(6, 0.0))
+    if keras.backend.backend() in ("jax", "torch"):
+        import grain
+
+        # Keras 3 takes Grain datasets directly.
+        given["Grain"] = dict(
+            x=grain.MapDataset.source(
+                [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(6)]
+            )
+        )
+    results = {}
+    for name, data in given.items():
+        tuner, model = kpt.PipelineTuner(verbose=0), tiny_model()
+        history = model.fit(epochs=2, callbacks=[tuner], verbose=0, **data)
+        results[name] = {"epochs": len(history.history["loss"]), **summary(tuner, model)}
+    return results
+
+
+class _PeriodProbe(keras.callbacks.Callback):
+    """Times the training loop from outside the tuner: one batch begin to the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.begins = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begins.append(time.perf_counter())
+
+
+def delays(delay_s):
+    """An input-bound (or not) fit: `delay_s` per batch, about 30 ms of compute.
+
+    Returns the tuner's summary and the loop's median period between batch
+    begins (steady state: the source's pace when input-bound).
+    """
+    tuner, probe = kpt.PipelineTuner(verbose=0), _PeriodProbe()
+    model = wide_model()
+    if delay_s:
+        # A PyDataset with one worker: Keras fetches on the training thread, on
+        # every backend, and nothing else (tf.data) competes for the two cores.
+        data = dict(x=SlowPyDataset(16, delay_s, WIDE_FEATURES, WIDE_BATCH))
+    else:
+        # No delay: in-memory arrays, which Keras slices ahead of the step.
+        x, y = arrays(16, WIDE_FEATURES, WIDE_BATCH)
+        data = dict(x=x, y=y, batch_size=WIDE_BATCH)
+    model.fit(epochs=1, callbacks=[tuner, probe], verbose=0, **data)
+    period_ms = float(np.median(np.diff(probe.begins[2:]))) * 1e3
+    return {"period_ms": period_ms, **summary(tuner)}
+
+
+def steps_per_execution():
+    tuner = kpt.PipelineTuner(verbose=0)
+    x, y = arrays(12)
+    model = tiny_model(steps_per_execution=4)
+    model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[tuner], verbose=0)
+    return {"rows": tuner.clock.stats("train").steps, "first": "train" in tuner.clock.first_steps}
+
+
+def identical():
+    """Weights and history with and without the tuner, with validation."""
+    x, y = arrays(8)
+    results = []
+    for callbacks in ([], [kpt.PipelineTuner(verbose=0)]):
+        model = tiny_model()
+        history = model.fit(
+            x, y, batch_size=BATCH, epochs=2, validation_data=(x[:64], y[:64]),
+            shuffle=False, callbacks=callbacks, verbose=0,
+        )
+        results.append((model.get_weights(), history.history, callbacks))
+    (plain_weights, plain_history, _), (weights, history, (tuner,)) = results
+    return {
+        "weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, weights)),
+        "history": plain_history == history,
+        "validation_steps": tuner.report.validation.steps if tuner.report.validation else 0,
+        "train_steps": tuner.report.train.steps,
+    }
+
+
+class _ThreadProbe(keras.callbacks.Callback):
+    """Records on which thread Keras runs batch-end hooks."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.threads = set()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.threads.add(threading.get_ident())
+
+
+def dispatch():
+    """Whether Keras still runs batch-end hooks off the training thread with the tuner."""
+    probe = _ThreadProbe()
+    x, y = arrays(4)
+    tiny_model().fit(
+        x, y, batch_size=BATCH, epochs=1, callbacks=[kpt.PipelineTuner(verbose=0), probe],
+        verbose=0,
+    )
+    return {"off_training_thread": threading.get_ident() not in probe.threads}
+
+
+def advice():
+    """A slow loader on one worker, then with more workers, as the advice says.
+
+    40 ms a batch against a step of about 30 ms: one worker leaves the step
+    waiting; four threads (PyDataset) or two processes (DataLoader) load ahead.
+    """
+    cases = {"PyDataset": (lambda workers: SlowPyDataset(
+        12, 0.04, WIDE_FEATURES, WIDE_BATCH, workers=workers), 1, 4)}
+    if keras.backend.backend() == "torch":
+        cases["DataLoader"] = (
+            lambda workers: torch_loader(12, 0.04, workers, WIDE_FEATURES, WIDE_BATCH), 0, 2
+        )
+    results = {}
+    for name, (make, before, after) in cases.items():
+        for label, workers in (("before", before), ("after", after)):
+            tuner = kpt.PipelineTuner(verbose=0)
+            wide_model().fit(make(workers), epochs=2, callbacks=[tuner], verbose=0)
+            report = tuner.report
+            results[f"{name} {label}"] = {
+                "workers": workers,
+                "input_fraction": report.input_fraction,
+                "verdict": report.verdict.value,
+                "recommendations": [r.id for r in report.recommendations],
+                "findings": [f.id for f in report.findings],
+                "reasons": [f.reason for f in report.findings],
+            }
+    return results
+
+
+def outputs():
+    """Every output of a fit with a log_dir: report file, event files, summary, CLI."""
+    import contextlib
+    import io
+    import tempfile
+
+    from tensorboard.backend.event_processing import event_accumulator
+
+    log_dir = tempfile.mkdtemp()
+    x, y = arrays(6)
+    printed = io.StringIO()
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=1)
+    with contextlib.redirect_stdout(printed):
+        tiny_model().fit(x, y, batch_size=BATCH, epochs=2, callbacks=[tuner], verbose=0)
+    run_dir = os.path.join(log_dir, "pipeline_tuner")
+    events = event_accumulator.EventAccumulator(
+        run_dir, size_guidance={event_accumulator.TENSORS: 0, event_accumulator.IMAGES: 0}
+    )
+    events.Reload()
+    tags = events.Tags()
+    wait_steps = [event.step for event in events.Tensors("input_pipeline/input_wait_ms")]
+    command = subprocess_report(log_dir)
+    return {
+        "report_file": os.path.isfile(os.path.join(log_dir, "report.json")),
+        # Tag: the TensorBoard plugin that shows it (scalars, text, images).
+        "plugins": {
+            tag: events.SummaryMetadata(tag).plugin_data.plugin_name
+            for tag in tags.get("tensors", [])
+        },
+        "wait_steps": wait_steps,
+        "summary": printed.getvalue(),
+        "notes": tuner.report.notes,
+        "failures": dict(tuner.guard.failures),
+        "cli": command,
+        "tensorflow_imported": sys.modules.get("tensorflow") is not None,
+    }
+
+
+def subprocess_report(log_dir):
+    """`keras-pipeline-tuner report LOGDIR`, in a process of its own."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_pipeline_tuner.cli", "report", log_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return {"returncode": result.returncode, "stdout": result.stdout}
+
+
+def custom_loop():
+    """`@tuner.instrument` on a JAX (jax.jit) or torch step, `tuner.iterate` on a slow source.
+
+    Also times the same step directly (outputs ready), for the truth of compute.
+    """
+    tuner = kpt.PipelineTuner(verbose=0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 512)).astype(np.float32)
+
+    def source(batches=10):
+        for _ in range(batches):
+            time.sleep(0.03)
+            yield x
+
+    if keras.backend.backend() == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        w = jnp.asarray(rng.normal(size=(512, 512)).astype(np.float32) / 32)
+
+        def chain(x):
+            # Each matmul needs the previous one: nothing to fold away.
+            for _ in range(40):
+                x = jnp.tanh(x @ w)
+            return x.mean()
+
+        plain = jax.jit(chain)
+        step = tuner.instrument(jax.jit(chain))
+        wait = jax.block_until_ready
+    else:
+        import torch
+
+        w = torch.from_numpy(rng.normal(size=(512, 512)).astype(np.float32) / 32)
+
+        def chain(x):
+            x = torch.from_numpy(x)
+            for _ in range(40):
+                x = torch.tanh(x @ w)
+            return x.mean()
+
+        plain = chain
+        step = tuner.instrument(chain)
+
+        def wait(outputs):
+            return outputs
+
+    wait(plain(x))
+    direct, dispatch = [], []
+    for _ in range(7):
+        began = time.perf_counter()
+        outputs = plain(x)
+        dispatch.append(time.perf_counter() - began)
+        wait(outputs)
+        direct.append(time.perf_counter() - began)
+    for batch in tuner.iterate(source()):
+        step(batch)
+    report = tuner.close()
+    return {
+        "measurement": report.measurement,
+        "steps": report.train.steps,
+        "wait_ms": report.train.input_wait.median_ms,
+        "compute_ms": report.train.compute.median_ms,
+        "direct_ms": float(np.median(direct)) * 1e3,
+        "dispatch_ms": float(np.median(dispatch)) * 1e3,
+        "verdict": report.verdict.value,
+    }
+
+
+class FailingPyDataset(SlowPyDataset):
+    """Raises ValueError when batch `fail_at` is loaded."""
+
+    def __init__(self, batches, fail_at, **kwargs):
+        super().__init__(batches, 0.0, **kwargs)
+        self.fail_at = fail_at
+
+    def __getitem__(self, index):
+        if index == self.fail_at:
+            raise ValueError("bad batch")
+        return super().__getitem__(index)
+
+
+def _compilations():
+    """Counts XLA compilations in this process (JAX backend), or None elsewhere."""
+    if keras.backend.backend() != "jax":
+        return None
+    import jax
+
+    counted = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kwargs: counted.append(event)
+        if event == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+    return counted
+
+
+def recovery():
+    """Keras' own functions after an error; what a second fit compiles."""
+    x, y = arrays(6)
+    failed = tiny_model()
+    error = None
+    try:
+        failed.fit(FailingPyDataset(6, 3), epochs=1, callbacks=[kpt.PipelineTuner(verbose=0)],
+                   verbose=0)
+    except ValueError as raised:
+        error = str(raised)
+    restored = "Timed" not in type(failed.train_function).__name__
+    # A plain fit afterwards is not timed into the failed fit's run.
+    failed.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    compiles = _compilations()
+    first, second = {}, {}
+    for label, make_callbacks in (
+        ("plain", lambda: []), ("tuner", lambda: [kpt.PipelineTuner(verbose=0)])
+    ):
+        model = tiny_model()
+        before = len(compiles) if compiles is not None else 0
+        model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=make_callbacks(), verbose=0)
+        middle = len(compiles) if compiles is not None else 0
+        model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=make_callbacks(), verbose=0)
+        if compiles is not None:
+            first[label], second[label] = middle - before, len(compiles) - middle
+    return {
+        "error": error,
+        "restored": restored,
+        "first_fit_compiles": first,
+        "second_fit_compiles": second,
+    }
+
+
+SCENARIOS = {
+    "recovery": recovery,
+    "custom_loop": custom_loop,
+    "outputs": outputs,
+    "advice": advice,
+    "inputs": inputs,
+    "slow": lambda: delays(0.08),
+    "fast": lambda: delays(0.0),
+    "steps_per_execution": steps_per_execution,
+    "identical": identical,
+    "dispatch": dispatch,
+}
+
+
+def main(names):
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # Two torch threads beside the other processes of a shared 2-core
+        # machine oversubscribe it (steps 5-10x slower); one keeps steps steady.
+        torch.set_num_threads(1)
+    results = {"backend": keras.backend.backend()}
+    for name in names:
+        results[name] = SCENARIOS[name]()
+    sys.stdout.write(json.dumps(results, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
