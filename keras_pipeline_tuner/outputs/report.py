@@ -60,6 +60,9 @@ class Report:
             are this worker's own measurements; the recommendations judge the
             job, that is the straggler.
         cpu: `CpuUsage` of the host over the training steps so far.
+        run: the TensorBoard run, under the log dir, that holds this run's
+            summaries (e.g. "pipeline_tuner", "pipeline_tuner/fit-2"); a log dir's
+            `report.json` is that of its latest run.
         judgement: how the verdict was decided (`advice.verdict.Judgement`):
             the steady state, what decided, one-off costs left out.
 
@@ -87,6 +90,7 @@ class Report:
     workers: Optional[MultiWorkerSummary] = None
     cpu: Optional[CpuUsage] = None
     judgement: Optional[Judgement] = None
+    run: Optional[str] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -75,6 +75,46 @@ _EAGER_ROWS = 400
 _IMAGE_BUDGET = 0.02
 
 
+def run_path(run_name: Optional[str] = None) -> str:
+    """The TensorBoard run, under a log dir, of the tuner's run `run_name`.
+
+    A log dir's first run is `pipeline_tuner`; later ones (a second fit, a
+    reused tuner, a later process) are numbered below it, e.g.
+    `pipeline_tuner/fit-2`, so that no run's scalars restart in another's.
+
+    Example:
+
+    >>> run_path(), run_path("fit-2")
+    ('pipeline_tuner', 'pipeline_tuner/fit-2')
+    """
+    return RUN if not run_name else f"{RUN}/{run_name}"
+
+
+def next_run_name(log_dir: str, kind: str) -> Optional[str]:
+    """The name of a new run of `kind` ("fit", "loop", "evaluate") in `log_dir`.
+
+    Args:
+        log_dir: the log dir (local, or on a TensorFlow file system).
+        kind: what the run is.
+
+    Returns:
+        `None` while the log dir's first run holds no event file (the run goes
+        there), else `<kind>-<n>`, numbered after every run already there.
+    """
+    root = os.path.join(log_dir, RUN)
+    if not files.exists(root):
+        return None
+    names = files.list_dir(root)
+    if not any("tfevents" in name for name in names):
+        return None
+    numbers = [1]
+    for name in names:
+        head, _, tail = name.rpartition("-")
+        if head and tail.isdigit():
+            numbers.append(int(tail))
+    return f"{kind}-{max(numbers) + 1}"
+
+
 class TensorBoardSink:
     """Writes per-step scalars, the report text and the timeline image.
 
@@ -101,8 +141,9 @@ class TensorBoardSink:
         guard: FeatureGuard,
         flush_every: int = 1000,
         full_steps: int = FULL_RESOLUTION_STEPS,
+        run_name: Optional[str] = None,
     ):
-        self.run_dir = os.path.join(log_dir, RUN)
+        self.run_dir = os.path.join(log_dir, run_path(run_name))
         self.guard = guard
         self.flush_every = flush_every
         self.full_steps = full_steps

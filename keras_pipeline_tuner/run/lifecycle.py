@@ -30,6 +30,8 @@ from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
+from keras_pipeline_tuner.outputs.tensorboard import next_run_name
+from keras_pipeline_tuner.outputs.tensorboard import run_path
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
@@ -91,6 +93,8 @@ class Run:
             knows better than the run (custom loops), else `None`.
         flush_rows: hands over rows a timing source keeps back (custom loops
             record in batches); called before each output is written.
+        kind: "fit", "loop" or "evaluate": names the run's TensorBoard folder
+            when it is not the log dir's first (see `outputs.tensorboard.run_path`).
 
     Example:
 
@@ -110,6 +114,7 @@ class Run:
         window: ProfilerWindow,
         describe: Optional[Callable[[], Optional[tuple]]] = None,
         flush_rows: Optional[Callable[[], None]] = None,
+        kind: str = "fit",
     ):
         self.settings = settings
         self.guard = guard
@@ -130,6 +135,8 @@ class Run:
         self.worker_view: Optional[worker_reports.MultiWorkerSummary] = None
         self.output_dir = settings.log_dir
         self.tensorboard: Optional[TensorBoardSink] = None
+        self.kind = kind
+        self.run_name: Optional[str] = None
         self.early_verdict: Optional[str] = None
         self._began = time.monotonic()
 
@@ -260,10 +267,14 @@ class Run:
             _RUNNING.discard(self)
             self.checkpoint()
 
-    def finish(self) -> Report:
+    def finish(self, summary: bool = True) -> Report:
         """Builds the final report and writes every output.
 
         The driver closes the profiler window first (`window.end_fit()`).
+
+        Args:
+            summary: print the terminal summary (when `verbose`); an
+                `evaluate()` on its own prints none.
 
         Returns:
             The final `Report`.
@@ -285,7 +296,7 @@ class Run:
             if self.guard.enabled(features.STEP_TRACE):
                 with self.guard(features.STEP_TRACE):
                     write_trace(self.clock, self.output_dir)
-        if self.settings.verbose and self.guard.enabled(features.SUMMARY):
+        if summary and self.settings.verbose and self.guard.enabled(features.SUMMARY):
             with self.guard(features.SUMMARY):
                 terminal_summary.print_summary(report)
         if len(self.guard.failures) != failures:
@@ -359,6 +370,7 @@ class Run:
             cpu=self._cpu_usage(),
             environment=_environment(keras.__version__),
             judgement=judgement,
+            run=run_path(self.run_name) if self.tensorboard is not None else None,
         )
         if self.guard.enabled(features.ADVICE):
             with self.guard(features.ADVICE):
@@ -463,11 +475,13 @@ class Run:
         writes_summaries = workers is None or (
             workers.identity.is_chief or settings.tensorboard_workers == "all"
         )
-        self.tensorboard = (
-            TensorBoardSink(self.output_dir, self.guard)
-            if self.output_dir is not None and writes_summaries
-            else None
-        )
+        self.tensorboard = None
+        if self.output_dir is not None and writes_summaries:
+            with self.guard(features.TENSORBOARD_SCALARS):
+                # Its own TensorBoard run: a second fit's scalars never restart
+                # inside the first's.
+                self.run_name = next_run_name(self.output_dir, self.kind)
+            self.tensorboard = TensorBoardSink(self.output_dir, self.guard, run_name=self.run_name)
 
     def _exchange_worker_summaries(self, final: bool) -> None:
         """Writes this worker's summary; the chief also reads the others'.

@@ -148,6 +148,7 @@ class PipelineTuner(keras.callbacks.Callback):
         self._timing: Optional[FitTiming] = None
         self._loop: Optional[LoopTimer] = None
         self._validating_epoch = 0
+        self._in_fit = False
         # On JAX and torch Keras may run batch-end hooks on a callback thread,
         # unless a callback that overrides them is not `async_safe`: then it
         # runs every callback on the training thread, which slows those fits.
@@ -164,6 +165,7 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _refuse_a_second_tuner()
+        self._in_fit = True
         model = self.model
         run = self._new_run(flush_rows=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
@@ -237,9 +239,10 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         self._window.close(EPOCH_ENDED)
-        if self._run is None:
-            # evaluate() called on its own, outside fit.
-            self._new_run()
+        if not self._in_fit:
+            # evaluate() called on its own: a run of its own, ended in on_test_end.
+            self._new_run(kind="evaluate").begin(None)
+            self._timing = None
         run = self._run
         self._validating_epoch = run.clock.epoch
         if self.guard.enabled(features.STEP_CLOCK) or run.multi_worker:
@@ -265,6 +268,11 @@ class PipelineTuner(keras.callbacks.Callback):
             self._timing.end(VALIDATION)
         with self.guard(features.STEP_CLOCK):
             self._run.clock.end_epoch(VALIDATION, self._validating_epoch)
+        if not self._in_fit:
+            self._window.end_fit()
+            self._run.finish(summary=False)
+            self._timing = None
+            self.set_model(None)
 
     def on_train_end(self, logs=None):
         timing = self._timing
@@ -305,6 +313,7 @@ class PipelineTuner(keras.callbacks.Callback):
                 except what_if_replay.ReplayUnsupported:
                     # Automatic, so an expected limit needs no note: the wait decides.
                     pass
+        self._in_fit = False
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
         self._timing = None
@@ -427,7 +436,7 @@ class PipelineTuner(keras.callbacks.Callback):
 
     # Runs.
 
-    def _new_run(self, describe=None, flush_rows=None) -> Run:
+    def _new_run(self, describe=None, flush_rows=None, kind: str = "fit") -> Run:
         settings = RunSettings(
             log_dir=self.log_dir,
             verbose=self.verbose,
@@ -435,7 +444,7 @@ class PipelineTuner(keras.callbacks.Callback):
             tensorboard_workers=self.tensorboard_workers,
             worker_timeout_s=self.worker_timeout_s,
         )
-        self._run = Run(settings, self.guard, self._window, describe, flush_rows)
+        self._run = Run(settings, self.guard, self._window, describe, flush_rows, kind)
         return self._run
 
     def _current_run(self) -> Run:
@@ -443,7 +452,9 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _begin_loop_run(self) -> StepClock:
         # A custom loop's run starts as a fit does in `on_train_begin`.
-        run = self._new_run(describe=self._loop.describe, flush_rows=self._loop.flush_rows)
+        run = self._new_run(
+            describe=self._loop.describe, flush_rows=self._loop.flush_rows, kind="loop"
+        )
         identity = None
         if self.guard.enabled(features.WORKER_SUMMARY):
             with self.guard(features.WORKER_SUMMARY):
@@ -481,6 +492,9 @@ class PipelineTuner(keras.callbacks.Callback):
             self._end_timing()
 
     def _on_step_error(self, error: Optional[BaseException]) -> None:
+        if error is not None:
+            # fit ends here, without on_train_end.
+            self._in_fit = False
         self._end_timing()
         self._run.step_failed(error)
 

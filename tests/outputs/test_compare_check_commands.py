@@ -94,7 +94,7 @@ def test_check_exit_status_from_the_console_script(fits):
     done = run("check", str(log_dir), "--max-input-fraction", "0.2")
     assert done.returncode == 1, done.stderr
     assert "FAIL" in done.stdout and "more than the allowed 20.0 %" in done.stdout
-    done = run("check", str(log_dir), "--max-input-fraction", "0.99")
+    done = run("check", str(log_dir), "--max-input-fraction", "1.0")
     assert done.returncode == 0, done.stderr
 
 

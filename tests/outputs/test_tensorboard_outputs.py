@@ -16,6 +16,8 @@ from keras_pipeline_tuner.profiling.evidence import trace_events
 from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from tests.helpers import advised_fits
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import tiny_model
 
 
 def accumulator(run_dir) -> event_accumulator.EventAccumulator:
@@ -323,3 +325,24 @@ def test_event_file_stays_small_on_a_long_run_of_tiny_steps(tmp_path):
     assert len(written) == 2800 and written[-1] == steps
     size = sum(path.stat().st_size for path in (tmp_path / tensorboard_sink.RUN).glob("*tfevents*"))
     assert size < 2_000_000  # one point a step would be about 34 MB
+
+
+def test_each_fit_and_evaluate_gets_its_own_numbered_run(tmp_path):
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off", check_contention=False)
+    model = tiny_model()
+    model.fit(cached_source(24).batch(4), epochs=1, callbacks=[tuner], verbose=0)
+    model.fit(cached_source(40).batch(4), epochs=1, callbacks=[tuner], verbose=0)
+    model.evaluate(cached_source(16).batch(4), callbacks=[tuner], verbose=0)
+    root = tmp_path / tensorboard_sink.RUN
+    assert sorted(p.name for p in root.iterdir() if p.is_dir() and p.name != "plugins") == [
+        "evaluate-3",
+        "fit-2",
+    ]
+    first = [step for step, _ in values(accumulator(root), "input_pipeline/step_ms")]
+    second = [step for step, _ in values(accumulator(root / "fit-2"), "input_pipeline/step_ms")]
+    # Each run counts its own steps from 1: none restarts inside another.
+    assert first == list(range(1, 6)) and second == list(range(1, 10))
+    stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
+    assert stored.run == "pipeline_tuner/evaluate-3"
+    assert stored.validation is not None and stored.validation.steps == 3
+    assert tuner.report.run == "pipeline_tuner/evaluate-3"
