@@ -115,7 +115,7 @@ _WORKER_ROWS = f"""(() => {{
   return rows.length ? {{
     rows: rows.map((row) => [row.cells[0].textContent, row.cells[8].textContent,
         row.classList.contains("kpt-straggler")]),
-    note: doc.querySelector(".kpt-verdict .kpt-note").textContent,
+    note: doc.querySelector(".kpt-verdict .kpt-source").textContent,
   }} : null;
 }})()"""
 
