@@ -435,10 +435,14 @@ function codeBlock(code) {
 
 async function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) {
-    return navigator.clipboard.writeText(text);
+    try {
+      await navigator.clipboard.writeText(text);
+      return;
+    } catch (error) {
+      // An iframe without clipboard permission: the selection route below.
+    }
   }
-  // Plain http on another host: the clipboard API is not offered.
-  const area = element("textarea", {});
+  const area = element("textarea", {class: "kpt-copy-buffer"});
   area.value = text;
   document.body.appendChild(area);
   area.select();
