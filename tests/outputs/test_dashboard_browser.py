@@ -59,8 +59,34 @@ _SHOWN = f"""(() => {{
         Boolean(card.querySelector("button.kpt-copy"))]),
     comparison: all(".kpt-compare-table th").map((cell) => cell.textContent),
     tuneRows: all(".kpt-tune tr").length - 1,
+    epochRows: all(".kpt-epochs tr").slice(1).map((row) =>
+        [row.cells[0].textContent, row.cells[1].textContent, row.cells[2].textContent]),
+    stageTable: all(".kpt-stages-table tr").slice(1).map((row) =>
+        [row.cells[0].textContent, row.classList.contains("kpt-bottleneck")]),
     compareWith: (doc.querySelector("#kpt-compare") || {{}}).value,
   }};
+}})()"""
+# Where the first recommendation's copy button is on screen (brought into view first).
+_COPY_BUTTON = """(() => {
+  const find = (node) => {
+    if (node.shadowRoot) { const found = find(node.shadowRoot); if (found) return found; }
+    for (const child of node.children || []) {
+      if (child.tagName === "IFRAME") return child;
+      const found = find(child);
+      if (found) return found;
+    }
+    return null;
+  };
+  const frame = find(document.body);
+  const button = frame.contentDocument.querySelector(".kpt-recommendation button.kpt-copy");
+  button.scrollIntoView({block: "center"});
+  const outer = frame.getBoundingClientRect();
+  const inner = button.getBoundingClientRect();
+  return [outer.left + inner.left + inner.width / 2, outer.top + inner.top + inner.height / 2];
+})()"""
+_COPY_LABEL = f"""(() => {{
+  const label = {_TAB}.querySelector(".kpt-recommendation button.kpt-copy").textContent;
+  return label === "Copy" ? null : label;
 }})()"""
 # Hovers the fifth step mark of the first timeline; returns the tip's text.
 _HOVER = f"""(() => {{
@@ -115,7 +141,7 @@ _WORKER_ROWS = f"""(() => {{
   return rows.length ? {{
     rows: rows.map((row) => [row.cells[0].textContent, row.cells[8].textContent,
         row.classList.contains("kpt-straggler")]),
-    note: doc.querySelector(".kpt-verdict .kpt-note").textContent,
+    note: doc.querySelector(".kpt-verdict .kpt-source").textContent,
   }} : null;
 }})()"""
 
@@ -141,6 +167,11 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         browser.wait_until(_SHOWN, lambda value: len(value["marks"]) == 2)
         browser.screenshot(scratch / "dashboard.png")
         hovered = browser.evaluate(_HOVER)
+        # A real click (copying needs a user's gesture), then the label it leaves.
+        x, y = browser.evaluate(_COPY_BUTTON)
+        for kind in ("mousePressed", "mouseReleased"):
+            browser.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+        copied = browser.wait_until(_COPY_LABEL, bool)
         dragged = browser.evaluate(_DRAG)
         zoomed = browser.wait_until(_ZOOMED, bool)
         browser.evaluate(_pick(TUNED))
@@ -167,6 +198,19 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
     ]
     assert all(copy for _, _, copy in shown["recommendations"])
     assert "num_parallel_calls=tf.data.AUTOTUNE" in shown["recommendations"][0][1]
+    assert copied == "Copied"
+    # The epoch breakdown and the profiler window's stage table, the bottleneck marked.
+    report_epochs = [epoch for epoch in report.epochs]
+    assert shown["epochRows"] == [
+        [str(epoch.epoch + 1), epoch.kind, str(epoch.stats.steps)] for epoch in report_epochs
+    ]
+    iterators = report.profile.iterators
+    assert [stage for stage, _ in shown["stageTable"]] == [item.stage for item in iterators]
+    marked = [stage for stage, bottleneck in shown["stageTable"] if bottleneck]
+    assert marked == [
+        item.stage for item in iterators if item.iterator == report.profile.bottleneck_iterator
+    ]
+    assert marked, "the bottleneck stage is not marked"
     # The two runs side by side, and the tuned run's kpt.tune result.
     assert shown["compareWith"] == TUNED
     assert shown["comparison"][:4] == ["", NAIVE, TUNED, f"{TUNED} / {NAIVE}"]

@@ -151,12 +151,19 @@ function verdictBanner(view) {
     parts.push(`with input free: steps up to ${times(whatIf.speedup_if_input_free)} ` +
         "faster (bound, measured by replay)");
   }
+  // How the verdict was decided, where the report says (steady state, one-off costs).
+  const judgement = report.judgement || {};
+  const oneOff = judgement.one_off || [];
   return element("div", {class: `kpt-verdict ${verdictClass(verdict)}`, "data-run": view.run},
       element("div", {class: "kpt-verdict-run"}, view.run),
       element("div", {class: "kpt-verdict-text"}, `Input pipeline: ${verdict}`),
       element("div", {class: "kpt-verdict-detail"}, parts.join(" · ")),
+      judgement.line ? element("div", {class: "kpt-verdict-line"}, judgement.line) : "",
+      oneOff.length ?
+          element("div", {class: "kpt-note"}, `Left out of the verdict: ${oneOff.join("; ")}`) :
+          "",
       view.detail.source === "report.json" ?
-          element("div", {class: "kpt-note"}, "Read from report.json (a run written " +
+          element("div", {class: "kpt-note kpt-source"}, "Read from report.json (a run written " +
               "before the dashboard's summaries).") : "");
 }
 
@@ -428,10 +435,14 @@ function codeBlock(code) {
 
 async function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) {
-    return navigator.clipboard.writeText(text);
+    try {
+      await navigator.clipboard.writeText(text);
+      return;
+    } catch (error) {
+      // An iframe without clipboard permission: the selection route below.
+    }
   }
-  // Plain http on another host: the clipboard API is not offered.
-  const area = element("textarea", {});
+  const area = element("textarea", {class: "kpt-copy-buffer"});
   area.value = text;
   document.body.appendChild(area);
   area.select();
