@@ -40,7 +40,9 @@ def test_sequential_py_function_map_is_parallelised_with_equal_elements():
     dataset = tf.data.Dataset.range(24).map(slow_py_function).batch(4)
     # A Python function's calls on several threads cannot be proven to give
     # the same elements: the caller vouches for it.
-    tuned, result = kpt.tune(dataset, budget_s=8, epochs=1, allow_unverified=True, verbose=0)
+    tuned, result = kpt.tune(
+        dataset, budget_s=8, epochs=1, allow_unverified=True, max_python_epochs=500, verbose=0
+    )
 
     assert elements(tuned) == elements(dataset)
     assert result.elements_check == "equal"
