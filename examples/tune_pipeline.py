@@ -42,7 +42,11 @@ def parse(index):
 
 dataset = tf.data.Dataset.range(RECORDS).map(parse).batch(4)
 
-tuned, result = kpt.tune(dataset, consumer_step_s=TRAINING_STEP_S, budget_s=20 if QUICK else 60)
+# `parse` runs Python (tf.py_function), whose equality across threads tune cannot
+# prove; it keeps no state, so running it on several threads is safe to allow.
+tuned, result = kpt.tune(
+    dataset, consumer_step_s=TRAINING_STEP_S, budget_s=20 if QUICK else 60, allow_unverified=True
+)
 print(f"Original: {result.pipeline}")
 print(f"Tuned:    {result.tuned_pipeline}")
 for outcome in result.rewrites:
