@@ -121,7 +121,9 @@ def test_slow_source_without_prefetch(timing, stacking):
     report = measure(SLOW_SOURCE, timing, stacking)
     check_common(report, timing)
     # Ground truth: 30 ms of sleep per batch, a cheap model.
-    assert 20 < report.train.input_wait.median_ms < 70
+    # A 30 ms sleep per batch; the source may run ahead while a step computes,
+    # more so on a busy machine, so the bound is loose.
+    assert 10 < report.train.input_wait.median_ms < 70
     assert report.train.compute.median_ms < 15
     assert report.input_fraction > 0.6
     assert report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
