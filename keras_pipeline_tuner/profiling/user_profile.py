@@ -87,6 +87,14 @@ def run_folders(profile_dir: str) -> List[str]:
 
     Returns:
         Folder names, sorted.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> profile_dir = tempfile.mkdtemp()
+    >>> os.mkdir(os.path.join(profile_dir, "2026_01_01_00_00_00"))
+    >>> run_folders(profile_dir), run_folders(os.path.join(profile_dir, "missing"))
+    (['2026_01_01_00_00_00'], [])
     """
     try:
         return files.list_dir(profile_dir) if files.exists(profile_dir) else []
@@ -103,6 +111,18 @@ def new_capture(profile_dir: str, known: List[str]) -> Optional[str]:
 
     Returns:
         The capture's path, or `None` if no new capture is there.
+
+    Example:
+
+    >>> import os, tempfile
+    >>> profile_dir = tempfile.mkdtemp()
+    >>> known = run_folders(profile_dir)
+    >>> os.mkdir(os.path.join(profile_dir, "2026_01_01_00_00_00"))
+    >>> open(os.path.join(profile_dir, "2026_01_01_00_00_00", "host.xplane.pb"), "wb").close()
+    >>> os.path.basename(new_capture(profile_dir, known))
+    'host.xplane.pb'
+    >>> new_capture(profile_dir, run_folders(profile_dir)) is None
+    True
     """
     for name in reversed(run_folders(profile_dir)):
         if name in known:

@@ -60,11 +60,14 @@ class Sleep(keras.layers.Layer):
         self.delay_s = delay_s
 
     def call(self, inputs):
-        def sleep():
+        def sleep(_):
             time.sleep(self.delay_s)
             return np.float32(0.0)
 
-        zero = tf.numpy_function(sleep, [], tf.float32, stateful=True)
+        # Fed the batch, as real compute is: work that needs no data may start
+        # while the batch is still being fetched (Keras' own loop lets it), and
+        # would then hide in the input wait instead of being compute.
+        zero = tf.numpy_function(sleep, [inputs], tf.float32, stateful=True)
         zero.set_shape(())
         return inputs + tf.stop_gradient(zero)
 
