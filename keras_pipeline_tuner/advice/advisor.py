@@ -46,7 +46,7 @@ from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import MEASURED
-from keras_pipeline_tuner.advice.recommendation import ESTIMATED
+from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
@@ -73,6 +73,7 @@ BOTTLENECK_STAGE = "bottleneck-stage"
 FIND_THE_BOTTLENECK = "input-bound"
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
 _PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
 _INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 _STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
@@ -161,7 +162,8 @@ def advise(
     pipeline = getattr(findings, "pipeline", None)
     stats = scale_out_advice.job_stats(stats, workers)
     run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if)
-    findings = list(findings or ())
+    findings = [finding for finding in findings or () if not _already_done(finding)]
+    run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return [_not_the_bottleneck(run)] + [
             _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
@@ -187,7 +189,39 @@ def advise(
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     straggler = scale_out_advice.straggler_recommendation(workers)
-    return ([straggler] if straggler else []) + ranked
+    return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _already_done(finding) -> bool:
+    # Info findings whose fix TensorFlow already applies at run time (a map it
+    # parallelises, a prefetch it injects, an asynchronous last stage): stating
+    # it in code changes nothing measurable, so it is no speed advice.
+    return _severity(finding) == "info" and finding.id in _DONE_AT_RUN_TIME
+
+
+def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
+    """Keeps the first recommendation of each stage; the others join its evidence.
+
+    Two findings on one stage (a sequential map that also calls Python) are
+    one change to make there; a second line would double-count its gain.
+    Errors, about what the model sees, always stay.
+    """
+    kept, by_stage = [], {}
+    for recommendation in ranked:
+        key = recommendation.stage_node or recommendation.stage
+        first = by_stage.get(key) if key else None
+        if first is None or recommendation.severity == "error" or first.severity == "error":
+            kept.append(recommendation)
+            if key and key not in by_stage:
+                by_stage[key] = recommendation
+            continue
+        first.evidence.append(
+            Evidence(
+                LINT,
+                f"Also at this stage: {recommendation.title}. {recommendation.reason}",
+            )
+        )
+    return kept
 
 
 class _Run:
@@ -197,6 +231,7 @@ class _Run:
         self.stats = stats
         self.profile = profile
         self.cpu_count = cpu_count
+        self.pipeline = None
         self.bound = free_input_gain(stats)
         self.clock_evidence = _clock_evidence(stats)
         replayed = _replayed_gain(what_if)
@@ -259,6 +294,11 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     stage = run.profile.bottleneck
     kind, function = _parse_stage(stage)
     reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
+    written = _pipeline_stage(run, run.profile.bottleneck_node)
+    if kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
+        # Telling an already-parallel stage to run in parallel repeats the
+        # user's own code: what is left is less work or doing it once.
+        reason, fix = _parallel_stage_fix(written)
     parallel = kind in _PARALLEL_KINDS
     return Recommendation(
         id=BOTTLENECK_STAGE,
@@ -270,7 +310,39 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         expected_gain=_stage_gain(run, stage, parallel, run.profile.bottleneck_node),
         stage=stage,
         reason=reason,
+        stage_node=run.profile.bottleneck_node,
     )
+
+
+def _pipeline_stage(run: _Run, node: Optional[str]):
+    if run.pipeline is None or not node:
+        return None
+    return next((stage for stage in run.pipeline.stages if stage.node == node), None)
+
+
+def _runs_parallel(stage) -> bool:
+    return bool(stage.parallel or stage.parallel_at_runtime)
+
+
+def _parallel_stage_fix(stage):
+    function = stage.function
+    name = function.name if function is not None else "fn"
+    if function is not None and function.py_function_ops:
+        reason = (
+            f"{stage.label} already runs in parallel, but {name} calls Python "
+            f"({', '.join(function.py_function_ops)}), which holds the GIL: more threads "
+            "do not make it faster. Write it with TensorFlow ops, or, if its output is "
+            "the same every epoch, cache after it."
+        )
+    else:
+        reason = (
+            f"{stage.label} already runs in parallel on every core it can get: make "
+            f"{name} do less work, or, if its output is the same every epoch, cache "
+            "after it."
+        )
+    if function is not None and function.random:
+        return reason, f"# {name} is random: make it cheaper (TensorFlow ops, smaller inputs)"
+    return reason, _GENERIC_FIX[1].format(stage=stage.label)
 
 
 def _from_finding(run: _Run, finding) -> Recommendation:
@@ -299,6 +371,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         expected_gain=gain,
         stage=finding.stage,
         reason=finding.reason,
+        stage_node=_node(finding),
     )
 
 
@@ -308,14 +381,32 @@ def _from_finding(run: _Run, finding) -> Recommendation:
 def _stage_gain(
     run: _Run, stage: str, parallelises: bool, node: Optional[str] = None
 ) -> Optional[ExpectedGain]:
+    # `parallelises` is kept for callers; no gain is worked out from core counts:
+    # threads do nothing for Python under the GIL, and even TensorFlow ops
+    # share the cores with the model. Gains come from measurements and bounds.
+    del parallelises
     bound, stats = run.bound, run.stats
     if bound is None:
         return _unmeasured()
-    timed = _stage_time(run.profile, stage, node) if run.profile is not None else None
+    profile = run.profile
+    timed = _stage_time(profile, stage, node) if profile is not None else None
+    if timed is None and profile is not None and profile.bottleneck and profile.iterators:
+        # The window timed the pipeline and found no work of this stage's own:
+        # it cannot outrank the stage that holds the wait.
+        step_ms = bound.step_ms
+        return ExpectedGain(
+            1.0,
+            step_ms,
+            step_ms,
+            MEASURED,
+            f"The profiler timed no work of {stage}'s own in the input pipeline (it "
+            f"names {profile.bottleneck} the bottleneck): changing it frees no "
+            "measurable input time.",
+        )
     if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
         return dataclasses.replace(
             bound,
-            basis=ESTIMATED,
+            basis=BOUND,
             statement=bound.statement
             + " This change gets there only if this stage is what the input waits for "
             "(no profile timed it).",
@@ -327,7 +418,7 @@ def _stage_gain(
     after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
     if after <= 0:
         return bound
-    gain = ExpectedGain(
+    return ExpectedGain(
         step_ms / after,
         step_ms,
         after,
@@ -336,15 +427,6 @@ def _stage_gain(
         f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
     )
-    if parallelises and run.cpu_count > 1:
-        # Run on every core, the stage's work is divided by at most the cores.
-        likely = max(after, step_ms - stage_ms * (1 - 1 / run.cpu_count))
-        gain.likely_speedup = step_ms / likely
-        gain.statement += (
-            f" Spread over the {run.cpu_count} CPU cores here it would take about "
-            f"{likely:.2f} ms: about {gain.likely_speedup:.2f}x faster."
-        )
-    return gain
 
 
 def _replayed_gain(what_if) -> Optional[ExpectedGain]:
@@ -367,7 +449,7 @@ def _replayed_gain(what_if) -> Optional[ExpectedGain]:
 
 def _unmeasured() -> ExpectedGain:
     return ExpectedGain(
-        basis=ESTIMATED,
+        basis=BOUND,
         statement="The input wait was not measured, so the gain cannot be bounded.",
     )
 
@@ -384,10 +466,11 @@ def _overlap_gain(stats) -> ExpectedGain:
         speedup,
         step,
         after,
-        ESTIMATED,
-        f"Prefetching overlaps preparing the next batch ({wait:.2f} ms) with computing "
-        f"this one ({compute:.2f} ms): a step would take about {after:.2f} ms instead of "
-        f"{step:.2f} ms, up to {speedup:.2f}x faster.",
+        BOUND,
+        f"Prefetching at best overlaps preparing the next batch ({wait:.2f} ms) with "
+        f"computing this one ({compute:.2f} ms): a step takes at least {after:.2f} ms "
+        f"instead of {step:.2f} ms, so at most {speedup:.2f}x faster (a bound: the "
+        "pipeline's threads also compete with the model for the cores).",
     )
 
 

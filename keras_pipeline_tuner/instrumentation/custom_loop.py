@@ -86,6 +86,8 @@ class LoopHooks:
         inspect: runs the pipeline inspection with the callable it is given.
         finish: ends the run; returns the final `Report`.
         report: the latest `Report`.
+        profile_dataset: given the dataset the loop iterates, so that the
+            profiler names its stages as in `fit`.
     """
 
     begin_run: Callable[[], StepClock]
@@ -96,6 +98,7 @@ class LoopHooks:
     inspect: Callable[[Callable[[], Any]], None]
     finish: Callable[[], Any]
     report: Callable[[], Any]
+    profile_dataset: Callable[[Any], None] = lambda dataset: None
 
 
 @dataclasses.dataclass
@@ -460,6 +463,8 @@ class LoopTimer:
         tf = tensorflow()
         if not isinstance(iterable, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             return
+        if isinstance(iterable, tf.data.Dataset):
+            self._hooks.profile_dataset(iterable)
         self._hooks.inspect(lambda: pipeline_lint.inspect(iterable))
 
     # Bookkeeping (every entry point holds the guard; the callers never raise).

@@ -143,6 +143,38 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
     return stages
 
 
+class KerasInputStages(dict):
+    """Stages of a pipeline Keras built, all named as the user's input.
+
+    Keras wraps a `PyDataset`, a Python generator or NumPy arrays in tf.data
+    ops of its own (`from_generator` and the flat_map holding the generator,
+    index slicing maps, a prefetch). Every op of that pipeline, including the
+    ones inside its functions that the top-level graph does not list, stands
+    for what the user wrote.
+
+    Attributes:
+        keras_input: the `pipeline_graph.Stage` of the user's input.
+    """
+
+    def __init__(self, stages: Dict[str, "pipeline_graph.Stage"], keras_input):
+        super().__init__({name: keras_input for name in stages})
+        self.keras_input = keras_input
+
+
+def as_keras_input(stages: Dict[str, "pipeline_graph.Stage"], keras_input) -> KerasInputStages:
+    """Renames a pipeline Keras built after the input the user gave `fit`.
+
+    Args:
+        stages: `pipeline_stages` of Keras' pipeline.
+        keras_input: the `pipeline_graph.Stage` standing for the user's input
+            (e.g. the PyDataset's, as `lint_py_dataset` names it).
+
+    Returns:
+        A `KerasInputStages` mapping every op (also ops not listed) to it.
+    """
+    return KerasInputStages(stages, keras_input)
+
+
 def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"]):
     """The user's stage behind a dataset op of the trace, if known.
 
@@ -157,7 +189,9 @@ def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"
     """
     found = [stages[name] for name in _op_names(dataset_op) if name in stages]
     with_function = [stage for stage in found if stage.function is not None]
-    return (with_function or found or [None])[0]
+    # In a pipeline Keras built, any op (even one the trace names no dataset
+    # op for) is Keras working for the user's input.
+    return (with_function or found or [getattr(stages, "keras_input", None)])[0]
 
 
 def stage_label(iterator: str, dataset_op: Optional[str] = None, stage=None) -> str:

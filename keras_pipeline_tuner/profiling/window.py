@@ -123,8 +123,35 @@ class ProfilerWindow:
         self._steps_done = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._dataset = None
+        self._keras_input = None
 
     # Hooks.
+
+    def use_dataset(self, dataset) -> None:
+        """Names the dataset the steps read, for windows whose steps do not show it.
+
+        A custom loop iterates its dataset in Python (`tuner.iterate(ds)`), so
+        the profiled steps carry no iterator to read the pipeline from; with the
+        dataset known, its stages are named as in `fit`, e.g. "map(load)".
+
+        Args:
+            dataset: the `tf.data.Dataset` the loop iterates.
+        """
+        self._dataset = dataset
+
+    def name_keras_input(self, stage) -> None:
+        """Names the stages Keras builds itself after what the user gave `fit`.
+
+        Keras wraps a `PyDataset`, a Python generator or NumPy arrays in a
+        tf.data pipeline of its own (`from_generator`, slicing maps); the
+        profiler sees those ops, but the user wrote none of them.
+
+        Args:
+            stage: the `Stage` that stands for the user's input (e.g. the
+                PyDataset's, as the pipeline inspection names it).
+        """
+        self._keras_input = stage
 
     def begin_fit(self) -> None:
         """Starts a new fit: one window at most per fit."""
@@ -136,6 +163,8 @@ class ProfilerWindow:
         self._steps_done = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._dataset = None
+        self._keras_input = None
 
     def before_step(self, batch: int, timed, clock) -> None:
         """Opens the window if it is due, and marks the step when it is open.
@@ -259,6 +288,8 @@ class ProfilerWindow:
             started_at=began,
             start_s=time.perf_counter() - began,
         )
+        self._capture.dataset = self._dataset
+        self._capture.keras_input = self._keras_input
         if timed is not None:
             timed.trace_step = self._mark
         logger.info(
@@ -331,7 +362,7 @@ class ProfilerWindow:
             )
         self.evidence = evidence
         with self._guard(FEATURE):
-            stages, naming_note = _stages_of(capture.dataset)
+            stages, naming_note = _stages_of(capture.dataset, capture.keras_input)
             analysed = profile_evidence.analyze_capture(capture.xplane_path, stages)
             for field in (
                 "source",
@@ -385,6 +416,7 @@ class _Capture:
         self.window_s = 0.0
         self.steps = 0
         self.dataset = None
+        self.keras_input = None
         self.marker = None
         self.notes: List[str] = []
         self.run_dir = ""
@@ -466,7 +498,7 @@ def _log_dir_of(run_dir: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
 
 
-def _stages_of(dataset):
+def _stages_of(dataset, keras_input=None):
     if dataset is None:
         return {}, (
             "Stages are named by kind only: the profiled steps showed no tf.data "
@@ -474,9 +506,12 @@ def _stages_of(dataset):
             "steps measured)."
         )
     try:
-        return stage_names.pipeline_stages(dataset), None
+        stages = stage_names.pipeline_stages(dataset)
     except Exception as error:  # noqa: BLE001 - names are a nicety, not the evidence.
         return {}, (
             f"Stages are named by kind only: the pipeline's graph could not be read "
             f"({type(error).__name__}: {error})."
         )
+    if keras_input is not None:
+        stages = stage_names.as_keras_input(stages, keras_input)
+    return stages, None
