@@ -85,6 +85,7 @@ def test_guide_details():
     scalar = kpt.inspect(guide.scalar_map())
     assert scalar[0].fix == (
         "ds = ds.batch(256).map(increment, num_parallel_calls=tf.data.AUTOTUNE)"
+        "  # in place of: map(increment) -> batch(256)"
     )
 
 
