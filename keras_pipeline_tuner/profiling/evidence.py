@@ -397,7 +397,15 @@ def trace_steps(events: Sequence[dict]) -> List[ProfiledStep]:
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced():
+def native_stderr_silenced():
+    """Hides what native code writes to standard error (file descriptor 2) meanwhile.
+
+    The TF Profiler logs "Profiler session initializing", "Collecting XSpace
+    to repository ..." and the like from C++ on starting and stopping, lines
+    that break into Keras' progress bar; `TF_CPP_MIN_LOG_LEVEL` set after
+    TensorFlow's import does not reach them. Used only between steps, around
+    calls that write nothing the user needs.
+    """
     # xprof's C++ logs "No UnifiedProfileProcessor registered for tool:
     # trace_viewer" on every legacy conversion, an error line that is not one;
     # TF_CPP_MIN_LOG_LEVEL does not reach it. The conversion runs between steps,
@@ -421,7 +429,7 @@ def _tool_json(xplane_path: str, tool: str):
 
     # The legacy "trace_viewer" returns the whole trace as JSON and, unlike
     # "trace_viewer@", writes no cache files into the user's run folder.
-    with _native_stderr_silenced():
+    with native_stderr_silenced():
         data, _ = raw_to_tool_data.xspace_to_tool_data(
             [xplane_path], tool, {"use_saved_result": False}
         )

@@ -265,7 +265,8 @@ class ProfilerWindow:
         staging = tempfile.mkdtemp(prefix="keras_pipeline_tuner_capture_")
         began = time.perf_counter()
         try:
-            tf.profiler.experimental.start(staging)
+            with profile_evidence.native_stderr_silenced():
+                tf.profiler.experimental.start(staging)
         except tf.errors.AlreadyExistsError:
             shutil.rmtree(staging, ignore_errors=True)
             note = (
@@ -315,7 +316,8 @@ class ProfilerWindow:
         capture.release()
         began = time.perf_counter()
         try:
-            tf.profiler.experimental.stop()
+            with profile_evidence.native_stderr_silenced():
+                tf.profiler.experimental.stop()
         except BaseException:
             shutil.rmtree(capture.staging, ignore_errors=True)
             raise
