@@ -265,7 +265,7 @@ def test_input_bound_fit_recommends_parallelising_the_profiled_map(tmp_path_fact
     assert report.profile is not None, report.notes
     assert report.profile.bottleneck == "map(load_slowly)"
     top = report.recommendations[0]
-    assert top.id in ("sequential-map", "py-function-in-map")
+    assert top.id in ("cache-missing", "sequential-map", "py-function-in-map")
     assert top.stage == report.profile.bottleneck
     assert "num_parallel_calls=tf.data.AUTOTUNE" in top.fix
     profiler = [e for e in top.evidence if e.source == recommendation.PROFILER]
@@ -328,3 +328,12 @@ def test_a_what_if_replay_measures_the_floor():
     assert gain.speedup == pytest.approx(3.2)
     assert gain.step_ms_after == pytest.approx(12.5)
     assert any(e.source == recommendation.REPLAY for e in ranked[0].evidence)
+
+
+def test_at_the_bottleneck_a_missing_cache_leads_the_stage():
+    sequential = finding("sequential-map", "warning", "map(load_image)", "load_image")
+    cache = finding("cache-missing", "info", "map(load_image)", "load_image")
+    ranked = advisor.advise(stats(30.0, 10.0), profile(), [sequential, cache])
+    # One stage, one recommendation: the cache, with the other as evidence.
+    assert [r.id for r in ranked] == ["cache-missing"]
+    assert any("Parallelise map(load_image)" in e.detail for e in ranked[0].evidence)
