@@ -339,7 +339,8 @@ def describe_top(report):
 def run_case(case, rounds, log_dir) -> dict:
     report = advised(case, log_dir)
     top, top_text, gain = describe_top(report)
-    advised_ids = [r.id for r in report.recommendations]
+    # Every fix advised, also those folded into another on the same stage.
+    advised_ids = [i for r in report.recommendations for i in [r.id, *r.also]]
     fixes = {key: build for key, build in case.fixes.items() if key in advised_ids}
     # Alternated: the original, then each advised fix, round after round.
     times = {"original": [], **{key: [] for key in fixes}}

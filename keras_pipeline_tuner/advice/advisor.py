@@ -232,6 +232,7 @@ def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
                 f"Also at this stage: {recommendation.title}. {recommendation.reason}",
             )
         )
+        first.also.append(recommendation.id)
     return kept
 
 

@@ -81,6 +81,9 @@ class Recommendation:
         reason: why it matters.
         stage_node: the stage's node in the dataset graph, when known: tells
             apart two stages written alike.
+        also: ids of other findings about the same stage, folded into this
+            one (one stage, one recommendation); their reasons are in
+            `evidence`.
 
     Example:
 
@@ -100,6 +103,7 @@ class Recommendation:
     stage: Optional[str] = None
     reason: str = ""
     stage_node: Optional[str] = None
+    also: List[str] = dataclasses.field(default_factory=list)
 
 
 def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:

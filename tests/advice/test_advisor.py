@@ -336,4 +336,5 @@ def test_at_the_bottleneck_a_missing_cache_leads_the_stage():
     ranked = advisor.advise(stats(30.0, 10.0), profile(), [sequential, cache])
     # One stage, one recommendation: the cache, with the other as evidence.
     assert [r.id for r in ranked] == ["cache-missing"]
+    assert ranked[0].also == ["sequential-map"]
     assert any("Parallelise map(load_image)" in e.detail for e in ranked[0].evidence)
