@@ -106,17 +106,27 @@ def gil_python(x, y):
     return x, y
 
 
-def tf_ops(x, y):
-    # Stateless TensorFlow work: about ELEMENT_S of matrix products per element.
-    m = tf.reshape(tf.tile(x, [64 * 64 // FEATURES]), (64, 64)) * 1e-3
+def random_tf_ops(x, y):
+    # TensorFlow work (about ELEMENT_S of matrix products on one core) that
+    # draws random numbers, so TensorFlow leaves the map sequential.
+    m = tf.reshape(tf.tile(x, [128 * 128 // FEATURES]), (128, 128)) * 1e-3
     for _ in range(40):
         m = tf.tanh(tf.matmul(m, m))
-    return x + tf.reduce_mean(m) * 0.0, y
+    noise = tf.random.uniform((FEATURES,), maxval=1e-6)
+    return x + tf.reduce_mean(m) * 0.0 + noise, y
 
 
-def random_tf_ops(x, y):
-    x, y = tf_ops(x, y)
-    return x + tf.random.uniform((FEATURES,), maxval=1e-6), y
+def encoded_images():
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (8, 640, 640, 3), np.uint8)
+    images = [tf.io.encode_png(image).numpy() for image in pixels]
+    return [images[i % 8] for i in range(ELEMENTS)]
+
+
+def decode(png, y):
+    # Deterministic and expensive: decoding and resizing, the same every epoch.
+    image = tf.image.resize(tf.io.decode_png(png, channels=3), (32, 32))
+    return tf.reshape(image[:2, :, 0], (-1,))[:FEATURES] / 255.0, y
 
 
 def slow_records(directory):
@@ -192,6 +202,7 @@ class Case:
 
 def cases(directory) -> list:
     files = slow_records(directory)
+    images = tf.data.Dataset.from_tensor_slices((encoded_images(), arrays()[1]))
     return [
         Case(
             "sleep-bound py_function map",
@@ -262,11 +273,14 @@ def cases(directory) -> list:
         ),
         Case(
             "missing cache of an expensive map",
-            "parallel, deterministic TF-op map redone every epoch",
-            lambda: source().map(tf_ops, num_parallel_calls=AUTOTUNE).batch(BATCH),
+            "parallel PNG decoding and resizing redone every epoch",
+            lambda: images.map(decode, num_parallel_calls=AUTOTUNE).batch(BATCH),
             {
-                "cache-missing": lambda: source()
-                .map(tf_ops, num_parallel_calls=AUTOTUNE)
+                "cache-missing": lambda: images.map(decode, num_parallel_calls=AUTOTUNE)
+                .cache()
+                .batch(BATCH),
+                # The advice for an already-parallel bottleneck: cache after it.
+                "bottleneck-stage": lambda: images.map(decode, num_parallel_calls=AUTOTUNE)
                 .cache()
                 .batch(BATCH),
             },

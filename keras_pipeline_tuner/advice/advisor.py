@@ -526,10 +526,20 @@ def _profile_evidence(profile, stage, node=None) -> List[Evidence]:
 
 
 def _stage_time(profile, stage, node=None):
-    for iterator in profile.iterators:
-        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node):
-            return iterator
-    return None
+    # A stage can run as several iterators (an interleave and the datasets its
+    # function opens; Keras' wrapper around a PyDataset): its time is theirs.
+    found = [
+        iterator
+        for iterator in profile.iterators
+        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node)
+    ]
+    if not found:
+        return None
+    return dataclasses.replace(
+        found[0],
+        self_ms=sum(iterator.self_ms for iterator in found),
+        self_share=min(1.0, sum(iterator.self_share for iterator in found)),
+    )
 
 
 def _is_bottleneck(profile, stage, node=None) -> bool:

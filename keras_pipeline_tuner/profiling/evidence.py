@@ -308,6 +308,8 @@ def rank_iterators(
         dataset_op = _stage_op(name, kind, iterator_ops)
         # The root iterator carries the last op's name but is no stage of its own.
         stage = stage_names.stage_of(dataset_op, stages) if kind != "Root" else None
+        if stage is None and kind != "Root":
+            stage = _enclosing_stage(name, iterator_ops, stages)
         ranked.append(
             IteratorTime(
                 iterator=name,
@@ -500,6 +502,24 @@ def _stage_op(name: str, kind: str, iterator_ops: Dict[str, str]) -> Optional[st
         if stage_names.iterator_kind(parent) == "FlatMap" and parent in iterator_ops:
             return iterator_ops[parent]
     return iterator_ops.get(name)
+
+
+def _enclosing_stage(name: str, iterator_ops: Dict[str, str], stages):
+    # A dataset built inside a user function (the `TFRecordDataset(f).map(...)`
+    # an interleave opens per file) is no stage of the pipeline's graph: its
+    # work is the enclosing stage's, as the user wrote it.
+    parts = name.split("::")
+    for end in range(len(parts) - 1, 1, -1):
+        parent = "::".join(parts[:end])
+        kind = stage_names.iterator_kind(parent)
+        if kind == "Root":
+            return None
+        unindexed = parent[: parent.rindex("[")] if parent.endswith("]") else parent
+        for candidate in dict.fromkeys((parent, unindexed)):
+            stage = stage_names.stage_of(_stage_op(candidate, kind, iterator_ops), stages)
+            if stage is not None and stage.function is not None:
+                return stage
+    return None
 
 
 def _is_waiting(name: str, kind: str, self_ms: Dict[str, float]) -> bool:
