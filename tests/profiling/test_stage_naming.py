@@ -84,3 +84,32 @@ def test_py_dataset_with_one_worker_gets_worker_advice_first(tmp_path):
     assert top.id == "py-dataset-workers"
     assert "workers=4" in top.fix and "class SlowImages(keras.utils.PyDataset)" in top.fix
     assert any(e.source == "profiler" and "bottleneck" in e.detail for e in top.evidence)
+
+
+def test_datasets_an_interleave_opens_are_the_interleave():
+    from keras_pipeline_tuner.pipeline.graph import Stage
+    from keras_pipeline_tuner.pipeline.graph import StageFunction
+    from keras_pipeline_tuner.profiling.evidence import rank_iterators
+
+    interleave = Stage(
+        node="InterleaveDataset/_3",
+        op="InterleaveDataset",
+        kind="interleave",
+        function=StageFunction(name="read_file", graph_name="read_file_12"),
+    )
+    table = {
+        "cols": [{"id": "opName"}, {"id": "count"}, {"id": "timeInMs"}, {"id": "selfTimeInMs"}],
+        "rows": [
+            {"c": [{"v": name}, {"v": 10}, {"v": ms}, {"v": ms}]}
+            for name, ms in (
+                ("Iterator::Root::Interleave", 5.0),
+                ("Iterator::Root::Interleave[0]::Map", 60.0),
+                ("Iterator::Root::Interleave[0]::Map::TFRecord", 2.0),
+            )
+        ],
+    }
+    ranked = rank_iterators(
+        table, {"Iterator::Root::Interleave": "InterleaveDataset:3"}, {"InterleaveDataset:3": interleave}
+    )
+    assert [it.stage for it in ranked] == [interleave.label] * 3
+    assert {it.stage_node for it in ranked} == {"InterleaveDataset/_3"}
