@@ -416,8 +416,13 @@ def _py_function_in_map(pipeline: Pipeline) -> Iterable[Finding]:
             "NumPy); TensorFlow cannot optimise it, and it keeps the map from being "
             "parallelised automatically."
             + (" The map already runs with num_parallel_calls." if parallel else ""),
-            f"Write {name} with TensorFlow ops (tf.io, tf.image, tf.strings); if the "
-            f"Python is unavoidable, ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+            f"Write {name} with TensorFlow ops (tf.io, tf.image, tf.strings)"
+            + (
+                ""  # The map already has what the second half would ask for.
+                if parallel
+                else f"; if the Python is unavoidable, ds.map({name}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)"
+            ),
         )
 
 

@@ -174,3 +174,12 @@ def test_cache_missing_after_shuffle_moves_the_shuffle(namespace):
         "ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE).cache().shuffle(8)"
     )
     assert "in place of: shuffle(8) -> map(load)" in missing.fix
+
+
+def test_a_parallel_python_map_is_not_told_to_run_in_parallel(namespace):
+    ds, _ = build(PIPELINES["hard-coded parallelism"], namespace)
+    python = next(f for f in kpt.inspect(ds) if f.id == "py-function-in-map")
+    assert "num_parallel_calls" not in python.fix
+    sequential, _ = build(PIPELINES["sequential Python map"], namespace)
+    python = next(f for f in kpt.inspect(sequential) if f.id == "py-function-in-map")
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in python.fix
