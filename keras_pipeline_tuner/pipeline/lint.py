@@ -45,7 +45,8 @@ _OPTION_SWITCHES = {
         "parallel batching (experimental_optimization.parallel_batch)"
     ),
 }
-# In-memory tensors above this make reading the graph slow (about 20 ms per MB here).
+# In-memory sources above this are replaced by stand-ins when the graph is read:
+# copying them costs about 10 ms per MB here.
 MAX_IN_MEMORY_BYTES = 16 * 2**20
 # Element growth from which a map's output is called larger than its input.
 _GROWTH = 2.0
@@ -65,9 +66,12 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
             `strategy.experimental_distribute_dataset`), or a
             `keras.utils.PyDataset` (then the advice is about `workers` and
             `use_multiprocessing`).
-        max_in_memory_bytes: refuse datasets holding more in-memory tensors
-            (`from_tensor_slices` of large arrays): their graph copies them, so
-            reading it is slow and memory-hungry. `None` reads any dataset.
+        max_in_memory_bytes: in-memory sources (`from_tensor_slices` of
+            arrays) larger than this are not copied into the graph that is
+            read: the pipeline is read over one-element stand-ins of them, in
+            milliseconds at any size. Only a pipeline with a transformation
+            that cannot be rebuilt that way is refused. `None` reads (and
+            copies) everything.
 
     Returns:
         `Findings`: a list of `Finding`s, errors first, that prints as a table;
@@ -75,7 +79,8 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
 
     Raises:
         TypeError: if `dataset` is neither of the above (names what to pass).
-        ValueError: if it holds more than `max_in_memory_bytes` (says what to do).
+        ValueError: if it holds more than `max_in_memory_bytes` in a pipeline
+            that cannot be read without them (says what to do).
 
     Example:
 
