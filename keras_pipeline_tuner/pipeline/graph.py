@@ -470,7 +470,11 @@ def read_pipeline(dataset, max_in_memory_bytes: Optional[int] = None) -> Pipelin
         )
     if max_in_memory_bytes is not None:
         held = in_memory_bytes(dataset)
-        light = _without_large_sources(dataset, max_in_memory_bytes) if held > max_in_memory_bytes else None
+        light = (
+            without_large_sources(dataset, max_in_memory_bytes)
+            if held > max_in_memory_bytes
+            else None
+        )
         if light is not None:
             # The same transformations over one-element stand-ins of the large
             # in-memory sources: the graph holds no copy of the data.
@@ -535,7 +539,7 @@ def in_memory_bytes(dataset) -> int:
     return total
 
 
-def _without_large_sources(dataset, limit: int):
+def without_large_sources(dataset, limit: int):
     """The pipeline rebuilt over one-element stand-ins of its large in-memory sources.
 
     Serialising a dataset's graph copies every tensor of its

@@ -309,7 +309,9 @@ def rank_iterators(
         # The root iterator carries the last op's name but is no stage of its own.
         stage = stage_names.stage_of(dataset_op, stages) if kind != "Root" else None
         if stage is None and kind != "Root":
-            stage = _enclosing_stage(name, iterator_ops, stages)
+            stage = stage_names.stage_of_kind(kind, stages) or _enclosing_stage(
+                name, iterator_ops, stages
+            )
         ranked.append(
             IteratorTime(
                 iterator=name,

@@ -113,3 +113,32 @@ def test_datasets_an_interleave_opens_are_the_interleave():
     )
     assert [it.stage for it in ranked] == [interleave.label] * 3
     assert {it.stage_node for it in ranked} == {"InterleaveDataset/_3"}
+
+
+def test_a_custom_loop_over_large_arrays_names_its_map(tmp_path):
+    # 21 MB of arrays: inspected and named over stand-ins, not copied.
+    x = np.zeros((2600, 2048), np.float32)
+    model = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(1)])
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 10))
+
+    def load_rows(x):
+        def slow_identity(value):
+            time.sleep(DELAY_S)
+            return value
+
+        x = tf.py_function(slow_identity, [x], tf.float32)
+        x.set_shape((2048,))
+        return x
+
+    @tuner.instrument
+    @tf.function
+    def train_step(batch):
+        return tf.reduce_sum(model(batch))
+
+    for batch in tuner.iterate(tf.data.Dataset.from_tensor_slices(x).map(load_rows).batch(2).take(14)):
+        train_step(batch)
+    report = tuner.close()
+    assert "cache-missing" in [finding.id for finding in report.findings]
+    assert not any("not inspected" in note for note in report.notes)
+    assert report.profile is not None, report.notes
+    assert report.profile.bottleneck == "map(load_rows)", report.profile.iterators
