@@ -30,7 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="print the verdict and advice stored in a log dir",
-        description="Prints the report a PipelineTuner wrote to LOGDIR/report.json.",
+        description=(
+            "Prints the report a PipelineTuner wrote to LOGDIR/report.json; for a folder "
+            "of runs (e.g. the demo's naive/ and tuned/), each run's report below it."
+        ),
     )
     report.add_argument("log_dir", metavar="LOGDIR")
     compare = commands.add_parser(
@@ -106,6 +109,40 @@ def _load_report(path: str):
     """The `Report` in a log dir or a report file, local or on a TensorFlow file system."""
     from keras_pipeline_tuner._util import files
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+
+    path = os.path.join(log_dir, REPORT_FILENAME)
+    if os.path.isfile(path):
+        return _print_report(path)
+    runs = _runs_below(log_dir, REPORT_FILENAME)
+    if not runs:
+        sys.stderr.write(
+            f"keras-pipeline-tuner: no report in {log_dir!r} or the folders below it "
+            f"(expected {REPORT_FILENAME}). Pass the log_dir given to "
+            "PipelineTuner(log_dir=...) after a fit has ended.\n"
+        )
+        return 2
+    # A folder of runs (e.g. the demo's naive/ and tuned/): each one in turn.
+    status = 0
+    for run in runs:
+        sys.stdout.write(f"\n== {os.path.relpath(os.path.dirname(run), log_dir)} ==\n")
+        sys.stdout.flush()
+        status = max(status, _print_report(run))
+    return status
+
+
+def _runs_below(log_dir: str, filename: str, depth: int = 3) -> List[str]:
+    found = []
+    for root, folders, files in os.walk(log_dir):
+        if os.path.relpath(root, log_dir).count(os.sep) >= depth:
+            folders[:] = []
+        # A profile capture holds no report; skip its large folders.
+        folders[:] = sorted(name for name in folders if name != "plugins")
+        if filename in files and root != log_dir:
+            found.append(os.path.join(root, filename))
+    return sorted(found)
+
+
+def _print_report(path: str) -> int:
     from keras_pipeline_tuner.outputs.report import Report
 
     try:

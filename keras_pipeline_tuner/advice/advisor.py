@@ -46,7 +46,7 @@ from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import MEASURED
-from keras_pipeline_tuner.advice.recommendation import ESTIMATED
+from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
@@ -74,6 +74,7 @@ BOTTLENECK_STAGE = "bottleneck-stage"
 FIND_THE_BOTTLENECK = "input-bound"
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
 _PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
 _INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 _STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
@@ -168,7 +169,8 @@ def advise(
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
     run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if, judgement)
-    findings = list(findings or ())
+    findings = [finding for finding in findings or () if not _already_done(finding)]
+    run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return [_not_the_bottleneck(run)] + [
             _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
@@ -185,7 +187,7 @@ def advise(
             others.append(_from_finding(run, finding))
 
     input_bound = run.verdict in _INPUT_BOUND
-    ranked = sorted(at_bottleneck, key=_rank_key)
+    ranked = sorted(at_bottleneck, key=_bottleneck_key)
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
@@ -194,7 +196,51 @@ def advise(
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     straggler = scale_out_advice.straggler_recommendation(workers)
-    return ([straggler] if straggler else []) + ranked
+    return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _bottleneck_key(recommendation: Recommendation):
+    # At the stage the steps wait for, caching its output (where the lint found
+    # it deterministic) removes the stage's work from every epoch after the
+    # first, which no amount of parallelism does; Python under the GIL may not
+    # parallelise at all. So among speed fixes of that stage, the cache leads.
+    first = 0 if recommendation.severity == "error" else (
+        1 if recommendation.id == "cache-missing" else 2
+    )
+    return (first,) + _rank_key(recommendation)
+
+
+def _already_done(finding) -> bool:
+    # Info findings whose fix TensorFlow already applies at run time (a map it
+    # parallelises, a prefetch it injects, an asynchronous last stage): stating
+    # it in code changes nothing measurable, so it is no speed advice.
+    return _severity(finding) == "info" and finding.id in _DONE_AT_RUN_TIME
+
+
+def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
+    """Keeps the first recommendation of each stage; the others join its evidence.
+
+    Two findings on one stage (a sequential map that also calls Python) are
+    one change to make there; a second line would double-count its gain.
+    Errors, about what the model sees, always stay.
+    """
+    kept, by_stage = [], {}
+    for recommendation in ranked:
+        key = recommendation.stage_node or recommendation.stage
+        first = by_stage.get(key) if key else None
+        if first is None or recommendation.severity == "error" or first.severity == "error":
+            kept.append(recommendation)
+            if key and key not in by_stage:
+                by_stage[key] = recommendation
+            continue
+        first.evidence.append(
+            Evidence(
+                LINT,
+                f"Also at this stage: {recommendation.title}. {recommendation.reason}",
+            )
+        )
+        first.also.append(recommendation.id)
+    return kept
 
 
 class _Run:
@@ -204,6 +250,7 @@ class _Run:
         self.stats = stats
         self.profile = profile
         self.cpu_count = cpu_count
+        self.pipeline = None
         self.bound = free_input_gain(stats)
         self.clock_evidence = _clock_evidence(stats)
         replayed = _replayed_gain(what_if)
@@ -269,6 +316,11 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     stage = run.profile.bottleneck
     kind, function = _parse_stage(stage)
     reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
+    written = _pipeline_stage(run, run.profile.bottleneck_node)
+    if kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
+        # Telling an already-parallel stage to run in parallel repeats the
+        # user's own code: what is left is less work or doing it once.
+        reason, fix = _parallel_stage_fix(written)
     parallel = kind in _PARALLEL_KINDS
     return Recommendation(
         id=BOTTLENECK_STAGE,
@@ -280,7 +332,39 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         expected_gain=_stage_gain(run, stage, parallel, run.profile.bottleneck_node),
         stage=stage,
         reason=reason,
+        stage_node=run.profile.bottleneck_node,
     )
+
+
+def _pipeline_stage(run: _Run, node: Optional[str]):
+    if run.pipeline is None or not node:
+        return None
+    return next((stage for stage in run.pipeline.stages if stage.node == node), None)
+
+
+def _runs_parallel(stage) -> bool:
+    return bool(stage.parallel or stage.parallel_at_runtime)
+
+
+def _parallel_stage_fix(stage):
+    function = stage.function
+    name = function.name if function is not None else "fn"
+    if function is not None and function.py_function_ops:
+        reason = (
+            f"{stage.label} already runs in parallel, but {name} calls Python "
+            f"({', '.join(function.py_function_ops)}), which holds the GIL: more threads "
+            "do not make it faster. Write it with TensorFlow ops, or, if its output is "
+            "the same every epoch, cache after it."
+        )
+    else:
+        reason = (
+            f"{stage.label} already runs in parallel on every core it can get: make "
+            f"{name} do less work, or, if its output is the same every epoch, cache "
+            "after it."
+        )
+    if function is not None and function.random:
+        return reason, f"# {name} is random: make it cheaper (TensorFlow ops, smaller inputs)"
+    return reason, _GENERIC_FIX[1].format(stage=stage.label)
 
 
 def _from_finding(run: _Run, finding) -> Recommendation:
@@ -309,6 +393,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         expected_gain=gain,
         stage=finding.stage,
         reason=finding.reason,
+        stage_node=_node(finding),
     )
 
 
@@ -318,14 +403,32 @@ def _from_finding(run: _Run, finding) -> Recommendation:
 def _stage_gain(
     run: _Run, stage: str, parallelises: bool, node: Optional[str] = None
 ) -> Optional[ExpectedGain]:
+    # `parallelises` is kept for callers; no gain is worked out from core counts:
+    # threads do nothing for Python under the GIL, and even TensorFlow ops
+    # share the cores with the model. Gains come from measurements and bounds.
+    del parallelises
     bound, stats = run.bound, run.stats
     if bound is None:
         return _unmeasured()
-    timed = _stage_time(run.profile, stage, node) if run.profile is not None else None
+    profile = run.profile
+    timed = _stage_time(profile, stage, node) if profile is not None else None
+    if timed is None and profile is not None and profile.bottleneck and profile.iterators:
+        # The window timed the pipeline and found no work of this stage's own:
+        # it cannot outrank the stage that holds the wait.
+        step_ms = bound.step_ms
+        return ExpectedGain(
+            1.0,
+            step_ms,
+            step_ms,
+            MEASURED,
+            f"The profiler timed no work of {stage}'s own in the input pipeline (it "
+            f"names {profile.bottleneck} the bottleneck): changing it frees no "
+            "measurable input time.",
+        )
     if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
         return dataclasses.replace(
             bound,
-            basis=ESTIMATED,
+            basis=BOUND,
             statement=bound.statement
             + " This change gets there only if this stage is what the input waits for "
             "(no profile timed it).",
@@ -337,7 +440,7 @@ def _stage_gain(
     after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
     if after <= 0:
         return bound
-    gain = ExpectedGain(
+    return ExpectedGain(
         step_ms / after,
         step_ms,
         after,
@@ -346,15 +449,6 @@ def _stage_gain(
         f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
     )
-    if parallelises and run.cpu_count > 1:
-        # Run on every core, the stage's work is divided by at most the cores.
-        likely = max(after, step_ms - stage_ms * (1 - 1 / run.cpu_count))
-        gain.likely_speedup = step_ms / likely
-        gain.statement += (
-            f" Spread over the {run.cpu_count} CPU cores here it would take about "
-            f"{likely:.2f} ms: about {gain.likely_speedup:.2f}x faster."
-        )
-    return gain
 
 
 def _replayed_gain(what_if) -> Optional[ExpectedGain]:
@@ -389,7 +483,7 @@ def _replayed_gain(what_if) -> Optional[ExpectedGain]:
 
 def _unmeasured() -> ExpectedGain:
     return ExpectedGain(
-        basis=ESTIMATED,
+        basis=BOUND,
         statement="The input wait was not measured, so the gain cannot be bounded.",
     )
 
@@ -406,10 +500,11 @@ def _overlap_gain(stats) -> ExpectedGain:
         speedup,
         step,
         after,
-        ESTIMATED,
-        f"Prefetching overlaps preparing the next batch ({wait:.2f} ms) with computing "
-        f"this one ({compute:.2f} ms): a step would take about {after:.2f} ms instead of "
-        f"{step:.2f} ms, up to {speedup:.2f}x faster.",
+        BOUND,
+        f"Prefetching at best overlaps preparing the next batch ({wait:.2f} ms) with "
+        f"computing this one ({compute:.2f} ms): a step takes at least {after:.2f} ms "
+        f"instead of {step:.2f} ms, so at most {speedup:.2f}x faster (a bound: the "
+        "pipeline's threads also compete with the model for the cores).",
     )
 
 
@@ -453,10 +548,20 @@ def _profile_evidence(profile, stage, node=None) -> List[Evidence]:
 
 
 def _stage_time(profile, stage, node=None):
-    for iterator in profile.iterators:
-        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node):
-            return iterator
-    return None
+    # A stage can run as several iterators (an interleave and the datasets its
+    # function opens; Keras' wrapper around a PyDataset): its time is theirs.
+    found = [
+        iterator
+        for iterator in profile.iterators
+        if not iterator.waiting and _same(iterator.stage, iterator.stage_node, stage, node)
+    ]
+    if not found:
+        return None
+    return dataclasses.replace(
+        found[0],
+        self_ms=sum(iterator.self_ms for iterator in found),
+        self_share=min(1.0, sum(iterator.self_share for iterator in found)),
+    )
 
 
 def _is_bottleneck(profile, stage, node=None) -> bool:

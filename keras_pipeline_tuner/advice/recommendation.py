@@ -16,6 +16,9 @@ LINT = "pipeline inspection"
 REPLAY = "what-if replay"
 
 MEASURED = "measured"
+# An upper bound: the measured ceiling (step / compute) or what removing a
+# wait entirely would bring; the change itself may bring less.
+BOUND = "bound"
 ESTIMATED = "estimated"
 
 
@@ -42,12 +45,14 @@ class ExpectedGain:
             (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
         step_ms: mean training step time now.
         step_ms_after: mean step time the bound corresponds to.
-        basis: "measured" when the bound follows from timings of this run (the
-            step clock, the profiler), "estimated" when it also assumes that
-            the change removes the wait it is about.
+        basis: "measured" when the figure follows from timings of this run (a
+            what-if replay, a profiled stage's share, the change itself timed
+            by `measure_fixes`); "bound" when it is only a ceiling (steps no
+            faster than their compute; a prefetch at most overlaps wait and
+            compute) that the change need not reach; "estimated" otherwise.
         statement: the reasoning, in a sentence with its numbers.
-        likely_speedup: what the change itself should bring, where that can be
-            worked out (e.g. a stage spread over the machine's CPU cores).
+        likely_speedup: what the change itself brought when it was timed
+            (`PipelineTuner(measure_fixes=True)`); `None` otherwise.
     """
 
     speedup: Optional[float] = None
@@ -74,6 +79,11 @@ class Recommendation:
         expected_gain: the `ExpectedGain`; `None` for changes about correctness.
         stage: the tf.data stage it is about, e.g. "map(load_image)".
         reason: why it matters.
+        stage_node: the stage's node in the dataset graph, when known: tells
+            apart two stages written alike.
+        also: ids of other findings about the same stage, folded into this
+            one (one stage, one recommendation); their reasons are in
+            `evidence`.
 
     Example:
 
@@ -92,6 +102,8 @@ class Recommendation:
     expected_gain: Optional[ExpectedGain] = None
     stage: Optional[str] = None
     reason: str = ""
+    stage_node: Optional[str] = None
+    also: List[str] = dataclasses.field(default_factory=list)
 
 
 def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
@@ -166,8 +178,5 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     if gain.speedup <= 1.0:
         return f"no gain ({gain.basis})"
     if gain.likely_speedup is not None:
-        return (
-            f"about {gain.likely_speedup:.2f}x faster "
-            f"(at most {gain.speedup:.2f}x, {gain.basis})"
-        )
+        return f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
     return f"up to {gain.speedup:.2f}x faster ({gain.basis})"

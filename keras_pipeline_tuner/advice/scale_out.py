@@ -19,7 +19,7 @@ rules do not use:
 import dataclasses
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
-from keras_pipeline_tuner.advice.recommendation import ESTIMATED
+from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
@@ -175,13 +175,13 @@ def offload_recommendation(
     if gain is not None:
         gain = dataclasses.replace(
             gain,
-            basis=ESTIMATED,
+            basis=BOUND,
             statement=gain.statement
             + " Service workers get there when together they produce batches faster than "
             "the model takes them: add workers until the wait is gone.",
         )
     else:
-        gain = ExpectedGain(basis=ESTIMATED, statement="The input wait was not measured.")
+        gain = ExpectedGain(basis=BOUND, statement="The input wait was not measured.")
     return Recommendation(
         id=OFFLOAD,
         title="Move the preprocessing to tf.data service workers on other hosts",

@@ -87,6 +87,8 @@ class LoopHooks:
         inspect: runs the pipeline inspection with the callable it is given.
         finish: ends the run; returns the final `Report`.
         report: the latest `Report`.
+        profile_dataset: given the dataset the loop iterates, so that the
+            profiler names its stages as in `fit`.
     """
 
     begin_run: Callable[[], StepClock]
@@ -97,6 +99,7 @@ class LoopHooks:
     inspect: Callable[[Callable[[], Any]], None]
     finish: Callable[[], Any]
     report: Callable[[], Any]
+    profile_dataset: Callable[[Any], None] = lambda dataset: None
 
 
 @dataclasses.dataclass
@@ -503,6 +506,8 @@ class LoopTimer:
         tf = tensorflow()
         if not isinstance(iterable, (tf.data.Dataset, tf.distribute.DistributedDataset)):
             return
+        if isinstance(iterable, tf.data.Dataset):
+            self._hooks.profile_dataset(iterable)
         self._hooks.inspect(lambda: pipeline_lint.inspect(iterable))
 
     # Bookkeeping (every entry point holds the guard; the callers never raise).

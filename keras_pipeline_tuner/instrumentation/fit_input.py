@@ -28,6 +28,9 @@ ARRAYS = "arrays"
 TORCH_DATALOADER = "DataLoader"
 OTHER = "other"
 
+# Kinds of the stage standing for input Keras wraps in a pipeline of its own.
+_KERAS_BUILT = frozenset({"PyDataset", "generator", "arrays"})
+
 _ADAPTER_KINDS = {
     "TFDatasetAdapter": TF_DATASET,
     "PyDatasetAdapter": PY_DATASET,
@@ -115,6 +118,23 @@ def inspect_fit_input(model) -> Findings:
         "keras-pipeline-tuner: no pipeline inspection for %s input.", fit_input.adapter
     )
     return Findings()
+
+
+def keras_built_input(findings) -> Optional[Any]:
+    """The stage standing for input Keras turns into a tf.data pipeline itself.
+
+    Args:
+        findings: the `Findings` of `inspect_fit_input`, or `None`.
+
+    Returns:
+        The `Stage` of a `PyDataset`, a Python generator or NumPy arrays (the
+        one stage their findings are about), or `None` for a user's own
+        tf.data pipeline.
+    """
+    stages = getattr(getattr(findings, "pipeline", None), "stages", None) or []
+    if len(stages) == 1 and stages[0].kind in _KERAS_BUILT:
+        return stages[0]
+    return None
 
 
 def _classify(adapter) -> FitInput:

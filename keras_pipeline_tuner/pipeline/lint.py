@@ -45,7 +45,8 @@ _OPTION_SWITCHES = {
         "parallel batching (experimental_optimization.parallel_batch)"
     ),
 }
-# In-memory tensors above this make reading the graph slow (about 20 ms per MB here).
+# In-memory sources above this are replaced by stand-ins when the graph is read:
+# copying them costs about 10 ms per MB here.
 MAX_IN_MEMORY_BYTES = 16 * 2**20
 # Element growth from which a map's output is called larger than its input.
 _GROWTH = 2.0
@@ -65,9 +66,12 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
             `strategy.experimental_distribute_dataset`), or a
             `keras.utils.PyDataset` (then the advice is about `workers` and
             `use_multiprocessing`).
-        max_in_memory_bytes: refuse datasets holding more in-memory tensors
-            (`from_tensor_slices` of large arrays): their graph copies them, so
-            reading it is slow and memory-hungry. `None` reads any dataset.
+        max_in_memory_bytes: in-memory sources (`from_tensor_slices` of
+            arrays) larger than this are not copied into the graph that is
+            read: the pipeline is read over one-element stand-ins of them, in
+            milliseconds at any size. Only a pipeline with a transformation
+            that cannot be rebuilt that way is refused. `None` reads (and
+            copies) everything.
 
     Returns:
         `Findings`: a list of `Finding`s, errors first, that prints as a table;
@@ -75,7 +79,8 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
 
     Raises:
         TypeError: if `dataset` is neither of the above (names what to pass).
-        ValueError: if it holds more than `max_in_memory_bytes` (says what to do).
+        ValueError: if it holds more than `max_in_memory_bytes` in a pipeline
+            that cannot be read without them (says what to do).
 
     Example:
 
@@ -302,7 +307,7 @@ def _missing_prefetch(pipeline: Pipeline) -> Iterable[Finding]:
     runtime_final = (
         _last_transformation(pipeline.runtime) if pipeline.runtime is not None else None
     )
-    fix = "ds = ds.prefetch(tf.data.AUTOTUNE)  # the last transformation"
+    fix = f"ds = ds.prefetch(tf.data.AUTOTUNE)  # after: {final.label}; the last transformation"
     if runtime_final is not None and runtime_final.kind == "prefetch":
         yield _finding(
             "missing-prefetch",
@@ -388,7 +393,7 @@ def _fixed_parallelism(pipeline: Pipeline) -> Iterable[Finding]:
                     f"{stage.label} hard-codes {name}={value}. A fixed number is tuned "
                     "for one machine and one load; with AUTOTUNE, tf.data sizes the "
                     "parallelism (and the buffers) from what it measures while running.",
-                    f"{name}=tf.data.AUTOTUNE",
+                    _autotuned(stage, name),
                 )
         if stage.kind == "prefetch":
             value = stage.params.get("buffer_size")
@@ -440,6 +445,17 @@ def _sequential_interleave(pipeline: Pipeline) -> Iterable[Finding]:
             )
 
 
+def _autotuned(stage: Stage, parameter: str) -> str:
+    if stage.kind in _MAP_KINDS + ("interleave", "filter") and stage.function is not None:
+        return (
+            f"ds = ds.{'map' if stage.kind in _MAP_KINDS else stage.kind}("
+            f"{_code_name(stage)}, {parameter}=tf.data.AUTOTUNE)"
+        )
+    if stage.kind in READER_KINDS:
+        return f"ds = tf.data.{stage.kind}(files, {parameter}=tf.data.AUTOTUNE)"
+    return f"{parameter}=tf.data.AUTOTUNE"
+
+
 def _sequential_file_read(pipeline: Pipeline) -> Iterable[Finding]:
     for stage in pipeline.stages:
         if stage.kind not in READER_KINDS or stage.parallel:
@@ -475,8 +491,13 @@ def _py_function_in_map(pipeline: Pipeline) -> Iterable[Finding]:
             "NumPy); TensorFlow cannot optimise it, and it keeps the map from being "
             "parallelised automatically."
             + (" The map already runs with num_parallel_calls." if parallel else ""),
-            f"Write {name} with TensorFlow ops (tf.io, tf.image, tf.strings); if the "
-            f"Python is unavoidable, ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+            f"Write {name} with TensorFlow ops (tf.io, tf.image, tf.strings)"
+            + (
+                ""  # The map already has what the second half would ask for.
+                if parallel
+                else f"; if the Python is unavoidable, ds.map({name}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)"
+            ),
         )
 
 
@@ -489,7 +510,12 @@ def _cache_after_random(pipeline: Pipeline) -> Iterable[Finding]:
             continue
         ops = ", ".join(stage.function.random_ops) if stage.function else "random values"
         fix = f"Move .cache() above {stage.label}"
-        if stage.kind in _MAP_KINDS:
+        if stage.kind in _MAP_KINDS and _direct_input(pipeline, cache) is stage:
+            fix = (
+                f"ds = ds.cache().map({_code_name(stage)}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)" + _in_place_of(stage, cache)
+            )
+        elif stage.kind in _MAP_KINDS:
             fix += (
                 f": ds = ds.cache().map({_code_name(stage)}, "
                 "num_parallel_calls=tf.data.AUTOTUNE)"
@@ -528,7 +554,12 @@ def _cache_after_shuffle(pipeline: Pipeline) -> Iterable[Finding]:
             f"{shuffle.label} comes before {cache.label}, and nothing shuffles after the "
             "cache: the cache stores the first epoch's order and replays it, so every "
             "epoch sees the elements in the same order.",
-            "ds = ds.cache().shuffle(buffer_size)  # cache first, then shuffle",
+            f"ds = ds.cache().shuffle({_size(shuffle, 'buffer_size', 'buffer_size')})"
+            + (
+                _in_place_of(shuffle, cache)
+                if _direct_input(pipeline, cache) is shuffle
+                else "  # cache first, then shuffle"
+            ),
         )
 
 
@@ -556,6 +587,33 @@ def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
             else ""
         )
         python = bool(function.py_function_ops)
+        fix = (
+            f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
+            "  # or .cache('/path/to/cache_file')"
+        )
+        shuffle = _direct_input(pipeline, stage)
+        reshuffled = (
+            shuffle is not None
+            and shuffle.kind == "shuffle"
+            and shuffle.params.get("reshuffle_each_iteration") is not False
+        )
+        if reshuffled:
+            # A cache after this shuffle would replay the first epoch's order
+            # (cache-after-shuffle): cache the map's output, then shuffle.
+            where += (
+                f" The cache goes before {shuffle.label}, which moves after it, so that "
+                "every epoch still gets a new order."
+            )
+            fix = (
+                f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
+                f".shuffle({_size(shuffle, 'buffer_size', 'buffer_size')})"
+                + _in_place_of(shuffle, stage)
+            )
+        elif any(
+            s.kind == "shuffle" and s.params.get("reshuffle_each_iteration") is not False
+            for s in upstream
+        ):
+            fix += "\n# and move the shuffle after the cache, or every epoch has one order"
         yield _finding(
             "cache-missing",
             Severity.INFO if python else Severity.WARNING,
@@ -570,8 +628,7 @@ def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
                 if python
                 else ""
             ),
-            f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
-            "  # or .cache('/path/to/cache_file')",
+            fix,
         )
 
 
@@ -604,7 +661,8 @@ def _vectorize_map(pipeline: Pipeline) -> Iterable[Finding]:
             "work, even when TensorFlow fuses it into map_and_batch. Batch first and "
             f"apply {name} to whole batches (most TensorFlow ops work on a batch "
             "unchanged).",
-            f"ds = ds.batch({size}).map({name}, num_parallel_calls=tf.data.AUTOTUNE)",
+            f"ds = ds.batch({size}).map({name}, num_parallel_calls=tf.data.AUTOTUNE)"
+            + (_in_place_of(candidate, batch) if candidate is not batch else ""),
         )
 
 
@@ -660,7 +718,13 @@ def _shuffle_after_batch(pipeline: Pipeline) -> Iterable[Finding]:
             f"{stage.label} comes after {batch.label}: it shuffles whole batches, so "
             "every epoch the same examples are grouped together, only in another "
             "order.",
-            "ds = ds.shuffle(buffer_size).batch(batch_size)  # shuffle examples, then batch",
+            f"ds = ds.shuffle({_size(stage, 'buffer_size', 'buffer_size')})"
+            f".batch({_size(batch, 'batch_size', 'batch_size')})"
+            + (
+                _in_place_of(batch, stage)
+                if batch.kind == "batch" and _direct_input(pipeline, stage) is batch
+                else "  # shuffle examples, then batch"
+            ),
         )
 
 
@@ -692,8 +756,13 @@ def _memory_order(pipeline: Pipeline) -> Iterable[Finding]:
                 f"the shuffle buffer holds the large elements{size}. Shuffling the "
                 "small elements before the map costs the same randomness for far less "
                 "memory.",
-                f"ds = ds.shuffle(buffer_size).map({name}, "
-                "num_parallel_calls=tf.data.AUTOTUNE)",
+                f"ds = ds.shuffle({_size(stage, 'buffer_size', 'buffer_size')}).map({name}, "
+                "num_parallel_calls=tf.data.AUTOTUNE)"
+                + (
+                    _in_place_of(upstream, stage)
+                    if _direct_input(pipeline, stage) is upstream
+                    else ""
+                ),
             )
             break
 
@@ -770,6 +839,25 @@ def _finding(
         reason=reason,
         fix=fix,
     )
+
+
+def _in_place_of(*stages: Stage) -> str:
+    """A comment on a fix that replaces several stages, e.g. a reordering.
+
+    Fixes are written as code to put in place of the finding's stage; one that
+    moves a stage too says which stages, in order, it replaces, so that it can
+    be applied as written.
+    """
+    return "  # in place of: " + " -> ".join(stage.label for stage in stages)
+
+
+def _size(stage: Stage, name: str, placeholder: str) -> str:
+    value = stage.params.get(name)
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else placeholder
+
+
+def _direct_input(pipeline: Pipeline, stage: Stage) -> Optional[Stage]:
+    return next(iter(pipeline.main_chain(stage)), None)
 
 
 def _last_transformation(pipeline: Pipeline) -> Optional[Stage]:

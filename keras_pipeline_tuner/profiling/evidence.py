@@ -336,6 +336,10 @@ def rank_iterators(
         dataset_op = _stage_op(name, kind, iterator_ops)
         # The root iterator carries the last op's name but is no stage of its own.
         stage = stage_names.stage_of(dataset_op, stages) if kind != "Root" else None
+        if stage is None and kind != "Root":
+            stage = stage_names.stage_of_kind(kind, stages) or _enclosing_stage(
+                name, iterator_ops, stages
+            )
         ranked.append(
             IteratorTime(
                 iterator=name,
@@ -425,7 +429,15 @@ def trace_steps(events: Sequence[dict]) -> List[ProfiledStep]:
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced():
+def native_stderr_silenced():
+    """Hides what native code writes to standard error (file descriptor 2) meanwhile.
+
+    The TF Profiler logs "Profiler session initializing", "Collecting XSpace
+    to repository ..." and the like from C++ on starting and stopping, lines
+    that break into Keras' progress bar; `TF_CPP_MIN_LOG_LEVEL` set after
+    TensorFlow's import does not reach them. Used only between steps, around
+    calls that write nothing the user needs.
+    """
     # xprof's C++ logs "No UnifiedProfileProcessor registered for tool:
     # trace_viewer" on every legacy conversion, an error line that is not one;
     # TF_CPP_MIN_LOG_LEVEL does not reach it. The conversion runs between steps,
@@ -450,7 +462,7 @@ def _tool_json(xplane_path: str, tool: str):
     # The legacy "trace_viewer" returns the whole trace as JSON and, unlike
     # "trace_viewer@", writes no cache files into the user's run folder.
     # xprof reads local files only: a capture in a remote log dir is read from a copy.
-    with files.local_copy(xplane_path) as local_path, _native_stderr_silenced():
+    with files.local_copy(xplane_path) as local_path, native_stderr_silenced():
         data, _ = raw_to_tool_data.xspace_to_tool_data(
             [local_path], tool, {"use_saved_result": False}
         )
@@ -521,6 +533,24 @@ def _stage_op(name: str, kind: str, iterator_ops: Dict[str, str]) -> Optional[st
         if stage_names.iterator_kind(parent) == "FlatMap" and parent in iterator_ops:
             return iterator_ops[parent]
     return iterator_ops.get(name)
+
+
+def _enclosing_stage(name: str, iterator_ops: Dict[str, str], stages):
+    # A dataset built inside a user function (the `TFRecordDataset(f).map(...)`
+    # an interleave opens per file) is no stage of the pipeline's graph: its
+    # work is the enclosing stage's, as the user wrote it.
+    parts = name.split("::")
+    for end in range(len(parts) - 1, 1, -1):
+        parent = "::".join(parts[:end])
+        kind = stage_names.iterator_kind(parent)
+        if kind == "Root":
+            return None
+        unindexed = parent[: parent.rindex("[")] if parent.endswith("]") else parent
+        for candidate in dict.fromkeys((parent, unindexed)):
+            stage = stage_names.stage_of(_stage_op(candidate, kind, iterator_ops), stages)
+            if stage is not None and stage.function is not None:
+                return stage
+    return None
 
 
 def _is_waiting(name: str, kind: str, self_ms: Dict[str, float]) -> bool:

@@ -14,6 +14,9 @@ from typing import Dict, Iterable, Optional
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline import graph as pipeline_graph
 
+# In-memory sources above this are read as one-element stand-ins (no copy).
+MAX_IN_MEMORY_BYTES = 16 * 2**20
+
 # Iterator kinds (version suffix removed) and the Dataset method that creates them.
 _TRANSFORMATIONS = {
     "Batch": "batch",
@@ -119,6 +122,12 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
     from tensorflow.core.framework import dataset_metadata_pb2
 
     tf = tensorflow()
+    # Over stand-ins of large in-memory arrays, as the lint reads it: the maps
+    # keep their op names (the user's functions), other stages may be named
+    # by kind only.
+    light = pipeline_graph.without_large_sources(dataset, MAX_IN_MEMORY_BYTES)
+    rebuilt = light is not None and light is not dataset
+    dataset = light if light is not None else dataset
     pipeline = pipeline_graph.read_pipeline(dataset)
     by_node = {stage.node: stage for stage in pipeline.stages}
     # The Stages are keyed by graph node; the metadata names are in the nodes.
@@ -136,7 +145,79 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
         metadata.ParseFromString(node.attr["metadata"].s)
         if metadata.name:
             stages[metadata.name.decode("utf-8", "replace")] = by_node[node.name]
+    if rebuilt:
+        # A rebuilt pipeline's ops have names of their own, not the ones the
+        # trace shows: stages are found by their kind where it is unique.
+        return RebuiltStages(stages, pipeline.stages)
     return stages
+
+
+class RebuiltStages(dict):
+    """Stages of a pipeline read over stand-ins of its in-memory arrays.
+
+    Its op names differ from those of the pipeline that ran, so a profiled
+    iterator is matched by what it does: the one stage of its kind.
+
+    Attributes:
+        by_kind: the `tf.data` method (e.g. "map") to the stage of that kind,
+            for kinds that occur once.
+    """
+
+    def __init__(self, stages, all_stages):
+        super().__init__(stages)
+        counts: Dict[str, list] = {}
+        for stage in all_stages:
+            counts.setdefault(stage.kind, []).append(stage)
+        self.by_kind = {kind: found[0] for kind, found in counts.items() if len(found) == 1}
+
+
+def stage_of_kind(iterator_kind_name: str, stages) -> Optional["pipeline_graph.Stage"]:
+    """The stage an iterator of a rebuilt pipeline's kind stands for, when unique.
+
+    Args:
+        iterator_kind_name: the iterator's kind (see `iterator_kind`), e.g. "ParallelMap".
+        stages: `pipeline_stages` of the pipeline.
+
+    Returns:
+        The stage, or `None` when `stages` is not a `RebuiltStages` or the kind
+        is not unique.
+    """
+    by_kind = getattr(stages, "by_kind", None)
+    if by_kind is None or iterator_kind_name == "Root":
+        return None
+    return by_kind.get(_TRANSFORMATIONS.get(iterator_kind_name, ""))
+
+
+class KerasInputStages(dict):
+    """Stages of a pipeline Keras built, all named as the user's input.
+
+    Keras wraps a `PyDataset`, a Python generator or NumPy arrays in tf.data
+    ops of its own (`from_generator` and the flat_map holding the generator,
+    index slicing maps, a prefetch). Every op of that pipeline, including the
+    ones inside its functions that the top-level graph does not list, stands
+    for what the user wrote.
+
+    Attributes:
+        keras_input: the `pipeline_graph.Stage` of the user's input.
+    """
+
+    def __init__(self, stages: Dict[str, "pipeline_graph.Stage"], keras_input):
+        super().__init__({name: keras_input for name in stages})
+        self.keras_input = keras_input
+
+
+def as_keras_input(stages: Dict[str, "pipeline_graph.Stage"], keras_input) -> KerasInputStages:
+    """Renames a pipeline Keras built after the input the user gave `fit`.
+
+    Args:
+        stages: `pipeline_stages` of Keras' pipeline.
+        keras_input: the `pipeline_graph.Stage` standing for the user's input
+            (e.g. the PyDataset's, as `lint_py_dataset` names it).
+
+    Returns:
+        A `KerasInputStages` mapping every op (also ops not listed) to it.
+    """
+    return KerasInputStages(stages, keras_input)
 
 
 def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"]):
@@ -153,7 +234,9 @@ def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"
     """
     found = [stages[name] for name in _op_names(dataset_op) if name in stages]
     with_function = [stage for stage in found if stage.function is not None]
-    return (with_function or found or [None])[0]
+    # In a pipeline Keras built, any op (even one the trace names no dataset
+    # op for) is Keras working for the user's input.
+    return (with_function or found or [getattr(stages, "keras_input", None)])[0]
 
 
 def stage_label(iterator: str, dataset_op: Optional[str] = None, stage=None) -> str:

@@ -127,6 +127,9 @@ class ProfilerWindow:
         self._calls = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._dataset = None
+        self._keras_input = None
+
         self._user: Optional[user_profile.ProfileRequest] = None
         self._user_known: List[str] = []
 
@@ -151,6 +154,31 @@ class ProfilerWindow:
 
     # Hooks.
 
+    def use_dataset(self, dataset) -> None:
+        """Names the dataset the steps read, for windows whose steps do not show it.
+
+        A custom loop iterates its dataset in Python (`tuner.iterate(ds)`), so
+        the profiled steps carry no iterator to read the pipeline from; with the
+        dataset known, its stages are named as in `fit`, e.g. "map(load)".
+
+        Args:
+            dataset: the `tf.data.Dataset` the loop iterates.
+        """
+        self._dataset = dataset
+
+    def name_keras_input(self, stage) -> None:
+        """Names the stages Keras builds itself after what the user gave `fit`.
+
+        Keras wraps a `PyDataset`, a Python generator or NumPy arrays in a
+        tf.data pipeline of its own (`from_generator`, slicing maps); the
+        profiler sees those ops, but the user wrote none of them.
+
+        Args:
+            stage: the `Stage` that stands for the user's input (e.g. the
+                PyDataset's, as the pipeline inspection names it).
+        """
+        self._keras_input = stage
+
     def begin_fit(self, callbacks: Optional[list] = None) -> None:
         """Starts a new fit: one window at most per fit.
 
@@ -169,6 +197,8 @@ class ProfilerWindow:
         self._calls = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
+        self._dataset = None
+        self._keras_input = None
         self._user = None
         if self._taken or not self._usable():
             return
@@ -374,7 +404,8 @@ class ProfilerWindow:
         staging = tempfile.mkdtemp(prefix="keras_pipeline_tuner_capture_")
         began = time.perf_counter()
         try:
-            tf.profiler.experimental.start(staging)
+            with profile_evidence.native_stderr_silenced():
+                tf.profiler.experimental.start(staging)
         except tf.errors.AlreadyExistsError:
             shutil.rmtree(staging, ignore_errors=True)
             note = (
@@ -397,6 +428,8 @@ class ProfilerWindow:
             started_at=began,
             start_s=time.perf_counter() - began,
         )
+        self._capture.dataset = self._dataset
+        self._capture.keras_input = self._keras_input
         if timed is not None:
             timed.trace_step = self._mark
         logger.info(
@@ -422,7 +455,8 @@ class ProfilerWindow:
         capture.release()
         began = time.perf_counter()
         try:
-            tf.profiler.experimental.stop()
+            with profile_evidence.native_stderr_silenced():
+                tf.profiler.experimental.stop()
         except BaseException:
             shutil.rmtree(capture.staging, ignore_errors=True)
             raise
@@ -471,7 +505,7 @@ class ProfilerWindow:
             )
         self.evidence = evidence
         with self._guard(FEATURE):
-            stages, naming_note = _stages_of(capture.dataset)
+            stages, naming_note = _stages_of(capture.dataset, capture.keras_input)
             analysed = profile_evidence.analyze_capture(
                 capture.xplane_path, stages, window_steps=capture.steps
             )
@@ -529,6 +563,7 @@ class _Capture:
         self.window_s = 0.0
         self.steps = 0
         self.dataset = None
+        self.keras_input = None
         self.marker = None
         self.notes: List[str] = []
         self.run_dir = ""
@@ -629,7 +664,7 @@ def _log_dir_of(run_dir: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
 
 
-def _stages_of(dataset):
+def _stages_of(dataset, keras_input=None):
     if dataset is None:
         return {}, (
             "Stages are named by kind only: the profiled steps showed no tf.data "
@@ -637,9 +672,12 @@ def _stages_of(dataset):
             "steps measured)."
         )
     try:
-        return stage_names.pipeline_stages(dataset), None
+        stages = stage_names.pipeline_stages(dataset)
     except Exception as error:  # noqa: BLE001 - names are a nicety, not the evidence.
         return {}, (
             f"Stages are named by kind only: the pipeline's graph could not be read "
             f"({type(error).__name__}: {error})."
         )
+    if keras_input is not None:
+        stages = stage_names.as_keras_input(stages, keras_input)
+    return stages, None

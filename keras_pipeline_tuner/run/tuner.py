@@ -192,6 +192,9 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._timing.begin(TRAIN)
         # Once per fit, before the first step: never inside a timed step.
         run.inspect(lambda: fit_input.inspect_fit_input(model))
+        keras_input = fit_input.keras_built_input(run.findings)
+        if keras_input is not None:
+            self._window.name_keras_input(keras_input)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.guard.enabled(features.STEP_CLOCK):
@@ -429,6 +432,7 @@ class PipelineTuner(keras.callbacks.Callback):
                     inspect=lambda find: self._run.inspect(find),
                     finish=self._finish_loop_run,
                     report=lambda: self.report,
+                    profile_dataset=self._window.use_dataset,
                 ),
                 self.guard,
             )

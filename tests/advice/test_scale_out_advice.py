@@ -57,7 +57,7 @@ def test_saturated_cpus_and_parallel_stages_recommend_the_data_service():
     assert "map(heavy, num_parallel_calls=AUTOTUNE)" in " ".join(
         item.detail for item in offload.evidence
     )
-    assert offload.expected_gain.basis == "estimated"
+    assert offload.expected_gain.basis == "bound"
 
 
 @pytest.mark.parametrize(

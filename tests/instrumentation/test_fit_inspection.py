@@ -93,8 +93,8 @@ def test_outside_fit_the_error_says_what_to_do():
     assert fit_input.find_fit_input(tiny_model()) is None
 
 
-def test_large_in_memory_data_is_not_inspected_and_says_so_without_a_warning(caplog):
-    # 16 MB of arrays in the graph: reading it would copy them all, so fit skips it.
+def test_large_in_memory_data_is_inspected_without_a_warning(caplog):
+    # 16 MB of arrays: the pipeline is read over stand-ins of them, not copied.
     x = np.zeros((2100, 2048), np.float32)
     y = np.zeros((2100, 1), np.float32)
     model = keras.Sequential([keras.Input((2048,)), keras.layers.Dense(1)])
@@ -108,17 +108,15 @@ def test_large_in_memory_data_is_not_inspected_and_says_so_without_a_warning(cap
             verbose=0,
         )
     report = tuner.report
-    assert report.findings == []
-    assert any(
-        "not inspected" in note and "16 MB of in-memory tensors" in note for note in report.notes
-    )
+    assert [finding.id for finding in report.findings] == ["missing-prefetch"]
+    assert not any("not inspected" in note for note in report.notes)
     assert "pipeline inspection" not in caplog.text
     assert report.measurement == "in-step" and report.train.steps == 4
 
 
 def test_a_custom_loop_treats_large_in_memory_data_as_fit_does(caplog):
-    # The twin of the test above: a note in the report, no warning, and the
-    # inspection stays on for the tuner's next run.
+    # The twin of the test above: inspected, no warning, and the inspection
+    # stays on for the tuner's next run.
     x = np.zeros((2100, 2048), np.float32)
     tuner = kpt.PipelineTuner(verbose=0, profile="off")
 
@@ -130,10 +128,8 @@ def test_a_custom_loop_treats_large_in_memory_data_as_fit_does(caplog):
         for batch in tuner.iterate(tf.data.Dataset.from_tensor_slices(x).batch(512)):
             train_step(batch)
         report = tuner.close()
-    assert report.findings == []
-    assert any(
-        "not inspected" in note and "16 MB of in-memory tensors" in note for note in report.notes
-    )
+    assert [finding.id for finding in report.findings] == ["missing-prefetch"]
+    assert not any("not inspected" in note for note in report.notes)
     assert "pipeline inspection" not in caplog.text
     assert report.train.steps == 4
     with tuner:

@@ -1,0 +1,451 @@
+"""Calibration of the advice: predicted gains against gains measured by applying the fix.
+
+Nine small jobs whose cause is known (a sleep-bound py_function map, a GIL-bound
+Python map, a random TF-op map, a sequential interleave over files on slow
+storage, a slow generator, a PyDataset read by one worker, an expensive
+deterministic map with no cache, a healthy pipeline, and a healthy pipeline
+whose first epoch fills a cache). For each:
+
+1. fit with `PipelineTuner` (a profiler window on steps 3-15) and take the
+   verdict, the top recommendation and its expected gain;
+2. apply each advised fix this script knows how to write for the case, and
+   time plain fits (no tuner) of the original and of each fixed pipeline,
+   alternated over rounds in this one process, GC off: the steady-state step
+   is the median step of the second epoch;
+3. print the predicted gain (and how it was obtained) against the measured
+   one, their ratio, and whether the top recommendation was the fix measured
+   fastest among those advised.
+
+A "measured" prediction passes within [0.67x, 1.5x] of the measured gain; a
+"bound" passes when the measured gain does not exceed it (10 % noise margin).
+
+    python bench/advice_accuracy.py [--rounds 3]
+"""
+
+import argparse
+import dataclasses
+import gc
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable, Dict, Optional
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_pipeline_tuner as kpt  # noqa: E402
+
+FEATURES = 8
+BATCH = 4
+BATCHES = 24
+ELEMENTS = BATCH * BATCHES
+COMPUTE_S = 0.01  # the model's known compute per step
+ELEMENT_S = 0.006  # per-element input cost of the slow stages
+BOUND_MARGIN = 1.10
+
+
+# The model: two dense layers and a known compute cost.
+
+
+class Sleep(keras.layers.Layer):
+    def call(self, inputs):
+        def sleep():
+            time.sleep(COMPUTE_S)
+            return np.float32(0.0)
+
+        zero = tf.numpy_function(sleep, [], tf.float32, stateful=True)
+        zero.set_shape(())
+        return inputs + tf.stop_gradient(zero)
+
+
+def model():
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(), keras.layers.Dense(1)]
+    )
+    net.compile("sgd", "mse")
+    return net
+
+
+# Input stages with known costs.
+
+
+def arrays():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ELEMENTS, FEATURES)).astype(np.float32)
+    return x, (x.sum(axis=1) > 0).astype(np.float32)
+
+
+def source():
+    return tf.data.Dataset.from_tensor_slices(arrays())
+
+
+def sleep_python(x, y):
+    def work(value):
+        time.sleep(ELEMENT_S)
+        return value
+
+    x = tf.py_function(work, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def gil_python(x, y):
+    def work(value):
+        end = time.perf_counter() + ELEMENT_S
+        while time.perf_counter() < end:  # pure Python: holds the GIL
+            pass
+        return value
+
+    x = tf.py_function(work, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def random_tf_ops(x, y):
+    # TensorFlow work (about ELEMENT_S of matrix products on one core) that
+    # draws random numbers, so TensorFlow leaves the map sequential.
+    m = tf.reshape(tf.tile(x, [128 * 128 // FEATURES]), (128, 128)) * 1e-3
+    for _ in range(40):
+        m = tf.tanh(tf.matmul(m, m))
+    noise = tf.random.uniform((FEATURES,), maxval=1e-6)
+    return x + tf.reduce_mean(m) * 0.0 + noise, y
+
+
+def encoded_images():
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (8, 640, 640, 3), np.uint8)
+    images = [tf.io.encode_png(image).numpy() for image in pixels]
+    return [images[i % 8] for i in range(ELEMENTS)]
+
+
+def decode(png, y):
+    # Deterministic and expensive: decoding and resizing, the same every epoch.
+    image = tf.image.resize(tf.io.decode_png(png, channels=3), (32, 32))
+    return tf.reshape(image[:2, :, 0], (-1,))[:FEATURES] / 255.0, y
+
+
+def slow_records(directory):
+    files = []
+    x, y = arrays()
+    for index in range(4):
+        path = os.path.join(directory, f"part{index}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for row in range(index, ELEMENTS, 4):
+                writer.write(np.concatenate([x[row], y[row : row + 1]]).tobytes())
+        files.append(path)
+    return files
+
+
+def read_slowly(path):
+    # A file on slow storage: every record waits ELEMENT_S (the GIL is released).
+    def parse(record):
+        values = tf.io.decode_raw(record, tf.float32)
+        return values[:FEATURES], values[FEATURES]
+
+    def wait(value):
+        time.sleep(ELEMENT_S)
+        return value
+
+    def slow(x, y):
+        x = tf.py_function(wait, [x], tf.float32)
+        x.set_shape((FEATURES,))
+        return x, y
+
+    return tf.data.TFRecordDataset(path).map(parse).map(slow)
+
+
+def generator_source():
+    x, y = arrays()
+
+    def generate():
+        for row in range(ELEMENTS):
+            time.sleep(ELEMENT_S)
+            yield x[row], y[row]
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(tf.TensorSpec((FEATURES,), tf.float32), tf.TensorSpec((), tf.float32)),
+    )
+
+
+class SlowBatches(keras.utils.PyDataset):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = arrays()
+
+    def __len__(self):
+        return BATCHES
+
+    def __getitem__(self, index):
+        time.sleep(ELEMENT_S * BATCH)
+        rows = slice(index * BATCH, (index + 1) * BATCH)
+        return self.x[rows], self.y[rows]
+
+
+# The cases: the pipeline as written, and each advised fix as code.
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    cause: str
+    build: Callable[[], object]
+    fixes: Dict[str, Callable[[], object]]
+
+
+def cases(directory) -> list:
+    files = slow_records(directory)
+    images = tf.data.Dataset.from_tensor_slices((encoded_images(), arrays()[1]))
+    return [
+        Case(
+            "sleep-bound py_function map",
+            "sequential map of Python that sleeps (releases the GIL)",
+            lambda: source().map(sleep_python).batch(BATCH),
+            {
+                "sequential-map": lambda: source()
+                .map(sleep_python, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+                "cache-missing": lambda: source()
+                .map(sleep_python, num_parallel_calls=AUTOTUNE)
+                .cache()
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "GIL-bound Python map",
+            "sequential map of pure Python (holds the GIL)",
+            lambda: source().map(gil_python).batch(BATCH),
+            {
+                "sequential-map": lambda: source()
+                .map(gil_python, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+                "cache-missing": lambda: source()
+                .map(gil_python, num_parallel_calls=AUTOTUNE)
+                .cache()
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "random TF-op map",
+            "sequential map of TF ops that draws random numbers (not parallelised by TF)",
+            lambda: source().map(random_tf_ops).batch(BATCH),
+            {
+                "sequential-map": lambda: source()
+                .map(random_tf_ops, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "sequential interleave of files",
+            "four files on slow storage read one after another",
+            lambda: tf.data.Dataset.from_tensor_slices(files)
+            .interleave(read_slowly, cycle_length=4)
+            .batch(BATCH),
+            {
+                "sequential-interleave": lambda: tf.data.Dataset.from_tensor_slices(files)
+                .interleave(read_slowly, cycle_length=4, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "slow generator",
+            "a Python generator that sleeps per element",
+            lambda: generator_source().batch(BATCH),
+            {
+                # The advised shape: yield cheap items, do the work in a parallel map.
+                "bottleneck-stage": lambda: source()
+                .map(sleep_python, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "PyDataset with one worker",
+            "__getitem__ sleeps per batch, one worker",
+            lambda: SlowBatches(workers=1),
+            {"py-dataset-workers": lambda: SlowBatches(workers=4, use_multiprocessing=False)},
+        ),
+        Case(
+            "missing cache of an expensive map",
+            "parallel PNG decoding and resizing redone every epoch",
+            lambda: images.map(decode, num_parallel_calls=AUTOTUNE).batch(BATCH),
+            {
+                "cache-missing": lambda: images.map(decode, num_parallel_calls=AUTOTUNE)
+                .cache()
+                .batch(BATCH),
+                # The advice for an already-parallel bottleneck: cache after it.
+                "bottleneck-stage": lambda: images.map(decode, num_parallel_calls=AUTOTUNE)
+                .cache()
+                .batch(BATCH),
+            },
+        ),
+        Case(
+            "healthy",
+            "in-memory, cached, prefetched",
+            lambda: source().cache().shuffle(ELEMENTS, seed=0).batch(BATCH).prefetch(AUTOTUNE),
+            {},
+        ),
+        Case(
+            "healthy, cache-filling first epoch",
+            "an expensive map cached: slow first epoch, then free",
+            lambda: source()
+            .map(sleep_python, num_parallel_calls=AUTOTUNE)
+            .cache()
+            .shuffle(ELEMENTS, seed=0)
+            .batch(BATCH)
+            .prefetch(AUTOTUNE),
+            {},
+        ),
+    ]
+
+
+# Timing.
+
+
+class StepTimes(keras.callbacks.Callback):
+    """Wall time of every training step, per epoch (the fetch is inside the step)."""
+
+    def on_train_begin(self, logs=None):
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append([])
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._began = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.epochs[-1].append(time.perf_counter() - self._began)
+
+
+def steady_step_ms(build) -> float:
+    """Median step of the second epoch of a plain fit, GC off."""
+    times = StepTimes()
+    gc.collect()
+    gc.disable()
+    try:
+        model().fit(build(), epochs=2, callbacks=[times], verbose=0, shuffle=False)
+    finally:
+        gc.enable()
+    return statistics.median(times.epochs[-1]) * 1e3
+
+
+def advised(case, log_dir):
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(3, 15))
+    model().fit(case.build(), epochs=2, callbacks=[tuner], verbose=0, shuffle=False)
+    return tuner.report
+
+
+def describe_top(report):
+    top = report.recommendations[0] if report.recommendations else None
+    if top is None:
+        return None, "none", None
+    gain = top.expected_gain
+    return top, f"{top.id} at {top.stage}", gain
+
+
+def run_case(case, rounds, log_dir) -> dict:
+    report = advised(case, log_dir)
+    top, top_text, gain = describe_top(report)
+    # Every fix advised, also those folded into another on the same stage.
+    advised_ids = [i for r in report.recommendations for i in [r.id, *r.also]]
+    fixes = {key: build for key, build in case.fixes.items() if key in advised_ids}
+    # Alternated: the original, then each advised fix, round after round.
+    times = {"original": [], **{key: [] for key in fixes}}
+    steady_step_ms(case.build)  # warm-up (tracing, first file reads)
+    for _ in range(rounds):
+        times["original"].append(steady_step_ms(case.build))
+        for key, build in fixes.items():
+            times[key].append(steady_step_ms(build))
+    original = statistics.median(times["original"])
+    measured = {key: original / statistics.median(values) for key, values in times.items()}
+    measured.pop("original")
+    line = {
+        "case": case.name,
+        "verdict": f"{report.verdict.value} ({(report.input_fraction or 0) * 100:.0f} % input)",
+        "bottleneck": report.profile.bottleneck if report.profile is not None else None,
+        "top": top_text,
+        "advised": advised_ids,
+        "original_ms": original,
+        "measured": measured,
+        "predicted": gain.speedup if gain is not None else None,
+        "basis": gain.basis if gain is not None else None,
+        "top_id": top.id if top is not None else None,
+    }
+    return line
+
+
+def judge(line) -> str:
+    measured = line["measured"]
+    if line["top_id"] == "input-not-bottleneck":
+        return "ok: no speed advice for a job that is not input-bound"
+    if not measured:
+        return "NOT CHECKED: no fix written here for the advice"
+    top = measured.get(line["top_id"])
+    if top is None:
+        return f"NOT CHECKED: no fix written here for {line['top_id']}"
+    best = max(measured, key=measured.get)
+    verdicts = []
+    verdicts.append(
+        "top is the fastest advised fix" if best == line["top_id"] or measured[best] <= top * 1.05
+        else f"TOP IS NOT THE FASTEST ({best} {measured[best]:.2f}x)"
+    )
+    predicted = line["predicted"]
+    if predicted is None:
+        verdicts.append("no predicted figure")
+    elif line["basis"] == "bound":
+        verdicts.append(
+            "bound respected" if top <= predicted * BOUND_MARGIN else "BOUND EXCEEDED"
+        )
+    else:
+        ratio = predicted / top
+        verdicts.append(
+            f"within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE"
+        )
+    return "; ".join(verdicts)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", default=None, help="run the cases whose name holds this")
+    args = parser.parse_args()
+    print(
+        f"compute {COMPUTE_S * 1e3:.0f} ms/step, batches of {BATCH}, {BATCHES} steps/epoch, "
+        f"input stages {ELEMENT_S * 1e3:.0f} ms/element; steady state = median step of "
+        f"epoch 2; {args.rounds} alternated rounds; GC off"
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        for index, case in enumerate(cases(directory)):
+            if args.only and args.only not in case.name:
+                continue
+            line = run_case(case, args.rounds, os.path.join(directory, f"run{index}"))
+            top = line["measured"].get(line["top_id"])
+            predicted = (
+                f"{line['predicted']:.2f}x ({line['basis']})"
+                if line["predicted"] is not None
+                else "n/a"
+            )
+            ratio = f"{line['predicted'] / top:.2f}" if top and line["predicted"] else "n/a"
+            print(f"\n{case.name} [{case.cause}]")
+            print(f"  verdict: {line['verdict']}; profiled bottleneck: {line['bottleneck']}")
+            print(f"  advised: {', '.join(line['advised'])}")
+            print(f"  top: {line['top']}; predicted {predicted}")
+            print(
+                f"  measured steady-state gains (original {line['original_ms']:.1f} ms/step): "
+                + (
+                    ", ".join(f"{key} {gain:.2f}x" for key, gain in line["measured"].items())
+                    or "none applied"
+                )
+            )
+            print(f"  predicted / measured (top): {ratio}; {judge(line)}")
+
+
+if __name__ == "__main__":
+    main()
