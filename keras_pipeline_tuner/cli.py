@@ -109,40 +109,6 @@ def _load_report(path: str):
     """The `Report` in a log dir or a report file, local or on a TensorFlow file system."""
     from keras_pipeline_tuner._util import files
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
-
-    path = os.path.join(log_dir, REPORT_FILENAME)
-    if os.path.isfile(path):
-        return _print_report(path)
-    runs = _runs_below(log_dir, REPORT_FILENAME)
-    if not runs:
-        sys.stderr.write(
-            f"keras-pipeline-tuner: no report in {log_dir!r} or the folders below it "
-            f"(expected {REPORT_FILENAME}). Pass the log_dir given to "
-            "PipelineTuner(log_dir=...) after a fit has ended.\n"
-        )
-        return 2
-    # A folder of runs (e.g. the demo's naive/ and tuned/): each one in turn.
-    status = 0
-    for run in runs:
-        sys.stdout.write(f"\n== {os.path.relpath(os.path.dirname(run), log_dir)} ==\n")
-        sys.stdout.flush()
-        status = max(status, _print_report(run))
-    return status
-
-
-def _runs_below(log_dir: str, filename: str, depth: int = 3) -> List[str]:
-    found = []
-    for root, folders, files in os.walk(log_dir):
-        if os.path.relpath(root, log_dir).count(os.sep) >= depth:
-            folders[:] = []
-        # A profile capture holds no report; skip its large folders.
-        folders[:] = sorted(name for name in folders if name != "plugins")
-        if filename in files and root != log_dir:
-            found.append(os.path.join(root, filename))
-    return sorted(found)
-
-
-def _print_report(path: str) -> int:
     from keras_pipeline_tuner.outputs.report import Report
 
     try:
@@ -170,17 +136,49 @@ def _failed(error: Exception) -> int:
 
 
 def _report(log_dir: str) -> int:
+    from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+
+    if not os.path.isdir(log_dir) or os.path.isfile(os.path.join(log_dir, REPORT_FILENAME)):
+        return _print_report(log_dir)
+    runs = _runs_below(log_dir, REPORT_FILENAME)
+    if not runs:
+        return _failed(
+            f"no report in {log_dir!r} or the folders below it (expected {REPORT_FILENAME}). "
+            "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
+        )
+    # A folder of runs (e.g. the demo's naive/ and tuned/): each one in turn.
+    status = 0
+    for run in runs:
+        sys.stdout.write(f"\n== {os.path.relpath(os.path.dirname(run), log_dir)} ==\n")
+        sys.stdout.flush()
+        status = max(status, _print_report(run))
+    return status
+
+
+def _runs_below(log_dir: str, filename: str, depth: int = 3) -> List[str]:
+    found = []
+    for root, folders, names in os.walk(log_dir):
+        if os.path.relpath(root, log_dir).count(os.sep) >= depth:
+            folders[:] = []
+        # A profile capture holds no report; skip its large folders.
+        folders[:] = sorted(name for name in folders if name != "plugins")
+        if filename in names and root != log_dir:
+            found.append(os.path.join(root, filename))
+    return sorted(found)
+
+
+def _print_report(path: str) -> int:
     from keras_pipeline_tuner.outputs.terminal import print_summary
 
     try:
-        report = _load_report(log_dir)
+        report = _load_report(path)
     except _NoReport as error:
         return _failed(error)
     print_summary(report, details=True)
     if not report.train.steps:
         # A run that measured nothing must not pass for a good one in a script.
         sys.stderr.write(
-            f"keras-pipeline-tuner: the report in {log_dir!r} holds no measured training "
+            f"keras-pipeline-tuner: the report in {path!r} holds no measured training "
             "step, so it has no verdict: the fit ended (or failed) before its first "
             "timed step. See the notes above.\n"
         )
