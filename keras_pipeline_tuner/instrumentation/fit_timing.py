@@ -90,6 +90,13 @@ class FitTiming:
         end = time.time()
         self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
 
+    def logs_ready(self, kind: str, logs) -> None:
+        """Called from the batch-end hook on JAX and torch, maybe off the training thread.
+
+        Keras has converted the call's logs to Python numbers by then, so
+        the step has ended.
+        """
+
     def end(self, kind: str) -> None:
         """Puts Keras' own functions for `kind` back."""
 

@@ -462,7 +462,59 @@ def recovery():
     }
 
 
+LOAD_DELAY_S = 0.01
+
+
+def load(x, y):
+    """The user's slow loader: a py_function that sleeps `LOAD_DELAY_S` per element."""
+    import tensorflow as tf
+
+    def slow_identity(value):
+        time.sleep(LOAD_DELAY_S)
+        return value
+
+    x = tf.py_function(slow_identity, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def profile():
+    """A slow `map(load)` tf.data pipeline, with the profiler window on "auto" and on steps.
+
+    40 ms of loading a batch against a step of about a millisecond: highly
+    input-bound, with `map(load)` the stage that holds the time.
+    """
+    import tensorflow as tf
+
+    x, y = arrays(40, batch=4)
+    results = {}
+    for name, profile_arg in (("auto", "auto"), ("steps", (2, 12))):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(load).batch(4)
+        tuner = kpt.PipelineTuner(verbose=0, profile=profile_arg)
+        tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+        report = tuner.report
+        evidence = report.profile
+        results[name] = {
+            **summary(tuner),
+            "profile": None if evidence is None else {
+                "trigger": evidence.trigger,
+                "steps": len(evidence.steps),
+                "input_fraction": evidence.input_fraction,
+                "bottleneck": evidence.bottleneck,
+                "stages": [it.stage for it in evidence.iterators],
+                "xplane": os.path.isfile(evidence.xplane_path),
+            },
+            "top": None if not report.recommendations else {
+                "id": report.recommendations[0].id,
+                "title": report.recommendations[0].title,
+                "evidence": str(report.recommendations[0].evidence),
+            },
+        }
+    return results
+
+
 SCENARIOS = {
+    "profile": profile,
     "recovery": recovery,
     "custom_loop": custom_loop,
     "outputs": outputs,
