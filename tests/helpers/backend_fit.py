@@ -242,15 +242,43 @@ class _ThreadProbe(keras.callbacks.Callback):
         self.threads.add(threading.get_ident())
 
 
+class _TunerThreads(keras.callbacks.Callback):
+    """Names the tuner's own threads alive while steps run."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.names.update(
+            thread.name for thread in threading.enumerate()
+            if thread.name.startswith("keras-pipeline-tuner")
+        )
+
+
 def dispatch():
-    """Whether Keras still runs batch-end hooks off the training thread with the tuner."""
+    """Whether Keras still runs batch-end hooks off the training thread with the tuner.
+
+    Also which threads of its own the tuner runs during fit, with one step and
+    with four steps per call, and the rows it measured.
+    """
     probe = _ThreadProbe()
     x, y = arrays(4)
     tiny_model().fit(
         x, y, batch_size=BATCH, epochs=1, callbacks=[kpt.PipelineTuner(verbose=0), probe],
         verbose=0,
     )
-    return {"off_training_thread": threading.get_ident() not in probe.threads}
+    threads = {}
+    x, y = arrays(12)
+    for steps in (1, 4):
+        tuner, names = kpt.PipelineTuner(verbose=0), _TunerThreads()
+        tiny_model(steps_per_execution=steps).fit(
+            x, y, batch_size=BATCH, epochs=1, callbacks=[tuner, names], verbose=0
+        )
+        threads[steps] = {"names": sorted(names.names), "rows": tuner.report.train.steps}
+    return {"off_training_thread": threading.get_ident() not in probe.threads, "threads": threads}
 
 
 def advice():

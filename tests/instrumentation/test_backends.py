@@ -126,6 +126,18 @@ def test_keras_still_dispatches_batch_end_hooks_asynchronously(measured):
     assert measured["dispatch"]["off_training_thread"]
 
 
+def test_jax_steps_end_without_a_thread_of_the_tuners_own(measured):
+    if measured["backend"] != "jax":
+        pytest.skip("the step-end stamps of JAX's asynchronous dispatch")
+    threads = measured["dispatch"]["threads"]
+    # One step per call: Keras already waits for each call's logs before its
+    # batch-end hooks, where the end is stamped; no thread wakes per step.
+    assert threads["1"] == {"names": [], "rows": 11}, threads
+    # Several steps per call: Keras sees the last step's logs only, so a
+    # thread of the tuner's waits for each step's outputs.
+    assert threads["4"] == {"names": ["keras-pipeline-tuner-jax-steps"], "rows": 11}, threads
+
+
 @pytest.mark.parametrize(
     "loader, finding, backends",
     [
