@@ -37,7 +37,6 @@ batch fetch and the step's dispatch, on the training thread.
 """
 
 import collections
-import contextlib
 import dataclasses
 import logging
 import math
@@ -213,6 +212,9 @@ class JaxFitTiming:
             consecutive train or test function calls whose steps have all ended.
         on_error: called with the exception when the user's step raises.
         on_fallback: called with a reason when the steps cannot be split.
+        first_batch_end_hook: whether `logs_ready` is called before any other
+            callback's batch-end hook. If not, another callback's work would
+            delay the stamps, so a thread of the tuner's own stamps each step.
 
     Attributes:
         fetch_s: per kind, total seconds spent inside `next()`.
@@ -236,8 +238,10 @@ class JaxFitTiming:
         on_rows: Callable[[str, np.ndarray, float, float], None],
         on_error: Callable[[Optional[BaseException]], None],
         on_fallback: Callable[[str], None],
+        first_batch_end_hook: bool = True,
     ):
         self._jax = backend_module("jax")
+        self._first_batch_end_hook = first_batch_end_hook
         # Weakly: nothing the tuner keeps may keep a model alive after its fit.
         self._model = weakref.ref(model)
         self._on_rows = on_rows
@@ -296,7 +300,7 @@ class JaxFitTiming:
         self._timed[kind] = timed
         if kind == TRAIN:
             self._dataset = _fit_dataset(model)
-        self._hooked = _steps_per_execution(model) == 1
+        self._hooked = self._first_batch_end_hook and _steps_per_execution(model) == 1
         if not self._hooked:
             self._start_waiter()
         setattr(model, attribute, timed)

@@ -530,7 +530,25 @@ class PipelineTuner(keras.callbacks.Callback):
     # The fit's timing source.
 
     def _new_timing(self, model) -> FitTiming:
-        return fit_timing_for(model, self._on_rows, self._on_step_error, self._run.fall_back)
+        return fit_timing_for(
+            model,
+            self._on_rows,
+            self._on_step_error,
+            self._run.fall_back,
+            first_batch_end_hook=self._first_batch_end_hook(),
+        )
+
+    def _first_batch_end_hook(self) -> bool:
+        # Whether Keras calls this callback's batch-end hooks before any other
+        # callback's: then they run as soon as Keras has the step's logs.
+        base = keras.callbacks.Callback
+        for callback in current_fit_callbacks():
+            if callback is self:
+                return True
+            for name in ("on_batch_end", "on_train_batch_end", "on_test_batch_end"):
+                if getattr(type(callback), name, None) is not getattr(base, name):
+                    return False
+        return True
 
     def _on_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
         run = self._run

@@ -272,13 +272,17 @@ def dispatch():
     )
     threads = {}
     x, y = arrays(12)
-    # Keras' torch backend requires steps_per_execution=1.
-    for steps in (1,) if keras.backend.backend() == "torch" else (1, 4):
+    cases = {"1": (1, False), "1 after another batch-end hook": (1, True), "4": (4, False)}
+    if keras.backend.backend() == "torch":
+        # Keras' torch backend requires steps_per_execution=1.
+        del cases["4"]
+    for name, (steps, behind) in cases.items():
         tuner, names = kpt.PipelineTuner(verbose=0), _TunerThreads()
+        callbacks = [_ThreadProbe(), tuner, names] if behind else [tuner, names]
         tiny_model(steps_per_execution=steps).fit(
-            x, y, batch_size=BATCH, epochs=1, callbacks=[tuner, names], verbose=0
+            x, y, batch_size=BATCH, epochs=1, callbacks=callbacks, verbose=0
         )
-        threads[steps] = {"names": sorted(names.names), "rows": tuner.report.train.steps}
+        threads[name] = {"names": sorted(names.names), "rows": tuner.report.train.steps}
     return {"off_training_thread": threading.get_ident() not in probe.threads, "threads": threads}
 
 
