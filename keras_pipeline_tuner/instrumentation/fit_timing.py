@@ -90,6 +90,13 @@ class FitTiming:
         end = time.time()
         self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
 
+    def logs_ready(self, kind: str, logs) -> None:
+        """Called from the batch-end hook on JAX and torch, maybe off the training thread.
+
+        Keras has converted the call's logs to Python numbers by then, so
+        the step has ended.
+        """
+
     def end(self, kind: str) -> None:
         """Puts Keras' own functions for `kind` back."""
 
@@ -197,12 +204,20 @@ class TensorFlowFitTiming(FitTiming):
         self._on_error(error)
 
 
-def fit_timing_for(model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback) -> FitTiming:
+def fit_timing_for(
+    model,
+    on_rows: OnRows,
+    on_error: OnError,
+    on_fallback: OnFallback,
+    first_batch_end_hook: bool = True,
+) -> FitTiming:
     """The timing source for `model`'s backend.
 
     Args:
         model: the `keras.Model` being fit.
         on_rows, on_error, on_fallback: as for `FitTiming`.
+        first_batch_end_hook: whether the caller's batch-end hooks run before
+            any other callback's (JAX stamps step ends there only then).
 
     Returns:
         A timing source for the active Keras backend: `TensorFlowFitTiming`,
@@ -217,7 +232,9 @@ def fit_timing_for(model, on_rows: OnRows, on_error: OnError, on_fallback: OnFal
         # Imported here: jax is imported only for a fit on its backend.
         from keras_pipeline_tuner.instrumentation.jax_fit_timing import JaxFitTiming
 
-        return JaxFitTiming(model, on_rows, on_error, on_fallback)
+        return JaxFitTiming(
+            model, on_rows, on_error, on_fallback, first_batch_end_hook=first_batch_end_hook
+        )
     if backend == "torch":
         from keras_pipeline_tuner.instrumentation.torch_fit_timing import TorchFitTiming
 

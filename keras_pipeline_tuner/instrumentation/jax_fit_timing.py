@@ -7,9 +7,16 @@ step is done (asynchronous dispatch, even on CPU), so:
 
 - each batch fetch is timed around `next()`, by handing Keras' function an
   iterator that stamps it; that is the "fetch time", reported apart;
-- each step ends when its outputs (the logs) are ready, stamped by a background
-  thread with `jax.block_until_ready` (never on the state, which JAX donates to
-  the next step), so the training thread never waits for the device;
+- each step ends when its outputs (the logs) are ready, never waited for on
+  the training thread (nor on the state, which JAX donates to the next step).
+  With one step per call, Keras itself already waits for each call's logs
+  before its batch-end hooks (`pythonify_logs`, on its callback thread), so
+  the end is stamped in the tuner's batch-end hook (`logs_ready`): no thread
+  of the tuner's own wakes per step, which on steps of a fraction of a
+  millisecond cost more than a tenth of the step. With several steps per call,
+  whose logs Keras sees only for the last, a background thread stamps each
+  step with `jax.block_until_ready` on that step's outputs; it takes them
+  straight from a deque while busy and is woken only when it has run out;
 - the input wait is the device's idle time waiting for the batch
   (`timing.device_stall`), not the time inside `next()`, much of which overlaps
   the previous step.
@@ -19,13 +26,20 @@ builds the timed function (`make_train_function(force=True)`) around a step that
 hands its outputs to the background thread: same jitted step, same shardings,
 same weights. It is built once per model and kind and reused by later fits, so
 a second fit compiles nothing extra; Keras' own function is put back at the end.
+
+Rows are handed to the run in batches of calls (`DELIVER_EVERY`, and whenever
+the run asks for them): recording them is NumPy work that would otherwise cost
+every step some tens of microseconds on the training thread.
+
+When fit is given a tf.data dataset, the TF Profiler window can mark each
+training call (`trace_step`): the marker spans the whole call, that is the
+batch fetch and the step's dispatch, on the training thread.
 """
 
 import collections
 import dataclasses
 import logging
 import math
-import queue
 import threading
 import time
 import weakref
@@ -34,6 +48,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from keras_pipeline_tuner._util.backend_import import backend_module
+from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.timing.device_stall import stall_row
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
@@ -46,6 +61,8 @@ _MAKE = {TRAIN: "make_train_function", VALIDATION: "make_test_function"}
 _CACHE_ATTRIBUTE = "_pipeline_tuner_jax_functions"
 # The longest the end of a fit waits for the last step's outputs to be stamped.
 _FLUSH_TIMEOUT_S = 300.0
+# Calls whose rows are handed to the run at once, between flushes.
+DELIVER_EVERY = 32
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -85,6 +102,8 @@ class _Call:
     returned: bool = False
     dispatched: int = 0
     fetch: tuple = (math.nan, math.nan)
+    # Its step's end comes from Keras' batch-end hook (one step per call).
+    hooked: bool = False
     # (start, ready, end) rows in step order, or None for a step whose outputs
     # could not be waited for; appended by the background thread.
     rows: List[Optional[tuple]] = dataclasses.field(default_factory=list)
@@ -125,6 +144,9 @@ class _TimedJaxFunction:
         self.kind = kind
         # The `JaxFitTiming` of the running fit; None between fits.
         self.timing: Optional["JaxFitTiming"] = None
+        # Set by the profiler window while it is open: called with the fit's
+        # tf.data dataset, returns a step marker to enter around the call.
+        self.trace_step: Optional[Callable[[object], object]] = None
         self._model = weakref.ref(model)
         self.function = self._build(model, kind)
 
@@ -165,7 +187,7 @@ class _TimedJaxFunction:
             if model is not None and getattr(model, _ATTRIBUTE[self.kind], None) is self:
                 setattr(model, _ATTRIBUTE[self.kind], self.original)
             return self.original(state, iterator)
-        return timing.run(self.kind, self.function, state, iterator)
+        return timing.run(self.kind, self.function, state, iterator, self.trace_step)
 
 
 class _FunctionCache:
@@ -186,10 +208,13 @@ class JaxFitTiming:
     Args:
         model: the compiled `keras.Model`.
         on_rows: called with (kind, rows of (start, ready, end) seconds, wall
-            time of the call in seconds, when the call began) once per train or
-            test function call whose steps have all ended.
+            time of the first call in seconds, when it began) for one or more
+            consecutive train or test function calls whose steps have all ended.
         on_error: called with the exception when the user's step raises.
         on_fallback: called with a reason when the steps cannot be split.
+        first_batch_end_hook: whether `logs_ready` is called before any other
+            callback's batch-end hook. If not, another callback's work would
+            delay the stamps, so a thread of the tuner's own stamps each step.
 
     Attributes:
         fetch_s: per kind, total seconds spent inside `next()`.
@@ -213,8 +238,10 @@ class JaxFitTiming:
         on_rows: Callable[[str, np.ndarray, float, float], None],
         on_error: Callable[[Optional[BaseException]], None],
         on_fallback: Callable[[str], None],
+        first_batch_end_hook: bool = True,
     ):
         self._jax = backend_module("jax")
+        self._first_batch_end_hook = first_batch_end_hook
         # Weakly: nothing the tuner keeps may keep a model alive after its fit.
         self._model = weakref.ref(model)
         self._on_rows = on_rows
@@ -223,10 +250,19 @@ class JaxFitTiming:
         self._timed: Dict[str, _TimedJaxFunction] = {}
         self._calls = collections.deque()
         self._current: Optional[_Call] = None
-        self._lock = threading.Lock()
-        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        # Dispatched steps (and control items) for the waiter thread; it is
+        # woken through `_wakeup` only when it has said it is idle.
+        self._pending = collections.deque()
+        self._wakeup = threading.Event()
+        self._idle = False
         self._thread: Optional[threading.Thread] = None
         self._previous_end: Optional[float] = None
+        # One step per call: ends stamped by the batch-end hooks, per kind.
+        self._hooked = False
+        self._hook_ends = {TRAIN: collections.deque(), VALIDATION: collections.deque()}
+        # The tf.data dataset fit was given, for the profiler's step markers.
+        self._dataset = None
+        self._marked_calls = 0
         self.fetch_s = {TRAIN: 0.0, VALIDATION: 0.0}
         self.fetches = {TRAIN: 0, VALIDATION: 0}
 
@@ -260,16 +296,39 @@ class JaxFitTiming:
         if timed is None or timed.original is not current:
             timed = cache.functions[kind] = _TimedJaxFunction(model, kind, current)
         timed.timing = self
+        timed.trace_step = None
         self._timed[kind] = timed
-        self._start_waiter()
+        if kind == TRAIN:
+            self._dataset = _fit_dataset(model)
+        self._hooked = self._first_batch_end_hook and _steps_per_execution(model) == 1
+        if not self._hooked:
+            self._start_waiter()
         setattr(model, attribute, timed)
 
     def before_step(self, kind: str) -> None:
-        """Hands over the rows of steps that have ended since the last call."""
-        self._deliver()
+        """Hands over the rows of steps that have ended, a batch of calls at a time."""
+        if len(self._calls) >= DELIVER_EVERY:
+            self._deliver()
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on JAX."""
+
+    def logs_ready(self, kind: str, logs) -> None:
+        """Stamps the end of the call whose batch-end hook this is.
+
+        Keras has waited for the call's logs before calling the hook (on its
+        callback thread, or on the training thread when a callback is not
+        `async_safe`), so the step has ended. Hooks of consecutive calls may
+        run on different threads; the stamps are given to the calls in the
+        order they come, each no earlier than its call's end.
+
+        Args:
+            kind: "train" or "validation".
+            logs: the logs Keras passed to the hook; without any, Keras waited
+                for nothing and the step's end is not known.
+        """
+        if self._hooked:
+            self._hook_ends[kind].append(time.time() if logs else None)
 
     def end(self, kind: str) -> None:
         """Waits for the last steps' outputs, hands over their rows, restores Keras'."""
@@ -290,8 +349,14 @@ class JaxFitTiming:
         self._deliver()
 
     def step_marker_target(self, kind: str):
-        """None: the TF Profiler window is not opened on this backend."""
-        return None
+        """The timed train function, when fit was given a tf.data dataset.
+
+        The TF Profiler sees tf.data only: with other inputs a window would
+        find no input stages, so none is opened.
+        """
+        if kind != TRAIN or self._dataset is None:
+            return None
+        return self._timed.get(TRAIN)
 
     # Also used by the run after a failure.
 
@@ -301,6 +366,7 @@ class JaxFitTiming:
         if timed is None:
             return
         timed.timing = None
+        timed.trace_step = None
         model = self.model
         if model is not None and getattr(model, _ATTRIBUTE[kind], None) is timed:
             setattr(model, _ATTRIBUTE[kind], timed.original)
@@ -318,11 +384,18 @@ class JaxFitTiming:
                     "step: only the time the device sat idle waiting for the batch is "
                     "counted as input wait."
                 )
+        if self._marked_calls:
+            notes.append(
+                "JAX backend: the profiler window's step markers span each train function "
+                "call (the batch fetch and the step's dispatch, not the device's compute, "
+                "which runs asynchronously), so its input share is an upper bound; the "
+                "step clock's input wait is the measure."
+            )
         return notes
 
     # Called from the timed function, on the training thread.
 
-    def run(self, kind: str, function: Callable, state, iterator):
+    def run(self, kind: str, function: Callable, state, iterator, trace_step=None):
         """Runs one call of Keras' function with a stamping iterator.
 
         Args:
@@ -330,6 +403,7 @@ class JaxFitTiming:
             function: the timed function Keras built.
             state: the JAX state Keras passes.
             iterator: Keras' batch iterator.
+            trace_step: the profiler window's marker maker, or `None`.
 
         Returns:
             What Keras' function returns: `(logs, state)`.
@@ -339,7 +413,14 @@ class JaxFitTiming:
         self._calls.append(call)
         began = time.perf_counter()
         try:
-            return function(state, _StampedIterator(iterator, call, self._count_fetch))
+            marker = None
+            if trace_step is not None and self._dataset is not None:
+                marker = trace_step(self._dataset)
+            if marker is None:
+                return function(state, _StampedIterator(iterator, call, self._count_fetch))
+            self._marked_calls += 1
+            with marker:
+                return function(state, _StampedIterator(iterator, call, self._count_fetch))
         except StopIteration:
             raise
         except BaseException as error:
@@ -356,13 +437,21 @@ class JaxFitTiming:
         if call is None:
             return
         call.dispatched += 1
-        self._queue.put((call, call.fetch, outputs))
+        if self._hooked:
+            call.hooked = True
+            return
+        self._hand_over((call, call.fetch, outputs))
 
     def _count_fetch(self, kind: str, seconds: float) -> None:
         self.fetch_s[kind] += seconds
         self.fetches[kind] += 1
 
     # The background thread that stamps the end of each step.
+
+    def _hand_over(self, item) -> None:
+        self._pending.append(item)
+        if self._idle:
+            self._wakeup.set()
 
     def _start_waiter(self) -> None:
         if self._thread is None:
@@ -373,12 +462,25 @@ class JaxFitTiming:
 
     def _stop_waiter(self) -> None:
         if self._thread is not None:
-            self._queue.put(None)
+            self._hand_over(None)
             self._thread = None
+
+    def _next_item(self):
+        # Without waking anyone while steps queue up; when none is left, says
+        # so before looking once more, so a step handed over meanwhile is seen
+        # either here or through the wake-up.
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            self._idle = True
+            if not self._pending:
+                self._wakeup.wait()
+            self._wakeup.clear()
+            self._idle = False
 
     def _wait_for_steps(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._next_item()
             if item is None:
                 return
             if isinstance(item, threading.Event):
@@ -392,17 +494,17 @@ class JaxFitTiming:
             except Exception:  # noqa: BLE001 - the step's error reaches the user in fit.
                 row = None
             else:
-                row = stall_row(start, ready, end, self._previous_end)
-                self._previous_end = end
+                row = self._stall_row((start, ready), end)
             del outputs
-            with self._lock:
-                call.rows.append(row)
+            # Appending to a list holds the GIL: the training thread sees the
+            # row whole, and counts rows before reading them.
+            call.rows.append(row)
 
     def _flush(self) -> None:
         if self._thread is None:
             return
         done = threading.Event()
-        self._queue.put(done)
+        self._hand_over(done)
         if not done.wait(_FLUSH_TIMEOUT_S):
             logger.warning(
                 "keras-pipeline-tuner: the last JAX steps did not end within %.0f s; "
@@ -411,13 +513,53 @@ class JaxFitTiming:
             )
 
     def _deliver(self) -> None:
+        # Consecutive complete calls of one kind go to the run as one batch:
+        # the first call's wall time and start travel with it (the run keeps a
+        # kind's first call apart by its first row).
+        batch_kind, batch_rows, first = None, [], None
         while self._calls:
             call = self._calls[0]
-            with self._lock:
-                complete = call.returned and len(call.rows) >= call.dispatched
-                rows = [row for row in call.rows if row is not None]
-            if not complete:
-                return
+            if call.hooked and call.returned and not call.rows:
+                ends = self._hook_ends[call.kind]
+                if not ends:
+                    break
+                end = ends.popleft()
+                call.rows.append(None if end is None else self._stall_row(call.fetch, end))
+            count = len(call.rows)
+            if not (call.returned and count >= call.dispatched):
+                break
+            if batch_kind is not None and call.kind != batch_kind:
+                self._hand_rows(batch_kind, batch_rows, first)
+                batch_kind, batch_rows, first = None, [], None
             self._calls.popleft()
+            rows = [row for row in call.rows[:count] if row is not None]
             if rows:
-                self._on_rows(call.kind, np.array(rows, dtype=np.float64), call.wall_s, call.called_at)
+                if batch_kind is None:
+                    batch_kind, first = call.kind, call
+                batch_rows.extend(rows)
+        if batch_kind is not None:
+            self._hand_rows(batch_kind, batch_rows, first)
+
+    def _stall_row(self, fetch: tuple, end: float) -> tuple:
+        # Steps end in order, stamped by one thread at a time.
+        row = stall_row(fetch[0], fetch[1], end, self._previous_end)
+        self._previous_end = end
+        return row
+
+    def _hand_rows(self, kind: str, rows: list, first: _Call) -> None:
+        self._on_rows(kind, np.array(rows, dtype=np.float64), first.wall_s, first.called_at)
+
+
+def _fit_dataset(model):
+    """The tf.data dataset the running fit of `model` iterates, or `None`."""
+    found = fit_input.find_fit_input(model)
+    if found is None or found.kind != fit_input.TF_DATASET:
+        return None
+    return found.source
+
+
+def _steps_per_execution(model) -> int:
+    try:
+        return int(getattr(model, "steps_per_execution", 1) or 1)
+    except (TypeError, ValueError):
+        return 1

@@ -210,6 +210,9 @@ class TorchFitTiming:
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on torch."""
 
+    def logs_ready(self, kind: str, logs) -> None:
+        """Nothing: on the CPU the step has ended when its function returns."""
+
     def end(self, kind: str) -> None:
         """Restores Keras' own function and the adapter's loader for `kind`."""
         self.restore(kind)

@@ -214,7 +214,9 @@ class ProfilerWindow:
 
         Args:
             batch: the batch index Keras passes to `on_train_batch_begin`.
-            timed: the `TimedFunction` standing in for `train_function`, or
+            timed: the function standing in for `train_function` that takes a
+                `trace_step` (the `TimedFunction` on TensorFlow, the timed JAX
+                function when fit is given tf.data), or
                 `None` when only whole steps are measured (the step marker is
                 then entered here and exited in `after_step`).
             clock: the tuner's `StepClock`, for the "auto" decision.
@@ -442,9 +444,16 @@ class ProfilerWindow:
         if capture is None or not self._guard.enabled(FEATURE):
             return None
         with self._guard(FEATURE):
+            tf = tensorflow()
             if capture.dataset is None:
-                capture.dataset = getattr(iterator, "_dataset", None)
-            return tensorflow().profiler.experimental.Trace(
+                # A tf.data iterator (TensorFlow backend), or the dataset itself
+                # (JAX, where Keras iterates NumPy batches made from it).
+                capture.dataset = (
+                    iterator
+                    if isinstance(iterator, tf.data.Dataset)
+                    else getattr(iterator, "_dataset", None)
+                )
+            return tf.profiler.experimental.Trace(
                 profile_evidence.STEP_MARKER, step_num=self._steps_done, _r=1
             )
         return None

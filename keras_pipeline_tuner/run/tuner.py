@@ -149,6 +149,9 @@ class PipelineTuner(keras.callbacks.Callback):
         self._loop: Optional[LoopTimer] = None
         self._validating_epoch = 0
         self._in_fit = False
+        # On JAX: the first batch of the train call the profiler window last
+        # saw begin, until its steps are counted.
+        self._window_call: Optional[int] = None
         # On JAX and torch Keras may run batch-end hooks on a callback thread,
         # unless a callback that overrides them is not `async_safe`: then it
         # runs every callback on the training thread, which slows those fits.
@@ -177,19 +180,21 @@ class PipelineTuner(keras.callbacks.Callback):
                     getattr(model, "distribute_strategy", None)
                 )
         run.begin(identity)
-        if self.async_safe and self.profile != "off":
-            # The window is never opened on this backend (see on_train_batch_begin).
-            run.notes.append(
-                f"No profiler window: it is captured on the TensorFlow backend only, and "
-                f"this fit ran on {keras.backend.backend()!r}. The step clock, the "
-                "advice and all outputs work on every backend; the tf.data lint needs "
-                "TensorFlow installed."
-            )
         self._timing = None
+        self._window_call = None
         if self.guard.enabled(features.STEP_CLOCK) or run.multi_worker:
             with self.guard(features.STEP_CLOCK):
                 self._timing = self._new_timing(model)
                 self._timing.begin(TRAIN)
+        if self.async_safe and self.profile != "off" and self._async_marker() is None:
+            # The window is not opened on this fit (see on_train_batch_begin).
+            run.notes.append(
+                f"No profiler window: it is captured on the TensorFlow backend, and on "
+                f"JAX when fit is given a tf.data dataset (TensorFlow's profiler sees "
+                f"tf.data only); this fit ran on {keras.backend.backend()!r} without one. "
+                "The step clock, the advice and all outputs work on every backend; the "
+                "tf.data lint needs TensorFlow installed."
+            )
         # Once per fit, before the first step: never inside a timed step.
         run.inspect(lambda: fit_input.inspect_fit_input(model))
         keras_input = fit_input.keras_built_input(run.findings)
@@ -202,6 +207,7 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._run.clock.begin_epoch(epoch, TRAIN)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._end_window_call()
         with self.guard(features.STEP_CLOCK):
             if self._timing is not None:
                 # The epoch's last steps, before the epoch is closed.
@@ -216,6 +222,18 @@ class PipelineTuner(keras.callbacks.Callback):
             if timing is not None:
                 with self.guard(features.STEP_CLOCK):
                     timing.before_step(TRAIN)
+            marker = self._async_marker()
+            if marker is not None:
+                # The previous call ended before this one begins; its batch-end
+                # hook may run on Keras' callback thread, so it is counted here.
+                self._end_window_call(batch - 1)
+                if self._window.consults_clock:
+                    # Rows are handed over in batches: the check needs them all.
+                    self._flush_timing_rows()
+                self._window.before_step(
+                    batch, marker, self._run.clock, self._steps_left(batch)
+                )
+                self._window_call = batch
             if batch:
                 self._run.steps_ended(self._run.steps_per_execution)
             return
@@ -223,6 +241,29 @@ class PipelineTuner(keras.callbacks.Callback):
         self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
             timing.before_step(TRAIN)
+
+    def _async_marker(self):
+        # What the profiler window marks steps through on JAX and torch: the
+        # timing source's train function when it can be marked, else None
+        # (then no window: batch-end hooks may run off the training thread).
+        if self._timing is None or not self.guard.enabled(features.STEP_CLOCK):
+            return None
+        return self._timing.step_marker_target(TRAIN)
+
+    def _end_window_call(self, last_batch: Optional[int] = None) -> None:
+        # Counts the steps of the last call the window saw begin on an
+        # asynchronous backend (its batch-end hook is not used there).
+        first, self._window_call = self._window_call, None
+        if first is None:
+            return
+        if last_batch is None or last_batch < first:
+            # The epoch's last call: as many steps as one call runs, at most
+            # to the end of the epoch when Keras knows it.
+            last_batch = first + self._run.steps_per_execution - 1
+            steps = (self.params or {}).get("steps")
+            if isinstance(steps, int) and steps > 0:
+                last_batch = min(last_batch, steps - 1)
+        self._window.after_step(last_batch)
 
     def _steps_left(self, batch: int) -> Optional[int]:
         # Keras gives the epoch's length when it knows it.
@@ -234,6 +275,10 @@ class PipelineTuner(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.async_safe:
             # May run on Keras' callback thread: see `on_train_batch_begin`.
+            # Only a time stamp here (JAX: the call's end, its logs are ready).
+            timing = self._timing
+            if timing is not None:
+                timing.logs_ready(TRAIN, logs)
             return
         if self._timing is not None:
             self._timing.after_step(TRAIN)
@@ -241,6 +286,7 @@ class PipelineTuner(keras.callbacks.Callback):
         self._run.steps_ended(self._run.steps_per_execution)
 
     def on_test_begin(self, logs=None):
+        self._end_window_call()
         self._window.close(EPOCH_ENDED)
         if not self._in_fit:
             # evaluate() called on its own: a run of its own, ended in on_test_end.
@@ -262,6 +308,9 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_test_batch_end(self, batch, logs=None):
         if self.async_safe:
+            timing = self._timing
+            if timing is not None:
+                timing.logs_ready(VALIDATION, logs)
             return
         if self._timing is not None:
             self._timing.after_step(VALIDATION)
@@ -278,6 +327,7 @@ class PipelineTuner(keras.callbacks.Callback):
             self.set_model(None)
 
     def on_train_end(self, logs=None):
+        self._end_window_call()
         timing = self._timing
         self._end_timing()
         run = self._run
@@ -484,7 +534,25 @@ class PipelineTuner(keras.callbacks.Callback):
     # The fit's timing source.
 
     def _new_timing(self, model) -> FitTiming:
-        return fit_timing_for(model, self._on_rows, self._on_step_error, self._run.fall_back)
+        return fit_timing_for(
+            model,
+            self._on_rows,
+            self._on_step_error,
+            self._run.fall_back,
+            first_batch_end_hook=self._first_batch_end_hook(),
+        )
+
+    def _first_batch_end_hook(self) -> bool:
+        # Whether Keras calls this callback's batch-end hooks before any other
+        # callback's: then they run as soon as Keras has the step's logs.
+        base = keras.callbacks.Callback
+        for callback in current_fit_callbacks():
+            if callback is self:
+                return True
+            for name in ("on_batch_end", "on_train_batch_end", "on_test_batch_end"):
+                if getattr(type(callback), name, None) is not getattr(base, name):
+                    return False
+        return True
 
     def _on_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
         run = self._run

@@ -242,15 +242,48 @@ class _ThreadProbe(keras.callbacks.Callback):
         self.threads.add(threading.get_ident())
 
 
+class _TunerThreads(keras.callbacks.Callback):
+    """Names the tuner's own threads alive while steps run."""
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.names.update(
+            thread.name for thread in threading.enumerate()
+            if thread.name.startswith("keras-pipeline-tuner")
+        )
+
+
 def dispatch():
-    """Whether Keras still runs batch-end hooks off the training thread with the tuner."""
+    """Whether Keras still runs batch-end hooks off the training thread with the tuner.
+
+    Also which threads of its own the tuner runs during fit, with one step and
+    with four steps per call, and the rows it measured.
+    """
     probe = _ThreadProbe()
     x, y = arrays(4)
     tiny_model().fit(
         x, y, batch_size=BATCH, epochs=1, callbacks=[kpt.PipelineTuner(verbose=0), probe],
         verbose=0,
     )
-    return {"off_training_thread": threading.get_ident() not in probe.threads}
+    threads = {}
+    x, y = arrays(12)
+    cases = {"1": (1, False), "1 after another batch-end hook": (1, True), "4": (4, False)}
+    if keras.backend.backend() == "torch":
+        # Keras' torch backend requires steps_per_execution=1.
+        del cases["4"]
+    for name, (steps, behind) in cases.items():
+        tuner, names = kpt.PipelineTuner(verbose=0), _TunerThreads()
+        callbacks = [_ThreadProbe(), tuner, names] if behind else [tuner, names]
+        tiny_model(steps_per_execution=steps).fit(
+            x, y, batch_size=BATCH, epochs=1, callbacks=callbacks, verbose=0
+        )
+        threads[name] = {"names": sorted(names.names), "rows": tuner.report.train.steps}
+    return {"off_training_thread": threading.get_ident() not in probe.threads, "threads": threads}
 
 
 def advice():
@@ -462,7 +495,59 @@ def recovery():
     }
 
 
+LOAD_DELAY_S = 0.01
+
+
+def load(x, y):
+    """The user's slow loader: a py_function that sleeps `LOAD_DELAY_S` per element."""
+    import tensorflow as tf
+
+    def slow_identity(value):
+        time.sleep(LOAD_DELAY_S)
+        return value
+
+    x = tf.py_function(slow_identity, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def profile():
+    """A slow `map(load)` tf.data pipeline, with the profiler window on "auto" and on steps.
+
+    40 ms of loading a batch against a step of about a millisecond: highly
+    input-bound, with `map(load)` the stage that holds the time.
+    """
+    import tensorflow as tf
+
+    x, y = arrays(40, batch=4)
+    results = {}
+    for name, profile_arg in (("auto", "auto"), ("steps", (2, 12))):
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(load).batch(4)
+        tuner = kpt.PipelineTuner(verbose=0, profile=profile_arg)
+        tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+        report = tuner.report
+        evidence = report.profile
+        results[name] = {
+            **summary(tuner),
+            "profile": None if evidence is None else {
+                "trigger": evidence.trigger,
+                "steps": len(evidence.steps),
+                "input_fraction": evidence.input_fraction,
+                "bottleneck": evidence.bottleneck,
+                "stages": [it.stage for it in evidence.iterators],
+                "xplane": os.path.isfile(evidence.xplane_path),
+            },
+            "top": None if not report.recommendations else {
+                "id": report.recommendations[0].id,
+                "title": report.recommendations[0].title,
+                "evidence": str(report.recommendations[0].evidence),
+            },
+        }
+    return results
+
+
 SCENARIOS = {
+    "profile": profile,
     "recovery": recovery,
     "custom_loop": custom_loop,
     "outputs": outputs,

@@ -24,11 +24,12 @@ SCENARIOS = {
     ],
     "jax": [
         "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice",
-        "custom_loop", "recovery",
+        "custom_loop", "recovery", "profile",
     ],
     # torch: steps_per_execution must be 1 (Keras says so).
     "torch": [
-        "inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop", "recovery"
+        "inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop", "recovery",
+        "profile",
     ],
 }
 DELAY_MS = 80.0
@@ -125,6 +126,21 @@ def test_keras_still_dispatches_batch_end_hooks_asynchronously(measured):
     assert measured["dispatch"]["off_training_thread"]
 
 
+def test_jax_steps_end_without_a_thread_of_the_tuners_own(measured):
+    if measured["backend"] != "jax":
+        pytest.skip("the step-end stamps of JAX's asynchronous dispatch")
+    threads = measured["dispatch"]["threads"]
+    # One step per call: Keras already waits for each call's logs before its
+    # batch-end hooks, where the end is stamped; no thread wakes per step.
+    assert threads["1"] == {"names": [], "rows": 11}, threads
+    # Several steps per call: Keras sees the last step's logs only; or
+    # another callback's batch-end hook runs first and would delay the stamp:
+    # a thread of the tuner's waits for each step's outputs.
+    waiter = {"names": ["keras-pipeline-tuner-jax-steps"], "rows": 11}
+    assert threads["4"] == waiter, threads
+    assert threads["1 after another batch-end hook"] == waiter, threads
+
+
 @pytest.mark.parametrize(
     "loader, finding, backends",
     [
@@ -182,7 +198,10 @@ def test_outputs_need_no_tensorflow_on_jax_and_torch(without_tensorflow):
     check_outputs(outputs)
     assert not outputs["tensorflow_imported"]
     # The report says what needs TensorFlow.
-    assert any("TensorFlow backend only" in note for note in outputs["notes"])
+    assert any(
+        note.startswith("No profiler window") and "TensorFlow" in note
+        for note in outputs["notes"]
+    ), outputs["notes"]
 
 
 def test_custom_loop_step_is_timed_to_outputs_ready(measured):
@@ -219,3 +238,33 @@ def test_second_fit_compiles_nothing_extra(measured):
     assert recovery["first_fit_compiles"]["tuner"] > 0
     # ...and a second fit with the tuner compiles no more than a plain one.
     assert recovery["second_fit_compiles"]["tuner"] == recovery["second_fit_compiles"]["plain"]
+
+
+@pytest.mark.parametrize("window", ["auto", "steps"])
+def test_profiler_window_names_the_users_stage_on_jax(measured, window):
+    if measured["backend"] == "tensorflow":
+        pytest.skip("tested on TensorFlow in tests/profiling/test_profiler_window.py")
+    result = measured["profile"][window]
+    assert result["verdict"] == "highly input-bound", result
+    if measured["backend"] == "torch":
+        # Not opened on torch; the report says so.
+        assert result["profile"] is None
+        assert any(note.startswith("No profiler window") for note in result["notes"])
+        return
+    profile = result["profile"]
+    assert profile is not None, result["notes"]
+    trigger = {"auto": "auto: the step clock measured", "steps": "requested: profile=(2, 12)"}
+    assert profile["trigger"].startswith(trigger[window])
+    assert profile["xplane"]
+    # The analyzer found the marked steps and the stages as the user wrote them.
+    assert profile["steps"] >= 5, profile
+    assert "map(load)" in profile["stages"], profile
+    assert profile["bottleneck"] == "map(load)", profile
+    assert profile["input_fraction"] > 0.5, profile
+    # The top recommendation is about that stage, and rests on the profile too.
+    top = result["top"]
+    assert top["id"] == "sequential-map", top
+    assert "map(load)" in top["title"], top
+    assert "map(load) holds" in top["evidence"], top
+    # The markers span whole calls: the report says what the window's share is.
+    assert any("upper bound" in note for note in result["notes"]), result["notes"]
