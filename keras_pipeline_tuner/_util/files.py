@@ -56,7 +56,7 @@ def _gfile(path: str):
                 "TensorFlow's tf.io.gfile, and TensorFlow is not installed. Install "
                 "TensorFlow, or give a local log_dir."
             ) from error
-    if "tensorflow" in sys.modules:
+    if sys.modules.get("tensorflow") is not None:
         return tensorflow().io.gfile
     return None
 
@@ -64,7 +64,7 @@ def _gfile(path: str):
 @contextlib.contextmanager
 def _os_errors(path: str) -> Iterator[None]:
     # tf.io.gfile raises tf.errors.OpError; callers handle OSError, as for local files.
-    if "tensorflow" not in sys.modules:
+    if sys.modules.get("tensorflow") is None:
         yield
         return
     errors = sys.modules["tensorflow"].errors

@@ -76,6 +76,16 @@ class EventWriter:
         )
         self._add([value], step)
 
+    def tensor(self, tag: str, value, step: int, metadata) -> None:
+        """Writes a tensor summary (an array or a string) with a plugin's metadata."""
+        from tensorboard.compat.proto import summary_pb2
+        from tensorboard.util import tensor_util
+
+        proto = tensor_util.make_tensor_proto(
+            np.asarray(value) if not isinstance(value, str) else value.encode("utf-8")
+        )
+        self._add([summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=proto)], step)
+
     def flush(self) -> None:
         """Writes what is queued to disk."""
         self._writer.flush()

@@ -29,6 +29,7 @@ while drawing has cost under 2 % of the elapsed training time; the final one is
 always drawn.
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -308,9 +309,10 @@ class TensorBoardSink:
                 return 0
             means[:, 0] = np.floor(means[:, 0])
             rows = np.concatenate([points[:, None].astype(np.float64), means], axis=1)
-            with self._summaries():
+            events = self._events() if _without_tensorflow() else None
+            with self._summaries_if(events is None):
                 for block, block_rows in self._step_blocks.add(rows):
-                    dashboard.write_step_block(block, block_rows)
+                    dashboard.write_step_block(block, block_rows, events)
             return int(rows.shape[0])
         return 0
 
@@ -328,12 +330,13 @@ class TensorBoardSink:
             if (text, step) == self._last_dashboard:
                 return
             rows, title = self._profile(report)
-            with self._summaries():
-                dashboard.write_json(dashboard.REPORT_TAG, text, step)
+            events = self._events() if _without_tensorflow() else None
+            with self._summaries_if(events is None):
+                dashboard.write_json(dashboard.REPORT_TAG, text, step, events)
                 if rows:
                     stages = {"title": title, "rows": [dataclasses.asdict(row) for row in rows]}
                     dashboard.write_json(
-                        dashboard.PROFILE_STAGES_TAG, dashboard.json_text(stages), step
+                        dashboard.PROFILE_STAGES_TAG, dashboard.json_text(stages), step, events
                     )
             self._last_dashboard = (text, step)
     def write_report(self, report: Report, step: int) -> None:
@@ -419,6 +422,10 @@ class TensorBoardSink:
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.run_dir)
         return _Summaries(tf, self._writer)
+
+    def _summaries_if(self, wanted: bool):
+        # TensorFlow's writer as default only where TensorFlow writes.
+        return self._summaries() if wanted else contextlib.nullcontext()
 
     def _events(self):
         if self._event_writer is None:

@@ -144,13 +144,19 @@ class StepBlocks:
             yield int(block), self._rows
 
 
-def write_step_block(block: int, rows: np.ndarray) -> None:
+def write_step_block(block: int, rows: np.ndarray, events=None) -> None:
     """Writes one block of step rows to the default summary writer.
 
     Args:
         block: the block number.
         rows: float64 array of shape `(n, len(STEP_COLUMNS))`.
+        events: an `EventWriter` to write through instead, where TensorFlow is
+            not loaded (the JAX and torch backends).
     """
+    if events is not None:
+        rows = np.asarray(rows, dtype=np.float64)
+        events.tensor(steps_tag(block), rows, int(rows[-1, 0]), summary_metadata())
+        return
     tf = tensorflow()
     tf.summary.write(
         steps_tag(block),
@@ -160,14 +166,18 @@ def write_step_block(block: int, rows: np.ndarray) -> None:
     )
 
 
-def write_json(tag: str, text: str, step: int) -> None:
+def write_json(tag: str, text: str, step: int, events=None) -> None:
     """Writes JSON text (see `json_text`) as a string summary to the default writer.
 
     Args:
         tag: `REPORT_TAG`, `PROFILE_STAGES_TAG` or `TUNE_TAG`.
         text: the JSON text.
         step: the training step it belongs to.
+        events: an `EventWriter` to write through instead (no TensorFlow).
     """
+    if events is not None:
+        events.tensor(tag, text, step, summary_metadata())
+        return
     tf = tensorflow()
     tf.summary.write(tag, tf.constant(text), step=step, metadata=summary_metadata())
 
