@@ -61,8 +61,11 @@ print(findings)
 model = keras.Sequential(
     [
         keras.Input((SIZE, SIZE, 3)),
-        keras.layers.Conv2D(16, 3, strides=2, activation="relu"),
-        keras.layers.Conv2D(32, 3, strides=2, activation="relu"),
+        # A model that computes for tens of milliseconds a step: next to it, the
+        # cached pipeline's shuffling, batching and flipping are cheap.
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.Conv2D(64, 3, strides=2, activation="relu"),
+        keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.GlobalAveragePooling2D(),
         keras.layers.Dense(len(CLASSES), activation="softmax"),
     ]

@@ -263,7 +263,9 @@ def test_profiler_window_names_the_users_stage_on_jax(measured, window):
     assert profile["input_fraction"] > 0.5, profile
     # The top recommendation is about that stage, and rests on the profile too.
     top = result["top"]
-    assert top["id"] == "sequential-map", top
+    # The stage's fix: parallelise it, or (first, where its work is deterministic)
+    # cache it; one recommendation per stage, the other folded into its evidence.
+    assert top["id"] in ("sequential-map", "cache-missing"), top
     assert "map(load)" in top["title"], top
     assert "map(load) holds" in top["evidence"], top
     # The markers span whole calls: the report says what the window's share is.
