@@ -48,10 +48,11 @@ class DemoResult:
 
 
 def write_images(directory: str, count: int, seed: int = 0) -> str:
-    """Writes `count` JPEG files of circles and squares, labelled by folder.
+    """Writes `count` JPEG files of circles and squares, labelled by name.
 
     Args:
-        directory: where to write; `<directory>/<class>/<n>.jpg`.
+        directory: where to write; `<directory>/<n>-<class>.jpg`, so that the
+            files listed in order alternate between the classes.
         count: number of images.
         seed: random seed.
 
@@ -64,7 +65,7 @@ def write_images(directory: str, count: int, seed: int = 0) -> str:
     yy, xx = np.mgrid[:SOURCE_SIZE, :SOURCE_SIZE]
     for index in range(count):
         label = CLASSES[index % 2]
-        os.makedirs(os.path.join(directory, label), exist_ok=True)
+        os.makedirs(directory, exist_ok=True)
         image = rng.integers(0, 60, size=(SOURCE_SIZE, SOURCE_SIZE, 3), dtype=np.uint8)
         cy, cx = rng.integers(SOURCE_SIZE // 4, 3 * SOURCE_SIZE // 4, size=2)
         radius = rng.integers(SOURCE_SIZE // 8, SOURCE_SIZE // 4)
@@ -73,8 +74,10 @@ def write_images(directory: str, count: int, seed: int = 0) -> str:
         else:
             mask = (abs(yy - cy) < radius) & (abs(xx - cx) < radius)
         image[mask] = rng.integers(120, 256, size=3, dtype=np.uint8)
-        Image.fromarray(image).save(os.path.join(directory, label, f"{index}.jpg"), quality=90)
-    return os.path.join(directory, "*", "*.jpg")
+        Image.fromarray(image).save(
+            os.path.join(directory, f"{index:05d}-{label}.jpg"), quality=90
+        )
+    return os.path.join(directory, "*.jpg")
 
 
 def _load_with_pillow(path):
@@ -86,7 +89,7 @@ def _load_with_pillow(path):
     path = path.numpy().decode()
     image = Image.open(path).convert("RGB").filter(ImageFilter.GaussianBlur(1))
     image = image.resize((IMAGE_SIZE, IMAGE_SIZE))
-    label = CLASSES.index(os.path.basename(os.path.dirname(path)))
+    label = CLASSES.index(os.path.splitext(os.path.basename(path))[0].split("-")[-1])
     return np.asarray(image, np.float32) / 255.0, np.int32(label)
 
 
@@ -98,6 +101,10 @@ def load_image(path):
     image.set_shape((IMAGE_SIZE, IMAGE_SIZE, 3))
     label.set_shape(())
     return image, label
+
+
+# Examples the shuffle mixes: a few batches' worth.
+SHUFFLE_BUFFER = 32
 
 
 def random_flip(image, label):
@@ -119,10 +126,12 @@ def naive_pipeline(pattern: str, batch_size: int):
     """
     import tensorflow as tf
 
-    # Shuffled every epoch: listed in order, the files are all circles then all
-    # squares, and the model learns nothing.
-    files = tf.data.Dataset.list_files(pattern, shuffle=True, seed=0)
-    return files.map(load_image).map(random_flip).batch(batch_size)
+    # The guide's order: decode, shuffle the examples every epoch, augment,
+    # batch. Listed in order the files alternate between the classes, and the
+    # shuffle mixes them further.
+    files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    images = files.map(load_image).shuffle(SHUFFLE_BUFFER, seed=0)
+    return images.map(random_flip).batch(batch_size)
 
 
 def small_cnn():
