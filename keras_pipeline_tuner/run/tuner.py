@@ -650,18 +650,6 @@ def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwar
     return PipelineTuner(**tuner_kwargs).instrument(fn, kind=kind)
 
 
-def _refuse_a_second_tuner() -> None:
-    # Before anything is swapped: two tuners would time the same steps, and the
-    # second's timed function would take every step from the first.
-    tuners = [c for c in current_fit_callbacks() if isinstance(c, PipelineTuner)]
-    if len(tuners) > 1:
-        raise ValueError(
-            f"This fit has {len(tuners)} PipelineTuner callbacks; one fit takes one "
-            "tuner (each would time the same steps, and the second would hide them "
-            "from the first). Pass a single kpt.PipelineTuner in `callbacks`."
-        )
-
-
 def _checked_log_dir(log_dir) -> Optional[str]:
     if log_dir is None:
         return None
