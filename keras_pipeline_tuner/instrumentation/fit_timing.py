@@ -17,107 +17,18 @@ the device's idle wait under asynchronous dispatch) and torch
 sources of their own, imported only on their backend.
 """
 
-import time
-import weakref
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 
+from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
+from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.instrumentation.timing_source import OnError
+from keras_pipeline_tuner.instrumentation.timing_source import OnFallback
+from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing import timed_step_function
-
-# The model attribute Keras calls for each kind of step.
-ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
-
-OnRows = Callable[[str, np.ndarray, float, float], None]
-OnError = Callable[[Optional[BaseException]], None]
-OnFallback = Callable[[str], None]
-
-
-class FitTiming:
-    """Times one fit's steps with whole-step wall time (the fallback every backend has).
-
-    Used as is when the step cannot be split into input wait and compute; the
-    backend sources subclass it.
-
-    Args:
-        model: the `keras.Model` being fit.
-        on_rows: called with `(kind, rows, wall_s, called_at)` after each call of
-            Keras' function: `rows` is an (n, 3) array of (start, ready, end)
-            seconds, `ready` NaN when not observed; `wall_s` the call's wall
-            time; `called_at` when it began (`time.time()`).
-        on_error: called with the exception when the user's step raises (or
-            `None` when a call comes from a fit that no longer uses the tuner).
-        on_fallback: called with a sentence when only whole steps can be timed.
-
-    Example:
-
-    ```python
-    timing = fit_timing_for(model, on_rows, on_error, on_fallback)
-    timing.begin("train")       # on_train_begin
-    timing.before_step("train") # on_train_batch_begin
-    timing.after_step("train")  # on_train_batch_end
-    timing.end("train")         # on_train_end
-    ```
-    """
-
-    def __init__(self, model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback):
-        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
-        self._model = weakref.ref(model)
-        self._on_rows = on_rows
-        self._on_error = on_error
-        self._on_fallback = on_fallback
-        self._step_started: Dict[str, float] = {}
-
-    @property
-    def model(self):
-        """The model being fit, or `None` once it is gone."""
-        return self._model()
-
-    def begin(self, kind: str) -> None:
-        """Prepares to time the steps of `kind` ("train" or "validation")."""
-
-    def before_step(self, kind: str) -> None:
-        """Called just before Keras runs one call of its function for `kind`."""
-        self._step_started[kind] = time.time()
-
-    def after_step(self, kind: str) -> None:
-        """Called just after that call; hands its row to the run."""
-        start = self._step_started.pop(kind, None)
-        if start is None:
-            return
-        end = time.time()
-        self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
-
-    def logs_ready(self, kind: str, logs) -> None:
-        """Called from the batch-end hook on JAX and torch, maybe off the training thread.
-
-        Keras has converted the call's logs to Python numbers by then, so
-        the step has ended.
-        """
-
-    def end(self, kind: str) -> None:
-        """Puts Keras' own functions for `kind` back."""
-
-    def flush_rows(self, wait: bool = False) -> None:
-        """Hands the run the rows of steps that have ended, if any are kept back.
-
-        Args:
-            wait: first wait for the steps still running (at the end of an epoch).
-        """
-
-    def notes(self) -> List[str]:
-        """Sentences for the report about how this backend was measured."""
-        return []
-
-    def step_marker_target(self, kind: str):
-        """The object the profiler window marks steps through, or `None`.
-
-        A timed compiled function takes a `trace_step` callable; without one the
-        window marks whole calls from the callback hooks.
-        """
-        return None
 
 
 class TensorFlowFitTiming(FitTiming):
@@ -133,12 +44,7 @@ class TensorFlowFitTiming(FitTiming):
 
     def begin(self, kind: str) -> None:
         model = self.model
-        attribute = ATTRIBUTE[kind]
-        current = getattr(model, attribute, None)
-        if isinstance(current, timed_step_function.TimedFunction):
-            # Left behind by a fit that was interrupted outside a step.
-            current = current.original
-            setattr(model, attribute, current)
+        current = self.keras_function(kind, timed_step_function.TimedFunction)
         if current is None:
             return
         reason = timed_step_function.unsupported_reason(model)

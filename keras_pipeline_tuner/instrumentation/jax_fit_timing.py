@@ -47,6 +47,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
+from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.timing.device_stall import stall_row
@@ -55,7 +57,6 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-_ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
 _MAKE = {TRAIN: "make_train_function", VALIDATION: "make_test_function"}
 # Where the timed functions of a model are kept between fits.
 _CACHE_ATTRIBUTE = "_pipeline_tuner_jax_functions"
@@ -151,7 +152,7 @@ class _TimedJaxFunction:
         self.function = self._build(model, kind)
 
     def _build(self, model, kind: str) -> Callable:
-        attribute = _ATTRIBUTE[kind]
+        attribute = ATTRIBUTE[kind]
         keras_make = model._make_function  # pylint: disable=protected-access
 
         def timed_make(step_function, concatenate_outputs=False):
@@ -184,8 +185,8 @@ class _TimedJaxFunction:
             # Left on the model by a fit that ended without its end hook (an
             # exception between steps): put Keras' own back and run it.
             model = self._model()
-            if model is not None and getattr(model, _ATTRIBUTE[self.kind], None) is self:
-                setattr(model, _ATTRIBUTE[self.kind], self.original)
+            if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
+                setattr(model, ATTRIBUTE[self.kind], self.original)
             return self.original(state, iterator)
         return timing.run(self.kind, self.function, state, iterator, self.trace_step)
 
@@ -197,7 +198,7 @@ class _FunctionCache:
         self.functions: Dict[str, _TimedJaxFunction] = {}
 
 
-class JaxFitTiming:
+class JaxFitTiming(FitTiming):
     """Times `model.fit` / `evaluate` steps on the JAX backend.
 
     One object per fit. Batch-begin hooks run on the training thread; Keras may
@@ -242,11 +243,7 @@ class JaxFitTiming:
     ):
         self._jax = backend_module("jax")
         self._first_batch_end_hook = first_batch_end_hook
-        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
-        self._model = weakref.ref(model)
-        self._on_rows = on_rows
-        self._on_error = on_error
-        self._on_fallback = on_fallback
+        super().__init__(model, on_rows, on_error, on_fallback)
         self._timed: Dict[str, _TimedJaxFunction] = {}
         self._calls = collections.deque()
         self._current: Optional[_Call] = None
@@ -266,22 +263,12 @@ class JaxFitTiming:
         self.fetch_s = {TRAIN: 0.0, VALIDATION: 0.0}
         self.fetches = {TRAIN: 0, VALIDATION: 0}
 
-    @property
-    def model(self):
-        """The model being fit, or `None` once it is gone."""
-        return self._model()
-
     # The FitTiming interface (see `instrumentation.fit_timing`).
 
     def begin(self, kind: str) -> None:
         """Puts the timed function in place of Keras' own for `kind`."""
         model = self.model
-        attribute = _ATTRIBUTE[kind]
-        current = getattr(model, attribute, None)
-        if isinstance(current, _TimedJaxFunction):
-            # Left behind by a fit that was interrupted between steps.
-            current = current.original
-            setattr(model, attribute, current)
+        current = self.keras_function(kind, _TimedJaxFunction)
         if current is None:
             return
         reason = unsupported_reason(model)
@@ -303,7 +290,7 @@ class JaxFitTiming:
         self._hooked = self._first_batch_end_hook and _steps_per_execution(model) == 1
         if not self._hooked:
             self._start_waiter()
-        setattr(model, attribute, timed)
+        setattr(model, ATTRIBUTE[kind], timed)
 
     def before_step(self, kind: str) -> None:
         """Hands over the rows of steps that have ended, a batch of calls at a time."""
@@ -368,8 +355,8 @@ class JaxFitTiming:
         timed.timing = None
         timed.trace_step = None
         model = self.model
-        if model is not None and getattr(model, _ATTRIBUTE[kind], None) is timed:
-            setattr(model, _ATTRIBUTE[kind], timed.original)
+        if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
+            setattr(model, ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report: the fetch time, apart from the input wait."""

@@ -26,13 +26,14 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
+from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-_ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
 # The Keras method that runs each kind's loop, and holds its epoch iterator.
 _LOOP_METHOD = {TRAIN: "fit", VALIDATION: "evaluate"}
 # How far up the stack a callback hook may sit below `fit` / `evaluate`.
@@ -121,13 +122,13 @@ class _TimedTorchFunction:
         if timing is None:
             # Left on the model by a fit that ended without its end hook.
             model = self._model()
-            if model is not None and getattr(model, _ATTRIBUTE[self.kind], None) is self:
-                setattr(model, _ATTRIBUTE[self.kind], self.original)
+            if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
+                setattr(model, ATTRIBUTE[self.kind], self.original)
             return self.original(data)
         return timing.run(self.kind, self.original, data)
 
 
-class TorchFitTiming:
+class TorchFitTiming(FitTiming):
     """Times `model.fit` / `evaluate` steps on the torch backend.
 
     One object per fit. Keras may run batch-end hooks on its callback thread on
@@ -164,29 +165,16 @@ class TorchFitTiming:
         on_fallback: Callable[[str], None],
     ):
         self._torch = backend_module("torch")
-        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
-        self._model = weakref.ref(model)
-        self._on_rows = on_rows
-        self._on_error = on_error
-        self._on_fallback = on_fallback
+        super().__init__(model, on_rows, on_error, on_fallback)
         self._timed: Dict[str, _TimedTorchFunction] = {}
         self._adapters: Dict[str, Any] = {}
         self._fetch: Dict[str, tuple] = {}
         self.loader: Dict[str, Any] = {}
 
-    @property
-    def model(self):
-        """The model being fit, or `None` once it is gone."""
-        return self._model()
-
     def begin(self, kind: str) -> None:
         """Puts the timed function in place and wraps the running loop's loader."""
         model = self.model
-        attribute = _ATTRIBUTE[kind]
-        current = getattr(model, attribute, None)
-        if isinstance(current, _TimedTorchFunction):
-            current = current.original
-            setattr(model, attribute, current)
+        current = self.keras_function(kind, _TimedTorchFunction)
         if current is None:
             return
         if self._torch.cuda.is_available():
@@ -202,7 +190,7 @@ class TorchFitTiming:
         self._timed[kind] = timed
         self._fetch.pop(kind, None)
         self._wrap_loader(model, kind)
-        setattr(model, attribute, timed)
+        setattr(model, ATTRIBUTE[kind], timed)
 
     def before_step(self, kind: str) -> None:
         """Nothing: the fetch is stamped by the loader, the step by the function."""
@@ -234,8 +222,8 @@ class TorchFitTiming:
             return
         timed.timing = None
         model = self.model
-        if model is not None and getattr(model, _ATTRIBUTE[kind], None) is timed:
-            setattr(model, _ATTRIBUTE[kind], timed.original)
+        if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
+            setattr(model, ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report (none on torch: the fetch is the wait)."""

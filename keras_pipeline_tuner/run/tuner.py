@@ -16,7 +16,7 @@ from keras_pipeline_tuner.instrumentation.custom_loop import LoopHooks
 from keras_pipeline_tuner.instrumentation.custom_loop import LoopTimer
 from keras_pipeline_tuner.instrumentation.custom_loop import TimedIterator
 from keras_pipeline_tuner.instrumentation.custom_loop import checked_kind
-from keras_pipeline_tuner.instrumentation.fit_timing import FitTiming
+from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.fit_timing import fit_timing_for
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.window import EPOCH_ENDED

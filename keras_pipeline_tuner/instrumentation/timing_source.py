@@ -1,0 +1,131 @@
+"""The timing source interface for `model.fit`, and its whole-step fallback.
+
+A timing source times the steps of one fit and hands the run rows of
+`(start, ready, end)` timestamps (see `timing.step_clock`) through the narrow
+callables it is given; it knows nothing of reports or outputs. One source per
+Keras backend subclasses `FitTiming` (`fit_timing`, `jax_fit_timing`,
+`torch_fit_timing`).
+"""
+
+import time
+import weakref
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_clock import VALIDATION
+
+# The model attribute Keras calls for each kind of step.
+ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
+
+OnRows = Callable[[str, np.ndarray, float, float], None]
+OnError = Callable[[Optional[BaseException]], None]
+OnFallback = Callable[[str], None]
+
+
+class FitTiming:
+    """Times one fit's steps with whole-step wall time (the fallback every backend has).
+
+    Used as is when the step cannot be split into input wait and compute; the
+    backend sources subclass it.
+
+    Args:
+        model: the `keras.Model` being fit.
+        on_rows: called with `(kind, rows, wall_s, called_at)` after each call of
+            Keras' function: `rows` is an (n, 3) array of (start, ready, end)
+            seconds, `ready` NaN when not observed; `wall_s` the call's wall
+            time; `called_at` when it began (`time.time()`).
+        on_error: called with the exception when the user's step raises (or
+            `None` when a call comes from a fit that no longer uses the tuner).
+        on_fallback: called with a sentence when only whole steps can be timed.
+
+    Example:
+
+    ```python
+    timing = fit_timing_for(model, on_rows, on_error, on_fallback)
+    timing.begin("train")       # on_train_begin
+    timing.before_step("train") # on_train_batch_begin
+    timing.after_step("train")  # on_train_batch_end
+    timing.end("train")         # on_train_end
+    ```
+    """
+
+    def __init__(self, model, on_rows: OnRows, on_error: OnError, on_fallback: OnFallback):
+        # Weakly: nothing the tuner keeps may keep a model alive after its fit.
+        self._model = weakref.ref(model)
+        self._on_rows = on_rows
+        self._on_error = on_error
+        self._on_fallback = on_fallback
+        self._step_started: Dict[str, float] = {}
+
+    @property
+    def model(self):
+        """The model being fit, or `None` once it is gone."""
+        return self._model()
+
+    def keras_function(self, kind: str, timed_type: type):
+        """Keras' own function for `kind` on the model, the source's stand-in unwrapped.
+
+        A stand-in of `timed_type` left on the model by a fit interrupted
+        between steps is replaced with the function it stands for.
+
+        Args:
+            kind: "train" or "validation".
+            timed_type: the class of the source's stand-in functions, whose
+                `original` is the function they replace.
+
+        Returns:
+            The function, or `None` when the model has none yet.
+        """
+        model = self.model
+        attribute = ATTRIBUTE[kind]
+        current = getattr(model, attribute, None)
+        if isinstance(current, timed_type):
+            current = current.original
+            setattr(model, attribute, current)
+        return current
+
+    def begin(self, kind: str) -> None:
+        """Prepares to time the steps of `kind` ("train" or "validation")."""
+
+    def before_step(self, kind: str) -> None:
+        """Called just before Keras runs one call of its function for `kind`."""
+        self._step_started[kind] = time.time()
+
+    def after_step(self, kind: str) -> None:
+        """Called just after that call; hands its row to the run."""
+        start = self._step_started.pop(kind, None)
+        if start is None:
+            return
+        end = time.time()
+        self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
+
+    def logs_ready(self, kind: str, logs) -> None:
+        """Called from the batch-end hook on JAX and torch, maybe off the training thread.
+
+        Keras has converted the call's logs to Python numbers by then, so
+        the step has ended.
+        """
+
+    def end(self, kind: str) -> None:
+        """Puts Keras' own functions for `kind` back."""
+
+    def flush_rows(self, wait: bool = False) -> None:
+        """Hands the run the rows of steps that have ended, if any are kept back.
+
+        Args:
+            wait: first wait for the steps still running (at the end of an epoch).
+        """
+
+    def notes(self) -> List[str]:
+        """Sentences for the report about how this backend was measured."""
+        return []
+
+    def step_marker_target(self, kind: str):
+        """The object the profiler window marks steps through, or `None`.
+
+        A timed compiled function takes a `trace_step` callable; without one the
+        window marks whole calls from the callback hooks.
+        """
+        return None
