@@ -47,6 +47,7 @@ from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import BOUND
+from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
@@ -282,13 +283,29 @@ def _not_the_bottleneck(run: _Run) -> Recommendation:
         severity="info",
         evidence=evidence,
         fix="",
-        expected_gain=run.bound,
+        expected_gain=_steady_ceiling(run, fraction),
         reason=(
             f"Steps wait for input only {fraction * 100:.1f} % of the time"
             + (f" and compute for {compute:.2f} ms (median)" if compute is not None else "")
             + ". Changing the input pipeline cannot make training noticeably faster; "
             "look at the model, the batch size or mixed precision."
         ),
+    )
+
+
+def _steady_ceiling(run: _Run, fraction: float) -> ExpectedGain:
+    # What free input would bring in the steady state the verdict describes:
+    # the whole run's ceiling would count one-off costs (a first epoch filling
+    # a cache) that no change to the pipeline's steady state removes.
+    step_ms = run.bound.step_ms if run.bound is not None else run.stats.step.mean_ms
+    speedup = 1.0 / (1.0 - min(fraction, 0.99))
+    return ExpectedGain(
+        speedup,
+        step_ms,
+        step_ms / speedup if step_ms else None,
+        BOUND,
+        f"Input costs {fraction * 100:.1f} % of steady-state step time: even free input "
+        f"would make steps at most {speedup:.2f}x faster.",
     )
 
 
@@ -378,7 +395,10 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         if run.profile is not None:
             evidence += _profile_evidence(run.profile, finding.stage, _node(finding))
         evidence += run.clock_evidence
-        if finding.id == "missing-prefetch":
+        cached_after = _cache_after(run.pipeline, _node(finding))
+        if cached_after is not None:
+            gain = _first_epoch_only(run, finding.stage, cached_after)
+        elif finding.id == "missing-prefetch":
             gain = _overlap_gain(run.stats)
         else:
             gain = _stage_gain(
@@ -448,6 +468,31 @@ def _stage_gain(
         f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
         f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
+    )
+
+
+def _cache_after(pipeline, node: Optional[str]):
+    """The cache stage downstream of `node`, if the pipeline caches its output."""
+    if pipeline is None or not node:
+        return None
+    stage = next((item for item in pipeline.stages if item.node == node), None)
+    if stage is None:
+        return None
+    return next((item for item in pipeline.downstream(stage) if item.kind == "cache"), None)
+
+
+def _first_epoch_only(run: _Run, stage: str, cache) -> ExpectedGain:
+    # From the second epoch on the cache replays this stage's output: changing
+    # the stage speeds up the first epoch only, a one-off cost, not the steady
+    # state the verdict and the other gains describe.
+    step_ms = run.bound.step_ms if run.bound is not None else run.stats.step.mean_ms
+    return ExpectedGain(
+        1.0,
+        step_ms,
+        step_ms,
+        FIRST_EPOCH_ONLY,
+        f"{cache.label} after {stage} replays its output from the second epoch on: "
+        "changing it speeds up the first epoch only, not the steady state.",
     )
 
 

@@ -20,6 +20,9 @@ MEASURED = "measured"
 # wait entirely would bring; the change itself may bring less.
 BOUND = "bound"
 ESTIMATED = "estimated"
+# The change speeds up the first epoch only (a cache after the stage replays
+# its output from then on): no steady-state gain.
+FIRST_EPOCH_ONLY = "first epoch only"
 
 
 @dataclasses.dataclass
@@ -49,7 +52,9 @@ class ExpectedGain:
             what-if replay, a profiled stage's share, the change itself timed
             by `measure_fixes`); "bound" when it is only a ceiling (steps no
             faster than their compute; a prefetch at most overlaps wait and
-            compute) that the change need not reach; "estimated" otherwise.
+            compute) that the change need not reach; "first epoch only" for a
+            stage whose output a later cache replays (no steady-state gain);
+            "estimated" otherwise.
         statement: the reasoning, in a sentence with its numbers.
         likely_speedup: what the change itself brought when it was timed
             (`PipelineTuner(measure_fixes=True)`); `None` otherwise.
@@ -175,6 +180,8 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
         if gain.step_ms is None:
             return "gain not measured"
         return f"many times faster ({gain.basis})"
+    if gain.basis == FIRST_EPOCH_ONLY:
+        return "first epoch only: a cache replays it after"
     if gain.speedup <= 1.0:
         return f"no gain ({gain.basis})"
     if gain.likely_speedup is not None:

@@ -19,6 +19,11 @@ apart with their size:
   replayed one by at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
   `1 - replayed / real`, is the input's cost, and decides when it is larger
   than the wait's.
+- **The fetch itself.** Fetching a batch that is already in memory still takes
+  a little time inside the step (the fetch op, and the step's first ops
+  starting beside it). The replay measures it on cached batches; when it ran,
+  only the wait beyond it counts as waiting for the pipeline, and the line
+  says so with both figures.
 
 The thresholds are the TF Profiler's (see `timing.step_stats`). When the step
 clock timed whole steps only, the profiler window's split decides.
@@ -71,6 +76,8 @@ class Judgement:
         one_off: one-off input costs left out of the verdict, each with its size.
         wait_fraction: the steady-state share of step time waiting at the fetch.
         contention_fraction: `1 - replayed / real` step time, when a replay ran.
+        fetch_floor_ms: the wait per step for a batch already in memory, as
+            the replay measured it; left out of `wait_fraction`.
     """
 
     verdict: Verdict = Verdict.UNKNOWN
@@ -80,6 +87,7 @@ class Judgement:
     one_off: List[str] = dataclasses.field(default_factory=list)
     wait_fraction: Optional[float] = None
     contention_fraction: Optional[float] = None
+    fetch_floor_ms: Optional[float] = None
 
 
 def judge(
@@ -112,6 +120,7 @@ def judge(
     if stats.verdict == Verdict.UNKNOWN:
         return _from_profile(profile)
     one_off: List[str] = []
+    warm_up_steps = 0
     share = steady if steady is not None and steady.steps else None
     scope = "over all steps"
     if share is not None:
@@ -129,6 +138,8 @@ def judge(
             share = later
         warm = _warm_up(epochs)
         if warm is not None:
+            # The run's first step is not in the epoch's stats.
+            warm_up_steps = warm[0].stats.steps + 1
             first, later, extra_ms = warm
             one_off.append(
                 f"Epoch {first.epoch + 1} waited {extra_ms / 1e3:.2f} s more than later epochs "
@@ -137,16 +148,39 @@ def judge(
                 f"epochs {later.input_fraction * 100:.1f} % input. Left out of the verdict."
             )
             share = later
-    wait_fraction = share.input_fraction if share is not None else stats.input_fraction
+    floor_ms = _fetch_floor_ms(what_if)
+    wait_fraction = _beyond_floor(share, stats, floor_ms)
     fraction, source = wait_fraction, STEP_CLOCK
     contention = _contention(what_if, share, stats)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
     verdict = verdict_for(fraction)
-    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, profile)
+    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms)
+    line += _window_agreement(profile, verdict, warm_up_steps)
     return Judgement(
-        verdict, fraction, source, line, one_off, wait_fraction, contention
+        verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms
     )
+
+
+def _fetch_floor_ms(what_if) -> Optional[float]:
+    """The replay's mean wait for a cached batch: what any pipeline's fetch costs."""
+    if what_if is None:
+        return None
+    return what_if.replay_input_wait.mean_ms or None
+
+
+def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[float]):
+    """The steady share of step time waiting, beyond the fetch of a ready batch."""
+    if share is None or not share.steps:
+        wait_ms, step_ms = stats.input_wait.mean_ms, stats.step.mean_ms
+        if wait_ms is None or not step_ms:
+            return stats.input_fraction
+        steps = 1
+    else:
+        wait_ms, step_ms, steps = share.wait_ms, share.step_ms, share.steps
+    if floor_ms:
+        wait_ms = max(wait_ms - floor_ms * steps, 0.0)
+    return wait_ms / step_ms if step_ms > 0 else 0.0
 
 
 def _from_profile(profile) -> Judgement:
@@ -208,32 +242,51 @@ def _contention(what_if, share: Optional[Share], stats: StepStats) -> Optional[f
     return 1.0 - replayed_ms / real_ms
 
 
-def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, profile) -> str:
+def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms) -> str:
+    beyond = (
+        f" beyond the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
+        if floor_ms
+        else ""
+    )
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
             f"steps took {what_if.replay_step.mean_ms:.2f} ms on replayed cached batches "
             f"against {_real_ms(fraction, what_if):.2f} ms with the pipeline, which shares the "
-            f"CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} % (step clock)."
+            f"CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} %{beyond} (step clock)."
         )
     else:
-        line = f"{verdict.value}: {fraction * 100:.1f} % of step time waits for input {scope} (step clock)."
+        line = (
+            f"{verdict.value}: {fraction * 100:.1f} % of step time waits for input {scope}"
+            f"{beyond} (step clock)."
+        )
         if contention is not None:
             line += (
                 f" A replay with input free ran {what_if.replay_step.mean_ms:.2f} ms a step: "
                 "no contention beyond that."
             )
-    if profile is not None and profile.input_fraction is not None:
-        window = verdict_for(profile.input_fraction)
-        line += f" The profiler window measured {profile.input_fraction * 100:.1f} % over {len(profile.steps)} steps"
-        if window != verdict:
-            line += (
-                "; it saw those steps only, while the step clock saw every step, so the "
-                "step clock decides."
-            )
-        else:
-            line += "."
     return line
+
+
+def _window_agreement(profile, verdict, warm_up_steps: int) -> str:
+    """The profiler window's figure, and why it differs from the verdict if it does."""
+    if profile is None or profile.input_fraction is None:
+        return ""
+    line = (
+        f" The profiler window measured {profile.input_fraction * 100:.1f} % over "
+        f"{len(profile.steps)} steps"
+    )
+    if verdict_for(profile.input_fraction) == verdict:
+        return line + "."
+    if warm_up_steps and profile.stop_step <= warm_up_steps:
+        return line + (
+            f" (steps {profile.first_step}-{profile.stop_step - 1}), all in the first epoch, "
+            "whose one-off work is left out of the verdict (below); the later epochs decide."
+        )
+    return line + (
+        "; it saw those steps only, while the step clock saw every step, so the step "
+        "clock decides."
+    )
 
 
 def _real_ms(fraction: float, what_if) -> float:

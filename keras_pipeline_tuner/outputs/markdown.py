@@ -107,7 +107,7 @@ def _longest_backtick_run(text: str) -> int:
 
 def _timings_table(report: Report) -> List[str]:
     lines = [
-        "| steps | count | input wait ms | compute ms | step ms | input % |",
+        "| steps | count | input wait ms | compute ms | step ms | input % of total |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, stats in (("train", report.train), ("validation", report.validation)):
@@ -119,7 +119,10 @@ def _timings_table(report: Report) -> List[str]:
             f"{format_ms(stats.compute.median_ms)} | {format_ms(stats.step.median_ms)} | "
             f"{fraction} |"
         )
-    note = "Medians."
+    note = (
+        "The ms columns are medians; input % is the total wait over the total step time "
+        "of all steps (the verdict describes the steady state)."
+    )
     first = report.first_steps.get("train")
     if first is not None:
         note += (

@@ -94,7 +94,7 @@ def print_summary(
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
     table.add_column("steps", justify="left")
-    for column in ("count", "input wait ms", "compute ms", "step ms", "input %"):
+    for column in ("count", "input wait ms", "compute ms", "step ms", "input % of total"):
         table.add_column(column, justify="right")
     for name, stats in (("train", report.train), ("validation", report.validation)):
         if stats is None or not stats.steps:
@@ -124,7 +124,9 @@ def print_summary(
         )
         console.print(
             f"First step {first.wall_ms:.0f} ms ({tracing}), "
-            "reported apart. Medians shown; per-epoch figures in the report."
+            "reported apart. The ms columns are medians; input % is the total wait over the "
+            "total step time of all steps (the verdict above is the steady state's). "
+            "Per-epoch figures in the report."
         )
     if report.workers is not None:
         _print_workers(report.workers, console)

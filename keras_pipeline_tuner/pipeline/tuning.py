@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from typing import List, Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -51,6 +51,10 @@ _CACHE_MEMORY_SHARE = 0.25
 _EPOCH_BUDGET_SHARE = 0.3
 # Elements compared between two passes at a cache point in a random pipeline.
 _REPEAT_CHECK_ELEMENTS = 256
+
+class _FillTooLong(Exception):
+    """Filling a cache would take longer than the budget leaves."""
+
 
 KEPT = "kept"
 SLOWER = "not faster"
@@ -133,7 +137,9 @@ class TuneResult:
 
     All times are medians of passes timed side by side in the same run; a pass
     is `epochs` epochs of at most `batches_per_epoch` batches, each followed by
-    a simulated training step of `consumer_step_s` seconds.
+    a simulated training step of `consumer_step_s` seconds. Passes of
+    `batches_per_epoch` batches time the steady state: a cache in them is
+    filled first by one whole untimed epoch (said in `notes`).
 
     Attributes:
         original_s: seconds per pass of the original pipeline.
@@ -244,7 +250,9 @@ def tune(
         budget_s: about how long tuning may take, in seconds.
         epochs: epochs per timed pass; a cache pays off from the second.
         num_batches: batches per epoch; `None` for whole epochs. Required
-            for infinite datasets (pass your `steps_per_epoch`).
+            for infinite datasets (pass your `steps_per_epoch`). Such passes
+            time the steady state: a cache is filled by one whole untimed
+            epoch before them, as training's first epoch fills it.
         cache_path: a file path prefix where a cache too big for memory may
             be written; `None` caches only in memory.
         cache_memory_bytes: the most memory a cache may take; defaults to a
@@ -391,6 +399,9 @@ class _TuningSession:
         self.ordered = True
         self._reference_rows: Optional[List[str]] = None
         self._progress = None
+        # Seconds of each untimed epoch that filled a cache before passes of
+        # `num_batches` batches (see `_factory`).
+        self.fill_s: List[float] = []
 
     def close(self) -> None:
         self._stop_progress()
@@ -477,7 +488,7 @@ class _TuningSession:
             original_times, tuned_times = against_original
         elif kept:
             times = self._side_by_side(
-                {"original": lambda: self._build([]), "tuned": lambda: self._build(kept)},
+                {"original": self._factory([]), "tuned": self._factory(kept)},
                 self._affordable_rounds(final=False),
                 deadline=self.deadline,
             )
@@ -513,6 +524,12 @@ class _TuningSession:
                 f"The pipeline calls Python ({', '.join(python)}), whose side effects run "
                 f"on every epoch: tuning ran it for {self.epochs_run} epochs, at most "
                 f"{self.epoch_limit} (max_python_epochs)."
+            )
+        if self.fill_s and kept and any(r.kind == pipeline_rewrite.CACHE for r in kept):
+            self.notes.append(
+                f"Passes of {self.plan.num_batches} batches time the steady state: the cache "
+                f"was filled first by one whole, untimed epoch (median "
+                f"{statistics.median(self.fill_s):.2f} s), as training's first epoch fills it."
             )
         if not self.ordered:
             check = "same elements, any order"
@@ -616,8 +633,14 @@ class _TuningSession:
             outcome.reason = mismatch
             return outcome, None
         reserve = self._comparison_s() if kept else 0.0
+        try:
+            factories = {"without": self._factory(kept), "with": self._factory(trial)}
+        except _FillTooLong as error:
+            outcome.status = NOT_MEASURED
+            outcome.reason = str(error)
+            return outcome, None
         times = self._side_by_side(
-            {"without": lambda: self._build(kept), "with": lambda: self._build(trial)},
+            factories,
             self._affordable_rounds(final=bool(kept)),
             deadline=self.deadline - reserve,
         )
@@ -809,6 +832,37 @@ class _TuningSession:
         return found
 
     # Building, reading and timing datasets.
+
+    def _factory(self, rewrites) -> Callable[[], object]:
+        """What gives a timed pass its dataset with `rewrites` applied.
+
+        Whole-epoch passes build a fresh dataset each, so a cache starts empty
+        and its first epoch is timed, as in a new training run. Passes of
+        `num_batches` batches never finish an epoch of a long dataset, so a
+        cache would never be read in them: they stand for training's steady
+        state instead, and a dataset with a cache is built once, its cache
+        filled by one whole untimed epoch, and read by every pass.
+        """
+        if self.plan.num_batches is None or not any(
+            rewrite.kind == pipeline_rewrite.CACHE for rewrite in rewrites
+        ):
+            return lambda: self._build(rewrites)
+        dataset = self._build(rewrites)
+        self._fill(dataset)
+        return lambda: dataset
+
+    def _fill(self, dataset) -> None:
+        """Runs one whole epoch of `dataset`, so that its cache is complete."""
+        limit_s = max(0.0, self.deadline - time.perf_counter()) * _EPOCH_BUDGET_SHARE
+        self.epochs_run += 1
+        began = time.perf_counter()
+        for _ in dataset:
+            if time.perf_counter() - began > limit_s:
+                raise _FillTooLong(
+                    f"filling the cache takes a whole epoch, longer than the {limit_s:.1f} s "
+                    "the budget leaves for it; pass a larger budget_s"
+                )
+        self.fill_s.append(time.perf_counter() - began)
 
     def _build(self, rewrites, final: bool = False):
         rewrites = [self._for_pass(rewrite, final) for rewrite in rewrites]

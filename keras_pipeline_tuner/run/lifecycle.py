@@ -26,6 +26,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
@@ -321,6 +322,17 @@ class Run:
                 return self.report()
         return None
 
+    def judgement(self) -> Judgement:
+        """The run's verdict from the evidence so far (see `advice.verdict.judge`)."""
+        return judge(
+            self.clock.stats(TRAIN),
+            self.window.evidence,
+            self.clock.epochs,
+            self.clock.steady_share(TRAIN),
+            self.clock.epoch_start_share(TRAIN),
+            self.what_if,
+        )
+
     def report(self) -> Report:
         """The `Report` of what was measured so far."""
         import keras
@@ -345,14 +357,7 @@ class Run:
                 "run a step yet."
             )
         # The one verdict: the terminal line, the file and the advice agree.
-        judgement = judge(
-            train,
-            self.window.evidence,
-            self.clock.epochs,
-            self.clock.steady_share(TRAIN),
-            self.clock.epoch_start_share(TRAIN),
-            self.what_if,
-        )
+        judgement = self.judgement()
         report = Report(
             verdict=judgement.verdict,
             input_fraction=judgement.input_fraction,

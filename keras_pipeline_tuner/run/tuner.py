@@ -27,7 +27,6 @@ from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.timing.step_stats import Verdict
-from keras_pipeline_tuner.timing.step_stats import verdict_for
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 _PROFILE_MODES = ("auto", "off")
@@ -589,7 +588,8 @@ class PipelineTuner(keras.callbacks.Callback):
             steady = run.clock.steady_share(TRAIN)
             if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
                 return False
-            if verdict_for(steady.input_fraction) == Verdict.HIGHLY_INPUT_BOUND:
+            # The steady state's verdict (a first epoch filling a cache left out).
+            if run.judgement().verdict == Verdict.HIGHLY_INPUT_BOUND:
                 return False
             return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(self.model)
         return False

@@ -338,3 +338,36 @@ def test_at_the_bottleneck_a_missing_cache_leads_the_stage():
     assert [r.id for r in ranked] == ["cache-missing"]
     assert ranked[0].also == ["sequential-map"]
     assert any("Parallelise map(load_image)" in e.detail for e in ranked[0].evidence)
+
+
+def test_a_stage_whose_output_is_cached_gets_no_steady_state_gain():
+    import tensorflow as tf
+
+    def decode(value):
+        return value * 2
+
+    def load(index):
+        value = tf.py_function(decode, [index], tf.int64)
+        value.set_shape(())
+        return value
+
+    def jitter(value):
+        return value + tf.random.uniform((), maxval=2, dtype=tf.int64)
+
+    # The Python map runs in the first epoch only; the random map after the
+    # cache runs in every epoch.
+    dataset = tf.data.Dataset.range(16).map(load).cache().map(jitter).batch(4)
+    findings = kpt.inspect(dataset)
+    before_cache = [f for f in findings if f.stage.startswith("map(load")]
+    assert before_cache, [f.id for f in findings]
+    ranked = advisor.advise(stats(20.0, 10.0), findings=findings)
+    about_load = [r for r in ranked if r.stage and r.stage.startswith("map(load")]
+    assert about_load
+    for advice in about_load:
+        assert advice.expected_gain.basis == recommendation.FIRST_EPOCH_ONLY
+        assert "first epoch only" in recommendation.describe_gain(advice.expected_gain)
+        assert "cache() after map(load" in advice.expected_gain.statement
+    # It never outranks advice of a stage that runs every epoch.
+    every_epoch = [i for i, r in enumerate(ranked) if r.stage and r.stage.startswith("map(jitter")]
+    if every_epoch:
+        assert every_epoch[0] < ranked.index(about_load[0])

@@ -109,6 +109,51 @@ def test_a_replay_within_the_noise_changes_nothing():
     assert judgement.contention_fraction == 0.0
 
 
+def test_the_fetch_of_a_ready_batch_is_not_counted_as_waiting():
+    # 0.8 ms of wait on 10 ms steps is moderately input-bound (7.4 %)...
+    clock = clock_of([[0.8] * 30])
+    assert judged(clock).verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
+    # ...but a replay on cached batches waited 0.7 ms at the same fetch, with
+    # steps no faster: only 0.1 ms a step waits for the pipeline.
+    measured = WhatIfResult(
+        replay_step=Distribution(10.8, 10.8, 10.8),
+        replay_input_wait=Distribution(0.7, 0.7, 0.7),
+    )
+    judgement = judged(clock, measured)
+    assert judgement.verdict == NOT
+    assert judgement.fetch_floor_ms == pytest.approx(0.7)
+    assert judgement.wait_fraction == pytest.approx(0.1 * 30 / (10.8 * 30), rel=1e-6)
+    assert "beyond the 0.70 ms a fetch of a batch already in memory took" in judgement.line
+
+
+def test_a_profiler_window_inside_a_cache_filling_first_epoch_is_explained():
+    from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+
+    clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
+    window = ProfileEvidence(
+        first_step=5, stop_step=15, input_fraction=0.7, verdict=HIGH
+    )
+    judgement = judge(
+        clock.stats("train"), window, clock.epochs, clock.steady_share("train"),
+        clock.epoch_start_share("train"),
+    )
+    assert judgement.verdict == NOT
+    assert "(steps 5-14), all in the first epoch" in judgement.line
+    assert "the later epochs decide" in judgement.line
+
+
+def test_not_the_bottleneck_claims_the_steady_state_ceiling_only():
+    # The whole run's step / compute is large (a slow first epoch), but in the
+    # steady state free input would bring almost nothing.
+    clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
+    judgement = judged(clock)
+    top = advisor.advise(clock.stats("train"), judgement=judgement)[0]
+    assert clock.stats("train").step.mean_ms / clock.stats("train").compute.mean_ms > 1.5
+    assert top.expected_gain.basis == recommendation.BOUND
+    assert top.expected_gain.speedup == pytest.approx(1 / (1 - judgement.input_fraction))
+    assert top.expected_gain.speedup < 1.02
+
+
 def test_the_advice_follows_the_judgement():
     clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
     ranked = advisor.advise(clock.stats("train"), judgement=judged(clock))

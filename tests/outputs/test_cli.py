@@ -76,6 +76,13 @@ def test_demo_quick(tmp_path):
     done = run("demo", "--quick", "--log-dir", str(log_dir), timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Naive pipeline: highly input-bound" in done.stdout
+    # Tuned, the pipeline keeps ahead of the model once the first epoch has
+    # filled its cache: no speed advice is left for the steady state.
+    if re.search(r"^  cache: kept ", done.stdout, re.MULTILINE):
+        assert "Tuned pipeline: not input-bound" in done.stdout
+        tuned = json.loads((log_dir / "tuned" / "report.json").read_text())
+        assert tuned["verdict"] == "not input-bound"
+        assert [r["id"] for r in tuned["recommendations"]] == ["input-not-bottleneck"]
     # The speed-up is credited to the rewrites kpt.tune kept, or none is shown.
     kept = re.search(r"^  \S+: kept ", done.stdout, re.MULTILINE)
     if kept:
