@@ -72,6 +72,26 @@ def test_deterministic_pipeline_keeps_its_elements_and_order_through_every_rewri
     assert not result.changes_order and not result.changes_determinism
 
 
+def test_passes_of_a_few_batches_time_a_cache_in_steady_state():
+    # 12 batches an epoch, passes of 2 x 3 batches: without filling it first,
+    # the cache would never be read in a pass (its epoch never ends there).
+    dataset = (
+        tf.data.Dataset.range(48)
+        .map(slow_py_function)
+        .shuffle(8, seed=0)
+        .map(lambda x: x + tf.random.uniform((), maxval=2, dtype=tf.int64))
+        .batch(4)
+    )
+    tuned, result = kpt.tune(
+        dataset, budget_s=20, num_batches=3, max_python_epochs=500, verbose=0
+    )
+    cache = next(o for o in result.rewrites if o.kind == "cache")
+    assert cache.status == "kept", cache.reason
+    assert any("filled first by one whole, untimed epoch" in note for note in result.notes)
+    kinds = [stage.kind for stage in stages(tuned)]
+    assert kinds.index("cache") < kinds.index("shuffle")
+
+
 def test_random_augmentation_never_gets_a_cache_after_it():
     dataset = slow_source(12, 0.003).map(
         lambda x, y: (x + tf.random.uniform(tf.shape(x)), y)
