@@ -53,11 +53,13 @@ BOUND_MARGIN = 1.10
 
 class Sleep(keras.layers.Layer):
     def call(self, inputs):
-        def sleep():
+        def sleep(_):
             time.sleep(COMPUTE_S)
             return np.float32(0.0)
 
-        zero = tf.numpy_function(sleep, [], tf.float32, stateful=True)
+        # Fed the batch, as real compute is: work that needs no data would
+        # start beside the fetch and hide the wait.
+        zero = tf.numpy_function(sleep, [inputs], tf.float32, stateful=True)
         zero.set_shape(())
         return inputs + tf.stop_gradient(zero)
 
@@ -107,10 +109,11 @@ def gil_python(x, y):
 
 
 def random_tf_ops(x, y):
-    # TensorFlow work (about ELEMENT_S of matrix products on one core) that
-    # draws random numbers, so TensorFlow leaves the map sequential.
+    # TensorFlow work (about 8 ms of matrix products here, more than the
+    # model's step per batch even when overlapped with it) that draws random
+    # numbers, so TensorFlow leaves the map sequential.
     m = tf.reshape(tf.tile(x, [128 * 128 // FEATURES]), (128, 128)) * 1e-3
-    for _ in range(40):
+    for _ in range(100):
         m = tf.tanh(tf.matmul(m, m))
     noise = tf.random.uniform((FEATURES,), maxval=1e-6)
     return x + tf.reduce_mean(m) * 0.0 + noise, y

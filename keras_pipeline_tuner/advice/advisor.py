@@ -460,11 +460,13 @@ def _stage_gain(
     after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
     if after <= 0:
         return bound
+    # A ceiling: the change gives back at most the stage's share; how much of
+    # it a given fix (threads, a cache) gives back is what timing it shows.
     return ExpectedGain(
         step_ms / after,
         step_ms,
         after,
-        MEASURED,
+        BOUND,
         f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
         f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",

@@ -48,11 +48,12 @@ class ExpectedGain:
             (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
         step_ms: mean training step time now.
         step_ms_after: mean step time the bound corresponds to.
-        basis: "measured" when the figure follows from timings of this run (a
-            what-if replay, a profiled stage's share, the change itself timed
-            by `measure_fixes`); "bound" when it is only a ceiling (steps no
-            faster than their compute; a prefetch at most overlaps wait and
-            compute) that the change need not reach; "first epoch only" for a
+        basis: "measured" when the figure is what was timed (a what-if
+            replay of the step with input free, the change itself timed by
+            `kpt.tune` or `measure_fixes`); "bound" when it is only a ceiling
+            that the change need not reach (steps no faster than their
+            compute; a profiled stage's share of the wait given back in full;
+            a prefetch at most overlaps wait and compute); "first epoch only" for a
             stage whose output a later cache replays (no steady-state gain);
             "estimated" otherwise.
         statement: the reasoning, in a sentence with its numbers.
@@ -118,7 +119,8 @@ def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
         stats: `StepStats` of the training steps.
 
     Returns:
-        The measured `ExpectedGain` (`speedup` is step time over compute time),
+        The `ExpectedGain`, a bound (`speedup` is step time over compute time:
+        the ceiling, which a change to the pipeline need not reach),
         or `None` when the input wait was not measured.
 
     Example:
@@ -143,7 +145,7 @@ def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
             None,
             step_ms,
             None,
-            MEASURED,
+            BOUND,
             f"Steps spend {fraction * 100:.1f} % of their {step_ms:.2f} ms waiting for "
             "input and almost nothing computing: free input would make them many times "
             "faster.",
@@ -152,7 +154,7 @@ def free_input_gain(stats: StepStats) -> Optional[ExpectedGain]:
         speedup,
         step_ms,
         compute_ms,
-        MEASURED,
+        BOUND,
         f"If input were free a step would take about its compute time, {compute_ms:.2f} ms "
         f"instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
     )

@@ -15,8 +15,9 @@ apart with their size:
 - **Contention.** Where the input pipeline and the model share CPU cores, the
   pipeline's work slows the step itself and is booked as compute. A replay of
   cached batches through the compiled step after training (the what-if replay)
-  times the step with input free; when the real steady step is slower than the
-  replayed one by at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
+  times the step with input free, alternately with steps on the real pipeline
+  (under the same load); when the real step is slower than the replayed one by
+  at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
   `1 - replayed / real`, is the input's cost, and decides when it is larger
   than the wait's.
 - **The fetch itself.** Fetching a batch that is already in memory still takes
@@ -231,9 +232,13 @@ def _contention(what_if, share: Optional[Share], stats: StepStats) -> Optional[f
     """`1 - replayed / real` steady step time, when the replay is clearly faster."""
     if what_if is None or what_if.replay_step.mean_ms is None:
         return None
-    real_ms = (
-        share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
-    )
+    if what_if.pipeline_source == "measured" and what_if.pipeline_step.mean_ms:
+        # Timed beside the replay, under the same load: the fairer comparison.
+        real_ms = what_if.pipeline_step.mean_ms
+    else:
+        real_ms = (
+            share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
+        )
     replayed_ms = what_if.replay_step.mean_ms
     if not real_ms or replayed_ms <= 0:
         return None
@@ -252,8 +257,8 @@ def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, 
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
             f"steps took {what_if.replay_step.mean_ms:.2f} ms on replayed cached batches "
-            f"against {_real_ms(fraction, what_if):.2f} ms with the pipeline, which shares the "
-            f"CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} %{beyond} (step clock)."
+            f"against {_real_ms(fraction, what_if):.2f} ms with the pipeline{_alongside(what_if)}, "
+            f"which shares the CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} %{beyond} (step clock)."
         )
     else:
         line = (
@@ -287,6 +292,10 @@ def _window_agreement(profile, verdict, warm_up_steps: int) -> str:
         "; it saw those steps only, while the step clock saw every step, so the step "
         "clock decides."
     )
+
+
+def _alongside(what_if) -> str:
+    return " (timed alternately with the replay)" if what_if.pipeline_source == "measured" else ""
 
 
 def _real_ms(fraction: float, what_if) -> float:

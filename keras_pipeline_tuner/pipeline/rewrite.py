@@ -757,6 +757,57 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
     return dataset
 
 
+# Datasets holding more in-memory tensors than this are not copied to run
+# extra passes: their graph would copy the data (about 1 s per 100 MB).
+COPY_MAX_IN_MEMORY_BYTES = 64 * 2**20
+
+
+def independent_copy(dataset):
+    """The dataset with random seeds of its own, for passes that must leave it as it was.
+
+    A dataset that reshuffles every epoch draws each new iterator's seed from a
+    generator it holds, so any extra pass over it (or over a dataset built on
+    it) changes the order the next `fit` on it sees. The copy is rebuilt from
+    the dataset's graph with fresh seed generators, which start where a new
+    dataset's would; its caches stay shared, so a cache training filled is
+    read, not filled again.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+
+    Returns:
+        The copy, or `dataset` itself when it holds no seed generator (extra
+        passes then change nothing later passes see), or `None` when it holds
+        one but also too many in-memory tensors to copy cheaply
+        (`COPY_MAX_IN_MEMORY_BYTES`).
+
+    Example:
+
+    >>> ds = tf.data.Dataset.range(4).shuffle(4, seed=1)
+    >>> expected = [list(ds.as_numpy_iterator()) for _ in range(2)]
+    >>> ds = tf.data.Dataset.range(4).shuffle(4, seed=1)
+    >>> _ = list(independent_copy(ds))  # not seen by `ds`
+    >>> [list(ds.as_numpy_iterator()) for _ in range(2)] == expected
+    True
+    """
+    tf = tensorflow()
+    if pipeline_graph.in_memory_bytes(dataset) > COPY_MAX_IN_MEMORY_BYTES:
+        light = pipeline_graph.without_large_sources(dataset, COPY_MAX_IN_MEMORY_BYTES)
+        if light is None or _GraphEditor(graph_def_of(light)).seed_generator_inputs():
+            return None
+        return dataset
+    graph_def = graph_def_of(dataset)
+    editor = _GraphEditor(graph_def)
+    if not editor.seed_generator_inputs():
+        return dataset
+    editor.renew_seed_generators()
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph_def.SerializeToString())
+    copy = tf.data.experimental.from_variant(variant, dataset.element_spec)
+    # The Python functions its graph calls live as long as the original.
+    copy._kpt_rebuilt_from = dataset  # pylint: disable=protected-access
+    return copy
+
+
 def vectorized_trace_problem(graph_def, rewrite: Rewrite) -> Optional[str]:
     """Traces a vectorised map's function on batches; says why it does not fit.
 
@@ -1004,6 +1055,30 @@ class _GraphEditor:
             self._add(handle)
             node.input[2] = handle.name
 
+    def seed_generator_inputs(self) -> List[Tuple[Any, int]]:
+        """(node, input index) of every input that is a dataset's seed generator."""
+        found = []
+        for node in self.graph_def.node:
+            for index, name in enumerate(node.input):
+                source = self._by_name.get(name.split(":")[0])
+                if source is not None and source.op == "Const" and _is_seed_generator(source):
+                    found.append((node, index))
+        return found
+
+    def renew_seed_generators(self) -> None:
+        tf = tensorflow()
+        for node, index in self.seed_generator_inputs():
+            handle = tf.compat.v1.NodeDef()
+            handle.CopyFrom(self._by_name[node.input[index].split(":")[0]])
+            handle.name = self._unique("seed_generator")
+            # A name no resource has yet: a fresh generator, seeded as the
+            # dataset's own was when it was made.
+            handle.attr["value"].tensor.resource_handle_val[0].name = (
+                f"kpt_seed_generator_{uuid.uuid4().hex}"
+            )
+            self._add(handle)
+            node.input[index] = handle.name
+
     # Internals.
 
     @staticmethod
@@ -1078,3 +1153,8 @@ class _GraphEditor:
         self.graph_def.node.append(node)
         # The proto copies the node on append; index the copy, which later edits change.
         self._by_name[node.name] = self.graph_def.node[-1]
+
+
+def _is_seed_generator(const) -> bool:
+    handles = const.attr["value"].tensor.resource_handle_val
+    return bool(handles) and "SeedGenerator" in handles[0].maybe_type_name

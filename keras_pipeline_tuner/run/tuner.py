@@ -584,6 +584,9 @@ class PipelineTuner(keras.callbacks.Callback):
         if keras.backend.backend() != "tensorflow":
             # The replay runs the TensorFlow backend's compiled step.
             return False
+        if not self.guard.enabled(features.REPORT):
+            # No verdict can be built (that feature failed): none to refine.
+            return False
         with self.guard(features.CONTENTION_CHECK):
             steady = run.clock.steady_share(TRAIN)
             if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:

@@ -92,7 +92,7 @@ def test_free_input_gain_is_step_over_compute():
     assert gain.speedup == pytest.approx(4.0)
     assert gain.step_ms == pytest.approx(40.0)
     assert gain.step_ms_after == pytest.approx(10.0)
-    assert gain.basis == recommendation.MEASURED
+    assert gain.basis == recommendation.BOUND
     assert "10.00 ms instead of 40.00 ms" in gain.statement
 
 
@@ -119,7 +119,7 @@ def test_input_bound_bottleneck_finding_ranks_first():
     assert "the bottleneck stage" in top.evidence[1].detail
     # Free, the stage gives back 75 % of the 30 ms wait: 40 ms -> 17.5 ms. No
     # figure is worked out from the core count.
-    assert top.expected_gain.basis == recommendation.MEASURED
+    assert top.expected_gain.basis == recommendation.BOUND
     assert top.expected_gain.speedup == pytest.approx(40.0 / 17.5)
     assert top.expected_gain.likely_speedup is None
     # The profile timed no work of map(scale)'s own: it claims no gain.
@@ -272,7 +272,7 @@ def test_input_bound_fit_recommends_parallelising_the_profiled_map(tmp_path_fact
     assert profiler and "map(load_slowly)" in profiler[0].detail
     assert "bottleneck" in profiler[0].detail
     gain = top.expected_gain
-    assert gain.basis == recommendation.MEASURED
+    assert gain.basis == recommendation.BOUND
     # The wait is ~15 ms a step and compute well under one: free input would be
     # many times faster; the map spread over this machine's cores, less so.
     assert gain.speedup > 3.0
