@@ -405,9 +405,22 @@ class Run:
         steady = self.clock.steady_share(TRAIN).steps
         if steady < EARLY_MIN_STEPS or self.measurement == WHOLE_STEP:
             return False
-        if not self.window.capturing:
-            return True
-        return steady >= EARLY_MAX_STEPS or time.monotonic() - self._began >= EARLY_MAX_S
+        capped = steady >= EARLY_MAX_STEPS or time.monotonic() - self._began >= EARLY_MAX_S
+        if self._filling_a_cache():
+            # The steady state starts after the epochs that fill the cache.
+            return capped
+        return capped or not self.window.capturing
+
+    def _filling_a_cache(self) -> bool:
+        """Whether the pipeline caches and fewer than two training epochs have ended.
+
+        The first epoch fills the cache, and the verdict's steady state is the
+        epochs after it, known once two have ended.
+        """
+        pipeline = getattr(self.findings, "pipeline", None)
+        if pipeline is None or not any(stage.kind == "cache" for stage in pipeline.stages):
+            return False
+        return sum(1 for epoch in self.clock.epochs if epoch.kind == TRAIN) < 2
 
     def _say_early_verdict(self) -> None:
         """One line with the steady-state verdict and the top fix, and the outputs so far.
@@ -425,6 +438,11 @@ class Run:
             steps = report.train.steps
             line = f"keras-pipeline-tuner, early verdict after {steps} steps: "
             line += terminal_summary.verdict_line(report)
+            if self._filling_a_cache():
+                line += (
+                    " This is still the first epoch, which fills the pipeline's cache: later "
+                    "epochs may wait less."
+                )
             speed = [r for r in report.recommendations if r.expected_gain is not None]
             if speed:
                 line += f" Top fix: {speed[0].title}."

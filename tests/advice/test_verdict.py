@@ -269,6 +269,19 @@ def test_early_verdict_is_said_during_the_first_epoch(capsys):
     assert tuner.report.verdict == HIGH
 
 
+def test_early_verdict_of_a_cached_pipeline_waits_for_the_epochs_after_the_cache(capsys):
+    # Epoch 1 fills the cache (slow); from epoch 2 on the steps wait for nothing.
+    tuner = kpt.PipelineTuner(profile="off")
+    data = slow_source(30, 0.01).cache().batch(1)
+    tiny_model(compute_delay_s=0.004).fit(data, epochs=3, callbacks=[tuner], verbose=1)
+    out = capsys.readouterr().out
+    early = out.find("keras-pipeline-tuner, early verdict after")
+    assert early != -1, out[-2000:]
+    assert early > out.find("Epoch 2/3"), out[:3000]
+    line = out[early : out.find("\n", early)]
+    assert "highly input-bound" not in line, line
+
+
 def test_verbose_zero_silences_the_early_verdict(capsys):
     tuner = kpt.PipelineTuner(profile="off", verbose=0)
     tiny_model().fit(slow_source(40, 0.005).batch(1), epochs=1, callbacks=[tuner], verbose=0)
