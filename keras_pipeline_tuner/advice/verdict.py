@@ -122,6 +122,7 @@ def judge(
         return _from_profile(profile)
     one_off: List[str] = []
     warm_up_steps = 0
+    floor_ms = _fetch_floor_ms(what_if)
     share = steady if steady is not None and steady.steps else None
     scope = "over all steps"
     if share is not None:
@@ -146,10 +147,10 @@ def judge(
                 f"Epoch {first.epoch + 1} waited {extra_ms / 1e3:.2f} s more than later epochs "
                 f"({first.steady.mean_wait_ms:.2f} ms a step against "
                 f"{later.mean_wait_ms:.2f} ms): one-off work such as filling a cache; later "
-                f"epochs {later.input_fraction * 100:.1f} % input. Left out of the verdict."
+                f"epochs {_beyond_floor(later, stats, floor_ms) * 100:.1f} % input. Left out "
+                "of the verdict."
             )
             share = later
-    floor_ms = _fetch_floor_ms(what_if)
     wait_fraction = _beyond_floor(share, stats, floor_ms)
     fraction, source = wait_fraction, STEP_CLOCK
     contention = _contention(what_if, share, stats)
