@@ -118,20 +118,23 @@ class ProfilerWindow:
         self.steps = checked_profile_steps(profile, profile_steps)
         self.log_dir = log_dir
         self._guard = guard
+        self._capture: Optional[_Capture] = None
+        self._user_known: List[str] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        """What one fit (or custom loop) starts with: no window yet."""
         self.evidence: Optional[ProfileEvidence] = None
         self.notes: List[str] = []
-        self._capture: Optional[_Capture] = None
         self._pending: Optional[_Capture] = None
-        self._taken = False
+        self._taken = self.profile == "off"
         self._steps_done = 0
         self._calls = 0
         self._call_begin = 0
         self._next_check = AUTO_WARMUP_STEPS
         self._dataset = None
         self._keras_input = None
-
         self._user: Optional[user_profile.ProfileRequest] = None
-        self._user_known: List[str] = []
 
     @property
     def capturing(self) -> bool:
@@ -189,17 +192,7 @@ class ProfilerWindow:
                 fit that is calling.
         """
         self._abandon()
-        self.evidence = None
-        self.notes = []
-        self._pending = None
-        self._taken = self.profile == "off"
-        self._steps_done = 0
-        self._calls = 0
-        self._call_begin = 0
-        self._next_check = AUTO_WARMUP_STEPS
-        self._dataset = None
-        self._keras_input = None
-        self._user = None
+        self._reset()
         if self._taken or not self._usable():
             return
         with self._guard(FEATURE):
