@@ -192,7 +192,7 @@ def run_demo(
 
     console = console or Console(highlight=False, soft_wrap=True)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kpt-demo-")
-    images, epochs, batch_size, budget_s = (96, 3, 16, 20) if quick else (384, 3, 16, 40)
+    images, epochs, batch_size, budget_s = (160, 3, 16, 20) if quick else (384, 3, 16, 40)
     tune_batches = 3 if quick else 8
     data_dir = os.path.join(log_dir, "images")
     with console.status(f"Writing {images} synthetic JPEG files to {data_dir} ..."):

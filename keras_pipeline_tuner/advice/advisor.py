@@ -454,9 +454,13 @@ def _stage_gain(
             "(no profile timed it).",
         )
     wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
-    stage_ms = timed.self_share * wait_ms
-    # Making the stage free removes at most its share of the wait, and a step
-    # never gets faster than its compute.
+    # What the input costs a step: its wait, or more where a replay measured
+    # the step with input free (a pipeline that competes for the cores slows
+    # the compute too).
+    cost_ms = max(wait_ms, step_ms - (bound.step_ms_after or step_ms))
+    stage_ms = timed.self_share * cost_ms
+    # Making the stage free removes at most its share of that cost, and a step
+    # never gets faster than it does with input free.
     after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
     if after <= 0:
         return bound
@@ -468,7 +472,8 @@ def _stage_gain(
         after,
         BOUND,
         f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
-        f"{stage}; removing that share of the {wait_ms:.2f} ms input wait would make a step "
+        f"{stage}; removing that share of the {cost_ms:.2f} ms the input costs a step "
+        f"({'measured by the replay' if cost_ms > wait_ms else 'its wait'}) would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
     )
 

@@ -247,6 +247,7 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
 # The contention check after fit: a replay bounded to about a second.
 CONTENTION_MIN_STEPS = 10
 CONTENTION_STEPS = 10
+CONTENTION_BUDGET_S = 2.0
 CONTENTION_CACHED_BATCHES = 4
 CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
@@ -280,6 +281,11 @@ def contention_check(model, train_stats: StepStats) -> WhatIfResult:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
     found_steps = min(CONTENTION_STEPS, max(train_stats.steps, 1))
+    step_s = (train_stats.step.mean_ms or 0.0) / 1e3
+    if step_s > 0:
+        # Slow steps get fewer: replay and pipeline steps together take about
+        # CONTENTION_BUDGET_S.
+        found_steps = max(1, min(found_steps, int(CONTENTION_BUDGET_S / (2 * step_s))))
     found = fit_input.find_fit_input(model)
     # The real pipeline's steps are timed here too, alternately with the
     # replay, rather than taken from training: both then run under the same
@@ -327,11 +333,12 @@ def _run(run_steps, replayed, dataset, steps, measure_pipeline):
             pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, [])
     replay_rows: List[np.ndarray] = []
     pipeline_rows: List[np.ndarray] = []
+    block = min(_BLOCK_CALLS, steps)
     while sum(rows.shape[0] for rows in replay_rows) < steps:
-        for _ in range(_BLOCK_CALLS):
+        for _ in range(block):
             replay_rows.append(np.asarray(run_steps(replay_iterator)).reshape(-1, 3))
         if pipeline_iterator is not None:
-            for _ in range(_BLOCK_CALLS):
+            for _ in range(block):
                 pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, pipeline_rows)
     return (
         np.concatenate(replay_rows)[:steps],

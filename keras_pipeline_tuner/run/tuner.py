@@ -26,7 +26,6 @@ from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
-from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 _PROFILE_MODES = ("auto", "off")
@@ -80,10 +79,11 @@ class PipelineTuner(keras.callbacks.Callback):
         worker_timeout_s: how long the chief waits at the end of fit for the
             other workers' summaries before reporting without them.
         check_contention: on the CPU, where the pipeline and the model share
-            cores, replay a few cached batches after fit (about a second,
-            state restored) and count the step time the pipeline costs beyond
-            its wait (see `tuner.report.judgement`). Runs only when the wait
-            alone does not already judge the job highly input-bound.
+            cores, replay a few cached batches after fit, alternately with
+            steps on the real pipeline (about two seconds at most, state
+            restored), and count the step time the pipeline costs beyond its
+            wait (see `tuner.report.judgement`); the replayed step also bounds
+            the advice's gains.
 
     Example:
 
@@ -574,8 +574,9 @@ class PipelineTuner(keras.callbacks.Callback):
 
         On the CPU the pipeline's threads share the cores with the model, which
         the wait at the fetch does not show. A short replay of cached batches
-        times the step with input free (see `advice.verdict`). A job the wait
-        already judges highly input-bound needs no replay to say so.
+        times the step with input free (see `advice.verdict`). An input-bound
+        job needs it too: the replayed step bounds what any fix can bring, and
+        a pipeline that competes for the cores costs more than its wait.
         """
         if not (self.check_contention and self.guard.enabled(features.CONTENTION_CHECK)):
             return False
@@ -590,9 +591,6 @@ class PipelineTuner(keras.callbacks.Callback):
         with self.guard(features.CONTENTION_CHECK):
             steady = run.clock.steady_share(TRAIN)
             if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
-                return False
-            # The steady state's verdict (a first epoch filling a cache left out).
-            if run.judgement().verdict == Verdict.HIGHLY_INPUT_BOUND:
                 return False
             return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(self.model)
         return False
