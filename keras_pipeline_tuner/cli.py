@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     demo.add_argument("--log-dir", default=None, help="where to write logs (default: a temp dir)")
-    demo.add_argument("--quick", action="store_true", help="fewer images and steps (~20 s)")
+    demo.add_argument("--quick", action="store_true", help="fewer images and steps (~30 s)")
     report = commands.add_parser(
         "report",
         help="print the verdict and advice stored in a log dir",

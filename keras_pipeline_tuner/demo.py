@@ -167,7 +167,7 @@ def run_demo(
 
     Args:
         log_dir: where to write logs; a new temporary directory by default.
-        quick: fewer images, epochs and tuning time (a smoke test, ~20 s).
+        quick: fewer images, epochs and tuning time (a smoke test, ~30 s).
         console: a `rich.console.Console` to print to; standard output by default.
 
     Returns:
