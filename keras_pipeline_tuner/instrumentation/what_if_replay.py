@@ -247,7 +247,8 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
 # The contention check after fit: a replay bounded to about a second.
 CONTENTION_MIN_STEPS = 10
 CONTENTION_STEPS = 10
-CONTENTION_BUDGET_S = 2.0
+CONTENTION_MAX_STEPS = 200
+CONTENTION_BUDGET_S = 1.0
 CONTENTION_CACHED_BATCHES = 4
 CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
@@ -280,12 +281,14 @@ def contention_check(model, train_stats: StepStats) -> WhatIfResult:
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
-    found_steps = min(CONTENTION_STEPS, max(train_stats.steps, 1))
+    # Replay and pipeline steps together take about CONTENTION_BUDGET_S: many
+    # short steps, so that one scheduling hiccup (these machines slice time in
+    # 10 ms) cannot decide, and few long ones.
     step_s = (train_stats.step.mean_ms or 0.0) / 1e3
+    found_steps = CONTENTION_STEPS
     if step_s > 0:
-        # Slow steps get fewer: replay and pipeline steps together take about
-        # CONTENTION_BUDGET_S.
-        found_steps = max(1, min(found_steps, int(CONTENTION_BUDGET_S / (2 * step_s))))
+        found_steps = int(CONTENTION_BUDGET_S / (2 * step_s))
+    found_steps = max(1, min(found_steps, CONTENTION_MAX_STEPS))
     found = fit_input.find_fit_input(model)
     # The real pipeline's steps are timed here too, alternately with the
     # replay, rather than taken from training: both then run under the same

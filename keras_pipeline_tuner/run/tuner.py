@@ -80,7 +80,7 @@ class PipelineTuner(keras.callbacks.Callback):
             other workers' summaries before reporting without them.
         check_contention: on the CPU, where the pipeline and the model share
             cores, replay a few cached batches after fit, alternately with
-            steps on the real pipeline (about two seconds at most, state
+            steps on the real pipeline (about a second, state
             restored), and count the step time the pipeline costs beyond its
             wait (see `tuner.report.judgement`); the replayed step also bounds
             the advice's gains.
