@@ -228,10 +228,10 @@ class ProfileEvidence:
         >>> ProfileEvidence(first_step=10, stop_step=25).span()
         'steps 10-24'
         >>> ProfileEvidence(source=GRAIN, stop_step=8).span()
-        'a separate pass over 8 batches after fit'
+        'a separate pass over 8 batches after training'
         """
         if self.source == GRAIN:
-            return f"a separate pass over {self.stop_step - self.first_step} batches after fit"
+            return f"a separate pass over {self.stop_step - self.first_step} batches after training"
         return f"steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}"
 
 

@@ -216,7 +216,7 @@ def time_stages(
     evidence = ProfileEvidence(source=GRAIN, first_step=0, stop_step=read)
     evidence.trigger = (
         f"Grain's stage timing, in a separate pass over {read} batches of the "
-        f"training dataset after fit ({pass_s:.2f} s)"
+        f"training dataset once training ended ({pass_s:.2f} s)"
     )
     evidence.iterators = rows
     evidence.cost.steps = read
@@ -228,7 +228,7 @@ def time_stages(
         evidence.bottleneck_node = slowest.stage_node
     evidence.notes.append(
         "Stage times are Grain's own (ExecutionTrackingMode.STAGE_TIMING), measured in a "
-        "separate pass over the training dataset after fit, not during the training "
+        "separate pass over the training dataset once training ended, not during the training "
         "steps; a stage read on several threads adds up the time of all of them."
     )
     return evidence
