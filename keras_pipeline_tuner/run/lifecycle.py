@@ -144,6 +144,8 @@ class Run:
         self.kind = kind
         self.run_name: Optional[str] = None
         self.early_verdict: Optional[str] = None
+        # The clock's `recorded` when the early verdict was last considered.
+        self._checked_records = -1
         self._began = time.monotonic()
 
     # Lifecycle.
@@ -262,8 +264,12 @@ class Run:
         """Between steps: counts them for TensorBoard, checkpoints every few seconds."""
         if steps and self.tensorboard is not None:
             self.tensorboard.step_ended(self.clock, steps)
-        if self.early_verdict is None and self._early_verdict_due():
-            self._say_early_verdict()
+        if self.early_verdict is None and self.clock.recorded != self._checked_records:
+            # Only new rows can make it due: not looked at on every step (a
+            # timing source may hand rows over a thousand steps at a time).
+            self._checked_records = self.clock.recorded
+            if self._early_verdict_due():
+                self._say_early_verdict()
         if time.monotonic() >= self._next_checkpoint:
             self.checkpoint()
 
