@@ -526,21 +526,36 @@ class JaxFitTiming(FitTiming):
         # the first call's wall time and start travel with it (the run keeps a
         # kind's first call apart by its first row).
         batch_kind, batch_rows, first = None, [], None
-        while self._calls:
-            call = self._calls[0]
-            if call.hooked and call.returned and not call.rows:
-                ends = self._hook_ends[call.kind]
+        calls, hook_ends = self._calls, self._hook_ends
+        while calls:
+            call = calls[0]
+            if call.hooked and not call.rows:
+                # One step per call, ended by its batch-end hook: the common case,
+                # taken in as few steps as can be (it runs once per training step).
+                if not call.returned:
+                    break
+                ends = hook_ends[call.kind]
                 if not ends:
                     break
                 end = ends.popleft()
-                call.rows.append(None if end is None else self._stall_row(call.fetch, end))
+                calls.popleft()
+                if batch_kind is not None and call.kind != batch_kind:
+                    self._hand_rows(batch_kind, batch_rows, first)
+                    batch_kind, batch_rows, first = None, [], None
+                if end is None:
+                    continue
+                if batch_kind is None:
+                    batch_kind, first = call.kind, call
+                batch_rows.append(self._stall_row(call.fetch, end))
+                continue
+            # Steps ended by the waiter thread (several per call, or hooks not first).
             count = len(call.rows)
             if not (call.returned and count >= call.dispatched):
                 break
             if batch_kind is not None and call.kind != batch_kind:
                 self._hand_rows(batch_kind, batch_rows, first)
                 batch_kind, batch_rows, first = None, [], None
-            self._calls.popleft()
+            calls.popleft()
             rows = [row for row in call.rows[:count] if row is not None]
             if rows:
                 if batch_kind is None:
