@@ -7,9 +7,9 @@ batch-end hooks, and its timed train function minus the Keras function inside
 it, summed with `time.perf_counter` over a fit and divided by the steps; the
 plain step time comes from plain fits alternated with those. The timers add a
 few tenths of a microsecond per hook of their own. Not counted: the stamps
-around `next()` inside Keras' function (two `time.time()` calls) and Keras'
-own cost of dispatching one more callback (`bench/overhead.py`'s empty
-callback row).
+around `next()` inside Keras' function (two `time.time()` calls). Keras' own
+cost of dispatching one more callback is printed apart: `CallbackList`'s
+batch hooks timed with and without an empty `async_safe` callback.
 
     KERAS_BACKEND=jax python bench/jax_step_cost.py [--rounds 5] [--steps 2000]
 """
@@ -76,6 +76,35 @@ def instrument(totals):
     JaxFitTiming.run = timed_run
 
 
+def callback_dispatch_us(calls: int = 20000) -> float:
+    """Keras' own cost, on the training thread, of one more `async_safe` callback.
+
+    Times `CallbackList.on_train_batch_begin` and `on_train_batch_end` (which
+    hands the end hooks to Keras' callback thread) with and without an empty
+    callback, alternated; the difference per step, median of rounds.
+    """
+    import keras
+
+    from overhead import empty_callback
+
+    def per_step(callbacks) -> float:
+        callback_list = keras.callbacks.CallbackList(callbacks, add_history=True)
+        callback_list.on_train_begin()
+        logs = {"loss": 0.5}
+        began = time.perf_counter()
+        for batch in range(calls):
+            callback_list.on_train_batch_begin(batch)
+            callback_list.on_train_batch_end(batch, logs)
+        seconds = time.perf_counter() - began
+        callback_list.on_train_end()
+        return seconds / calls
+
+    differences = []
+    for _ in range(5):
+        differences.append(per_step([empty_callback()]) - per_step([]))
+    return statistics.median(differences) * 1e6
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -110,6 +139,11 @@ def main():
         print(f"  {part:<40} {statistics.median(values) * 1e6:6.2f} us")
     ours_us = statistics.median(ours) * 1e6
     print(f"  {'all of it':<40} {ours_us:6.2f} us = {ours_us / step_us * 100:.1f} % of the step")
+    keras_us = callback_dispatch_us()
+    print(
+        f"  Keras' own dispatch of one more callback {keras_us:6.2f} us = "
+        f"{keras_us / step_us * 100:.1f} % of the step (CallbackList, measured apart)"
+    )
 
 
 if __name__ == "__main__":
