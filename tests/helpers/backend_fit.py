@@ -591,9 +591,14 @@ def grain_sequential(slow_parse):
 
 
 def grain_report(tuner):
+    import io
+
     from keras_pipeline_tuner.outputs.markdown import render_markdown
+    from keras_pipeline_tuner.outputs.terminal import print_summary
 
     report = tuner.report
+    terminal = io.StringIO()
+    print_summary(report, file=terminal)
     profile = kpt.Report.from_json(report.to_json()).profile
     return {
         "verdict": report.verdict.value,
@@ -608,6 +613,7 @@ def grain_report(tuner):
         },
         "summary": profile.summary() if profile else "",
         "markdown": render_markdown(report),
+        "terminal": terminal.getvalue(),
         "notes": report.notes,
     }
 
