@@ -1,7 +1,9 @@
 """Overhead of PipelineTuner's step clock: fit with the tuner over plain fit.
 
-Runs plain fits and fits with the tuner alternately in one process on the same
-model and in-memory data (so only the tuner's cost differs), with Python's GC off
+Runs plain fits, fits with an empty callback (Keras' own cost of one more
+callback, the floor under the tuner's) and fits with the tuner alternately in
+one process on the same model and in-memory data (so only the tuner's cost
+differs), with Python's GC off
 during each fit, and prints the median ratio of wall times, for a model of about
 1 ms per step and one of about 10 ms per step; the tuner with its defaults, and
 with a log_dir (TensorBoard outputs and report files written as well). A last row
@@ -67,6 +69,26 @@ def timed_fit(model, dataset, callbacks):
         gc.enable()
 
 
+def empty_callback():
+    """A callback that does nothing in the hooks the tuner uses, `async_safe` as it is.
+
+    Its cost over plain fit is Keras' own for one more callback: the floor
+    under the tuner's.
+    """
+    import keras
+
+    class EmptyCallback(keras.callbacks.Callback):
+        async_safe = True
+
+        def on_train_batch_begin(self, batch, logs=None):
+            pass
+
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    return EmptyCallback()
+
+
 def event_bytes(log_dir: str) -> int:
     return sum(
         os.path.getsize(os.path.join(directory, name))
@@ -88,14 +110,17 @@ def measure(name, width, batch, steps, rounds, log_dir, features=64):
         # clock finds the job input-bound.
         "defaults+log_dir": kpt.PipelineTuner(log_dir=log_dir, verbose=0),
     }
+    empty = empty_callback()
     # Warm up every path: tracing is reported apart, not part of the overhead.
     timed_fit(model, dataset, [])
+    timed_fit(model, dataset, [empty])
     for tuner in tuners.values():
         timed_fit(model, dataset, [tuner])
-    plain, tuned = [], {key: [] for key in tuners}
+    plain, tuned, floor = [], {key: [] for key in tuners}, []
     grown = []
     for _ in range(rounds):
         plain.append(timed_fit(model, dataset, []))
+        floor.append(timed_fit(model, dataset, [empty]))
         for key, tuner in tuners.items():
             before = event_bytes(log_dir)
             tuned[key].append(timed_fit(model, dataset, [tuner]))
@@ -103,14 +128,22 @@ def measure(name, width, batch, steps, rounds, log_dir, features=64):
                 grown.append(event_bytes(log_dir) - before)
     step_ms = statistics.median(plain) / steps * 1e3
     print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds", flush=True)
+    ratios = [t / p for p, t in zip(plain, floor)]
+    print(
+        f"  empty callback         / plain: median {statistics.median(ratios):.4f} "
+        f"(min {min(ratios):.4f}, max {max(ratios):.4f}); Keras' own cost of one more "
+        "callback",
+        flush=True,
+    )
     for key, times in tuned.items():
         ratios = [t / p for p, t in zip(plain, times)]
+        over_empty = [t / e for e, t in zip(floor, times)]
         report = tuners[key].report
         window = "a profiler window" if report.profile is not None else "no profiler window"
         print(
             f"  tuner ({key:<16}) / plain: median {statistics.median(ratios):.4f} "
-            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); "
-            f"{report.verdict.value}, {window}",
+            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); over the empty callback "
+            f"{statistics.median(over_empty):.4f}; {report.verdict.value}, {window}",
             flush=True,
         )
     print(

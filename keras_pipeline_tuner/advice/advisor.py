@@ -58,6 +58,7 @@ from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
+from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.timing.step_stats import Verdict
@@ -471,8 +472,8 @@ def _stage_gain(
         step_ms,
         after,
         BOUND,
-        f"The profiler puts {timed.self_share * 100:.0f} % of the input pipeline's time in "
-        f"{stage}; removing that share of the {cost_ms:.2f} ms the input costs a step "
+        f"{_timed_by(profile)} puts {timed.self_share * 100:.0f} % of the input pipeline's "
+        f"time in {stage}; removing that share of the {cost_ms:.2f} ms the input costs a step "
         f"({'measured by the replay' if cost_ms > wait_ms else 'its wait'}) would make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
     )
@@ -589,14 +590,17 @@ def _profile_evidence(profile, stage, node=None) -> List[Evidence]:
     named = _is_bottleneck(profile, stage, node)
     detail = (
         f"{timed.stage} holds {timed.self_share * 100:.0f} % of the input pipeline's time "
-        f"({timed.self_ms:.1f} ms own time in steps {profile.first_step}-"
-        f"{profile.stop_step - 1})"
+        f"({timed.self_ms:.1f} ms own time in {profile.span()})"
     )
     if named:
         detail += ": the bottleneck stage"
     if profile.input_fraction is not None:
         detail += f"; input is {profile.input_fraction * 100:.1f} % of step time in the window"
     return [Evidence(PROFILER, detail + ".")]
+
+
+def _timed_by(profile) -> str:
+    return "Grain's stage timing" if profile.source == GRAIN else "The profiler"
 
 
 def _stage_time(profile, stage, node=None):

@@ -36,6 +36,7 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+from keras_pipeline_tuner.profiling import grain_stages
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -89,6 +90,8 @@ class LoopHooks:
         report: the latest `Report`.
         profile_dataset: given the dataset the loop iterates, so that the
             profiler names its stages as in `fit`.
+        grain_dataset: given a Grain dataset the loop iterates, for Grain's
+            stage timing when the run ends.
     """
 
     begin_run: Callable[[], StepClock]
@@ -100,6 +103,7 @@ class LoopHooks:
     finish: Callable[[], Any]
     report: Callable[[], Any]
     profile_dataset: Callable[[Any], None] = lambda dataset: None
+    grain_dataset: Callable[[Any], None] = lambda dataset: None
 
 
 @dataclasses.dataclass
@@ -500,6 +504,9 @@ class LoopTimer:
         if kind != TRAIN or not self._measuring() or self._inspected:
             return
         self._inspected = True
+        if grain_stages.is_grain_dataset(iterable):
+            self._hooks.grain_dataset(iterable)
+            return
         if sys.modules.get("tensorflow") is None:
             # Not a tf.data dataset: without TensorFlow imported, there is none.
             return

@@ -27,9 +27,11 @@ hands its outputs to the background thread: same jitted step, same shardings,
 same weights. It is built once per model and kind and reused by later fits, so
 a second fit compiles nothing extra; Keras' own function is put back at the end.
 
-Rows are handed to the run in batches of calls (`DELIVER_EVERY`, and whenever
-the run asks for them): recording them is NumPy work that would otherwise cost
-every step some tens of microseconds on the training thread.
+Rows are handed to the run in batches of calls (`DELIVER_EVERY` calls or
+`DELIVER_AFTER_S` seconds, and whenever the run asks for them): recording them
+is NumPy work with a fixed cost per hand-over of some hundred microseconds on
+the training thread, which handed over every few steps would cost each step of
+a fraction of a millisecond several per cent.
 
 When fit is given a tf.data dataset, the TF Profiler window can mark each
 training call (`trace_step`): the marker spans the whole call, that is the
@@ -62,8 +64,13 @@ _MAKE = {TRAIN: "make_train_function", VALIDATION: "make_test_function"}
 _CACHE_ATTRIBUTE = "_pipeline_tuner_jax_functions"
 # The longest the end of a fit waits for the last step's outputs to be stamped.
 _FLUSH_TIMEOUT_S = 300.0
-# Calls whose rows are handed to the run at once, between flushes.
-DELIVER_EVERY = 32
+# Rows are handed to the run once this many calls have ended, or this long after
+# the last hand-over, whichever comes first (and at every flush): each hand-over
+# is NumPy work of a few hundred microseconds on the training thread, whatever
+# its size, so on sub-millisecond steps it must be rare; on slow steps the
+# time bound keeps the live outputs current.
+DELIVER_EVERY = 1024
+DELIVER_AFTER_S = 1.0
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -93,7 +100,7 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Call:
     """One call of the train (or test) function: its steps and their stamps."""
 
@@ -111,11 +118,17 @@ class _Call:
 
 
 class _StampedIterator:
-    """Keras' batch iterator, with each `next()` stamped into the running call."""
+    """Keras' batch iterator, with each `next()` stamped into the running call.
 
-    def __init__(self, iterator, call: _Call, on_fetch: Callable[[str, float], None]):
-        self._iterator = iterator
-        self._call = call
+    One per iterator Keras hands the train function (one an epoch), reused by
+    its calls: `call` is set to the running call before each.
+    """
+
+    __slots__ = ("iterator", "call", "_on_fetch")
+
+    def __init__(self, iterator, on_fetch: Callable[[str, float], None]):
+        self.iterator = iterator
+        self.call: Optional[_Call] = None
         self._on_fetch = on_fetch
 
     def __iter__(self):
@@ -124,10 +137,11 @@ class _StampedIterator:
     def __next__(self):
         start = time.time()
         # StopIteration (the end of the data) goes through to Keras untouched.
-        item = next(self._iterator)
+        item = next(self.iterator)
         ready = time.time()
-        self._call.fetch = (start, ready)
-        self._on_fetch(self._call.kind, ready - start)
+        call = self.call
+        call.fetch = (start, ready)
+        self._on_fetch(call.kind, ready - start)
         return item
 
 
@@ -158,7 +172,9 @@ class _TimedJaxFunction:
         def timed_make(step_function, concatenate_outputs=False):
             def timed_step(state, data):
                 outputs, state = step_function(state, data)
-                self.step_dispatched(outputs)
+                timing = self.timing
+                if timing is not None:
+                    timing.step_dispatched(outputs)
                 return outputs, state
 
             return keras_make(timed_step, concatenate_outputs)
@@ -173,11 +189,6 @@ class _TimedJaxFunction:
         finally:
             del model._make_function  # pylint: disable=protected-access
             setattr(model, attribute, self.original)
-
-    def step_dispatched(self, outputs) -> None:
-        timing = self.timing
-        if timing is not None:
-            timing.step_dispatched(outputs)
 
     def __call__(self, state, iterator):
         timing = self.timing
@@ -260,6 +271,9 @@ class JaxFitTiming(FitTiming):
         # The tf.data dataset fit was given, for the profiler's step markers.
         self._dataset = None
         self._marked_calls = 0
+        # Per kind, the stamping wrapper of the iterator Keras hands the calls.
+        self._stamped: Dict[str, _StampedIterator] = {}
+        self._deliver_at = time.monotonic() + DELIVER_AFTER_S
         self.fetch_s = {TRAIN: 0.0, VALIDATION: 0.0}
         self.fetches = {TRAIN: 0, VALIDATION: 0}
 
@@ -294,7 +308,8 @@ class JaxFitTiming(FitTiming):
 
     def before_step(self, kind: str) -> None:
         """Hands over the rows of steps that have ended, a batch of calls at a time."""
-        if len(self._calls) >= DELIVER_EVERY:
+        calls = self._calls
+        if len(calls) >= DELIVER_EVERY or (calls and time.monotonic() >= self._deliver_at):
             self._deliver()
 
     def after_step(self, kind: str) -> None:
@@ -320,6 +335,8 @@ class JaxFitTiming(FitTiming):
     def end(self, kind: str) -> None:
         """Waits for the last steps' outputs, hands over their rows, restores Keras'."""
         self.flush_rows(wait=True)
+        # Nothing of the fit's data outlives it.
+        self._stamped.pop(kind, None)
         self.restore(kind)
         if not self._timed:
             self._stop_waiter()
@@ -398,16 +415,20 @@ class JaxFitTiming(FitTiming):
         call = _Call(kind=kind, called_at=time.time())
         self._current = call
         self._calls.append(call)
+        stamped = self._stamped.get(kind)
+        if stamped is None or stamped.iterator is not iterator:
+            stamped = self._stamped[kind] = _StampedIterator(iterator, self._count_fetch)
+        stamped.call = call
         began = time.perf_counter()
         try:
             marker = None
             if trace_step is not None and self._dataset is not None:
                 marker = trace_step(self._dataset)
             if marker is None:
-                return function(state, _StampedIterator(iterator, call, self._count_fetch))
+                return function(state, stamped)
             self._marked_calls += 1
             with marker:
-                return function(state, _StampedIterator(iterator, call, self._count_fetch))
+                return function(state, stamped)
         except StopIteration:
             raise
         except BaseException as error:
@@ -500,25 +521,41 @@ class JaxFitTiming(FitTiming):
             )
 
     def _deliver(self) -> None:
+        self._deliver_at = time.monotonic() + DELIVER_AFTER_S
         # Consecutive complete calls of one kind go to the run as one batch:
         # the first call's wall time and start travel with it (the run keeps a
         # kind's first call apart by its first row).
         batch_kind, batch_rows, first = None, [], None
-        while self._calls:
-            call = self._calls[0]
-            if call.hooked and call.returned and not call.rows:
-                ends = self._hook_ends[call.kind]
+        calls, hook_ends = self._calls, self._hook_ends
+        while calls:
+            call = calls[0]
+            if call.hooked and not call.rows:
+                # One step per call, ended by its batch-end hook: the common case,
+                # taken in as few steps as can be (it runs once per training step).
+                if not call.returned:
+                    break
+                ends = hook_ends[call.kind]
                 if not ends:
                     break
                 end = ends.popleft()
-                call.rows.append(None if end is None else self._stall_row(call.fetch, end))
+                calls.popleft()
+                if batch_kind is not None and call.kind != batch_kind:
+                    self._hand_rows(batch_kind, batch_rows, first)
+                    batch_kind, batch_rows, first = None, [], None
+                if end is None:
+                    continue
+                if batch_kind is None:
+                    batch_kind, first = call.kind, call
+                batch_rows.append(self._stall_row(call.fetch, end))
+                continue
+            # Steps ended by the waiter thread (several per call, or hooks not first).
             count = len(call.rows)
             if not (call.returned and count >= call.dispatched):
                 break
             if batch_kind is not None and call.kind != batch_kind:
                 self._hand_rows(batch_kind, batch_rows, first)
                 batch_kind, batch_rows, first = None, [], None
-            self._calls.popleft()
+            calls.popleft()
             rows = [row for row in call.rows[:count] if row is not None]
             if rows:
                 if batch_kind is None:

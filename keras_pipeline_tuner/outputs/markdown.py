@@ -17,6 +17,7 @@ from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import format_ms
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]{}|#])")
@@ -157,8 +158,9 @@ def _recommendation(rank: int, recommendation: Recommendation) -> List[str]:
 
 def _profile(report: Report) -> List[str]:
     profile = report.profile
-    window = f"steps {profile.first_step}-{profile.stop_step - 1}"
-    lines = ["", f"### Profiler window: {window}", ""]
+    grain = profile.source == GRAIN
+    title = "Grain stage timing" if grain else "Profiler window"
+    lines = ["", f"### {title}: {escape(profile.span())}", ""]
     if profile.conclusion:
         lines += [escape(profile.conclusion), ""]
     if profile.bottleneck:
@@ -175,7 +177,10 @@ def _profile(report: Report) -> List[str]:
                 f"{iterator.self_share * 100:.0f} % | {iterator.calls} |"
             )
         lines.append("")
-    lines.append("The full capture is in TensorBoard's Profile tab.")
+    if grain:
+        lines.append(escape(profile.trigger) + ".")
+    else:
+        lines.append("The full capture is in TensorBoard's Profile tab.")
     return lines
 
 

@@ -137,6 +137,18 @@ KINDS: Dict[str, FindingKind] = {
         parallelises=False,
     ),
     FindingKind(
+        "grain-sequential-stage",
+        "a slow Grain stage after to_iter_dataset runs on the reading thread",
+        "Move {stage} before to_iter_dataset, read on ReadOptions.num_threads threads",
+        parallelises=True,
+    ),
+    FindingKind(
+        "grain-read-threads",
+        "a slow Grain stage is read on too few threads (ReadOptions.num_threads)",
+        "Read {stage} on more threads (grain.ReadOptions(num_threads=...))",
+        parallelises=True,
+    ),
+    FindingKind(
         "python-generator",
         "fit reads a Python generator on one thread",
         "Replace the Python generator {stage} with a PyDataset or tf.data",

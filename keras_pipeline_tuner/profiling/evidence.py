@@ -34,6 +34,8 @@ if typing.TYPE_CHECKING:
 
 ANALYZER = "input_pipeline_analyzer"
 TRACE = "trace"
+# Stage times from Grain's own stage timing (see `grain_stages`), not the TF Profiler.
+GRAIN = "grain"
 # The name of the step markers the profiler window puts around each step.
 STEP_MARKER = "train"
 # Above this size a capture is kept for the Profile tab but not converted here:
@@ -141,7 +143,9 @@ class ProfileEvidence:
         stop_step: the step after the window.
         source: "input_pipeline_analyzer" when the per-step figures are xprof's,
             "trace" when they were computed from the trace (the analyzer found no
-            steps), "" when there are none.
+            steps), "grain" for the stage times of a Grain pipeline timed by
+            Grain itself (then `stop_step` is the number of batches read and
+            there are no per-step figures), "" when there are none.
         steps: per-step input and compute times.
         input_fraction: input time over step time in the window, or `None`.
         verdict: the `Verdict` for `input_fraction`, with the step clock's
@@ -189,20 +193,46 @@ class ProfileEvidence:
             e.g. "TF Profiler, steps 10-24: 95.5 % input (highly input-bound);
             slowest stage map(load_image) (99 % of input time); capture in ...".
         """
-        line = f"TF Profiler, steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}: "
+        slowest = next(
+            (it for it in self.iterators if it.iterator == self.bottleneck_iterator), None
+        )
+        if self.source == GRAIN:
+            line = f"Grain stage timing, {self.span()}: "
+            if slowest is None:
+                return line + "no stage named (see notes)"
+            per_element = slowest.self_ms / slowest.calls if slowest.calls else 0.0
+            return line + (
+                f"slowest stage {slowest.stage} ({per_element:.1f} ms per element, "
+                f"{slowest.self_share * 100:.0f} % of the pipeline's time)"
+            )
+        line = f"TF Profiler, {self.span()}: "
         if self.input_fraction is None:
             line += "no step figures (see notes)"
         else:
             line += f"{self.input_fraction * 100:.1f} % input ({self.verdict.value})"
-        slowest = next(
-            (it for it in self.iterators if it.iterator == self.bottleneck_iterator), None
-        )
         if slowest is not None:
             line += (
                 f"; slowest stage {slowest.stage} "
                 f"({slowest.self_share * 100:.0f} % of input time)"
             )
         return f"{line}; capture in {self.run_dir}"
+
+    def span(self) -> str:
+        """What the stage times cover, e.g. "steps 10-24".
+
+        Returns:
+            The profiled steps, or for Grain's stage timing the separate pass.
+
+        Example:
+
+        >>> ProfileEvidence(first_step=10, stop_step=25).span()
+        'steps 10-24'
+        >>> ProfileEvidence(source=GRAIN, stop_step=8).span()
+        'a separate pass over 8 batches after training'
+        """
+        if self.source == GRAIN:
+            return f"a separate pass over {self.stop_step - self.first_step} batches after training"
+        return f"steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}"
 
 
 def analyze_capture(

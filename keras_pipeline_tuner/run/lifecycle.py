@@ -35,12 +35,15 @@ from keras_pipeline_tuner.outputs.tensorboard import next_run_name
 from keras_pipeline_tuner.outputs.tensorboard import run_path
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
+from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -125,6 +128,9 @@ class Run:
         self.notes: List[str] = []
         self.findings = []
         self.what_if = None
+        # A Grain dataset being trained on, and Grain's timing of its stages.
+        self.grain_dataset = None
+        self.stage_timing = None
         self.steps_per_execution = 1
         self.finished = False
         self._describe = describe
@@ -139,6 +145,8 @@ class Run:
         self.kind = kind
         self.run_name: Optional[str] = None
         self.early_verdict: Optional[str] = None
+        # The clock's `recorded` when the early verdict was last considered.
+        self._checked_records = -1
         self._began = time.monotonic()
 
     # Lifecycle.
@@ -218,12 +226,51 @@ class Run:
             except InMemoryDataTooLarge as reason:
                 self.notes.append(f"The pipeline was not inspected. {reason}")
 
+    def time_grain_stages(self) -> None:
+        """After training on a Grain dataset that kept steps waiting: Grain's stage timing.
+
+        Reads a few batches of the dataset apart, with Grain's own stage timing
+        on (see `profiling.grain_stages`), names the slowest stage and adds the
+        finding about it. Only for a run the report judges input-bound:
+        otherwise no stage limits training and the pass would cost for nothing.
+        """
+        dataset, self.grain_dataset = self.grain_dataset, None
+        if dataset is None or not self.guard.enabled(features.GRAIN_STAGES):
+            return
+        with self.guard(features.GRAIN_STAGES):
+            # The report's own verdict, so that the pass runs when the advice
+            # would look for the stage that holds the wait.
+            self.flush_rows()
+            verdict = self.report().verdict
+            if verdict not in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND):
+                return
+            evidence = grain_stages.time_stages(dataset)
+            self.stage_timing = evidence
+            stage = grain_stages.placement(evidence)
+            if stage is None:
+                return
+            found = grain_stage_findings(
+                stage.label,
+                evidence.bottleneck_node,
+                evidence.bottleneck_iterator,
+                stage.on_read_threads,
+                stage.read_threads,
+            )
+            if self.findings:
+                self.findings = list(self.findings) + list(found)
+            else:
+                self.findings = found
+
     def steps_ended(self, steps: int) -> None:
         """Between steps: counts them for TensorBoard, checkpoints every few seconds."""
         if steps and self.tensorboard is not None:
             self.tensorboard.step_ended(self.clock, steps)
-        if self.early_verdict is None and self._early_verdict_due():
-            self._say_early_verdict()
+        if self.early_verdict is None and self.clock.recorded != self._checked_records:
+            # Only new rows can make it due: not looked at on every step (a
+            # timing source may hand rows over a thousand steps at a time).
+            self._checked_records = self.clock.recorded
+            if self._early_verdict_due():
+                self._say_early_verdict()
         if time.monotonic() >= self._next_checkpoint:
             self.checkpoint()
 
@@ -368,7 +415,9 @@ class Run:
             measurement=measurement,
             steps_per_execution=self.steps_per_execution,
             notes=notes + self.window.notes,
-            profile=self.window.evidence,
+            # Grain's own stage timing names Grain's stages; a profiler window
+            # sees them only as Keras' generator around the dataset.
+            profile=self.stage_timing or self.window.evidence,
             findings=list(self.findings),
             what_if=self.what_if,
             workers=self.worker_view,

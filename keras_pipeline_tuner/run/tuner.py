@@ -196,6 +196,11 @@ class PipelineTuner(keras.callbacks.Callback):
             )
         # Once per fit, before the first step: never inside a timed step.
         run.inspect(lambda: fit_input.inspect_fit_input(model))
+        if self.guard.enabled(features.GRAIN_STAGES):
+            with self.guard(features.GRAIN_STAGES):
+                given = fit_input.find_fit_input(model)
+                if given is not None and given.kind == fit_input.GRAIN:
+                    run.grain_dataset = given.source
         keras_input = fit_input.keras_built_input(run.findings)
         if keras_input is not None:
             self._window.name_keras_input(keras_input)
@@ -365,6 +370,8 @@ class PipelineTuner(keras.callbacks.Callback):
                 except what_if_replay.ReplayUnsupported:
                     # Automatic, so an expected limit needs no note: the wait decides.
                     pass
+        # After training, as the replay: a pass of its own over the dataset.
+        run.time_grain_stages()
         self._in_fit = False
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
@@ -482,6 +489,7 @@ class PipelineTuner(keras.callbacks.Callback):
                     finish=self._finish_loop_run,
                     report=lambda: self.report,
                     profile_dataset=self._window.use_dataset,
+                    grain_dataset=self._use_grain_dataset,
                 ),
                 self.guard,
             )
@@ -528,7 +536,12 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def _finish_loop_run(self) -> Report:
         self._window.end_fit()
+        self._run.time_grain_stages()
         return self._run.finish()
+
+    def _use_grain_dataset(self, dataset) -> None:
+        # The custom loop's Grain dataset, timed by Grain when the run ends.
+        self._run.grain_dataset = dataset
 
     # The fit's timing source.
 

@@ -149,6 +149,10 @@ class StepClock:
             timings (for medians, percentiles and timelines). Totals and the input
             fraction stay exact beyond it.
 
+    Attributes:
+        recorded: how many times steps were recorded (`record` and
+            `record_first_step` calls): it changes exactly when the figures may.
+
     Example:
 
     >>> clock = StepClock(capacity=100)
@@ -183,6 +187,7 @@ class StepClock:
         self._epoch_started: Dict[str, float] = {}
         self._epoch_setup: Dict[str, Optional[float]] = {}
         self.epoch = 0
+        self.recorded = 0
         self.first_steps: Dict[str, FirstStep] = {}
         self.epochs: List[EpochBreakdown] = []
 
@@ -214,6 +219,7 @@ class StepClock:
                 first row's start.
         """
         rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        self.recorded += 1
         self._note_setup(kind, rows, called_at)
         if rows.shape[0] == 0:
             return
@@ -248,6 +254,7 @@ class StepClock:
             called_at: as for `record`.
         """
         rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+        self.recorded += 1
         start, ready, end = rows[0]
         measured = not math.isnan(ready)
         self.first_steps[kind] = FirstStep(

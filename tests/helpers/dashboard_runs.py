@@ -6,6 +6,8 @@
   prefetch at the end), which waits clearly less whatever the machine's load,
   with `kpt.tune`'s result for the naive pipeline written beside it (what
   `kpt.tune` keeps on a busy shared machine varies; the fixed pipeline does not);
+- with_grain: a fit on a Grain pipeline whose one map sleeps, after `to_iter_dataset`
+  (input-bound; Grain's own stage timing names the map), only as `report.json`;
 - workers: a two-worker job's report as the chief writes it, only as
   `report.json` (like a run older than the dashboard): the two workers' figures
   are the two fits' measured statistics, compared by the tuner's own code (the
@@ -16,13 +18,16 @@ Run once per test session and shared by the dashboard's tests.
 
 import dataclasses
 import pathlib
+import time
 
+import numpy as np
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.workers import exchange
 from tests.helpers.advised_fits import load_slowly
+from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
 
@@ -33,6 +38,9 @@ TUNE_BUDGET_S = 30
 NAIVE = "naive"
 TUNED = "tuned"
 WORKERS = "workers"
+# Listed after the naive and tuned runs, which the tab compares by default.
+GRAIN = "with_grain"
+GRAIN_ELEMENT_S = 0.004
 
 _runs = {}
 
@@ -65,6 +73,7 @@ def two_runs(tmp_path_factory) -> TwoRuns:
         tiny_model().fit(tuned_ds, epochs=EPOCHS, callbacks=[tuned], verbose=0)
         kpt.write_tune_result(log_dir / TUNED, result)
         _write_workers_report(log_dir / WORKERS, naive.report, tuned.report)
+        _write_grain_report(log_dir / GRAIN)
         _runs["two"] = TwoRuns(log_dir, naive, tuned, result)
     return _runs["two"]
 
@@ -79,6 +88,28 @@ def _write_workers_report(log_dir: pathlib.Path, slow, fast) -> None:
     report = dataclasses.replace(fast, workers=exchange.compare(identity, workers, final=True))
     log_dir.mkdir()
     (log_dir / REPORT_FILENAME).write_text(report.to_json())
+
+
+def slow_parse(index):
+    """The Grain run's map: sleeps `GRAIN_ELEMENT_S`, then makes element `index`."""
+    time.sleep(GRAIN_ELEMENT_S)
+    x = np.full((FEATURES,), index % 7, np.float32)
+    return x, np.float32(index % 2)
+
+
+def _write_grain_report(log_dir: pathlib.Path) -> None:
+    import grain
+
+    dataset = (
+        grain.MapDataset.range(STEPS * 4)
+        .to_iter_dataset(grain.ReadOptions(num_threads=0))
+        .map(slow_parse)
+        .batch(4)
+    )
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+    tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    log_dir.mkdir()
+    (log_dir / REPORT_FILENAME).write_text(tuner.report.to_json())
 
 
 def run_name(name: str) -> str:

@@ -20,16 +20,17 @@ BACKENDS = ("tensorflow", "jax", "torch")
 # Per backend: all scenarios in one process (a backend's imports take seconds).
 SCENARIOS = {
     "tensorflow": [
-        "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "outputs"
+        "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "outputs",
+        "grain",
     ],
     "jax": [
         "inputs", "slow", "fast", "steps_per_execution", "identical", "dispatch", "advice",
-        "custom_loop", "recovery", "profile",
+        "custom_loop", "recovery", "profile", "grain",
     ],
     # torch: steps_per_execution must be 1 (Keras says so).
     "torch": [
         "inputs", "slow", "fast", "identical", "dispatch", "advice", "custom_loop", "recovery",
-        "profile",
+        "profile", "grain",
     ],
 }
 DELAY_MS = 80.0
@@ -270,3 +271,53 @@ def test_profiler_window_names_the_users_stage_on_jax(measured, window):
     assert "map(load) holds" in top["evidence"], top
     # The markers span whole calls: the report says what the window's share is.
     assert any("upper bound" in note for note in result["notes"]), result["notes"]
+
+
+def _grain(measured):
+    if "grain" not in measured:
+        pytest.skip("this backend's scenarios leave Grain input out")
+    return measured["grain"]
+
+
+@pytest.mark.parametrize("run", ["before", "loop"])
+def test_grain_stage_timing_names_the_sleeping_map(measured, run):
+    # fit (and a custom loop through tuner.iterate) on a Grain pipeline whose one
+    # map sleeps 1.25 ms an element after to_iter_dataset: 80 ms a batch.
+    result = _grain(measured)[run]
+    assert result["verdict"] == "highly input-bound", result
+    assert result["bottleneck"] == "map(slow_parse)", result
+    timed = result["stages"]["map(slow_parse)"]
+    # Grain's own time per element, against the known sleep (generous margin).
+    per_element_ms = timed["self_ms"] / timed["calls"]
+    assert 1.0 <= per_element_ms <= 5.0, timed
+    assert result["stages"]["to_iter_dataset"]["waiting"], result["stages"]
+    assert result["recommendations"][0] == "grain-sequential-stage", result
+    assert "grain.ReadOptions(num_threads=" in result["fix"], result["fix"]
+    assert "map(slow_parse)" in result["summary"], result["summary"]
+    assert "Grain stage timing" in result["markdown"], result["markdown"]
+    assert "separate pass over" in result["markdown"], result["markdown"]
+    assert "Grain stage timing" in result["terminal"], result["terminal"]
+    assert "slowest stage map(slow_parse)" in result["terminal"], result["terminal"]
+
+
+def test_grain_advised_fix_runs_and_lowers_the_input_fraction(measured):
+    grain = _grain(measured)
+    before, after = grain["before"], grain["after"]
+    # The advised code was run as written (exec) and trained on.
+    assert after["input_fraction"] < 0.7 * before["input_fraction"], (before, after)
+    assert "grain-sequential-stage" not in after["findings"], after
+
+
+def test_grain_stage_timing_leaves_training_unchanged(measured):
+    assert _grain(measured)["identical"] is True
+
+
+def test_grain_stage_timing_failure_turns_it_off_and_fit_ends(measured):
+    failing = _grain(measured)["failing"]
+    assert failing["verdict"] == "highly input-bound", failing
+    assert failing["bottleneck"] is None, failing
+    assert any(
+        note.startswith("Grain stage timing was turned off after a failure")
+        and "record store went away" in note
+        for note in failing["notes"]
+    ), failing["notes"]

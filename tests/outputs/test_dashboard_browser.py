@@ -25,6 +25,7 @@ pytestmark = [needs_chromium, pytest.mark.browser]
 NAIVE = dashboard_runs.run_name(dashboard_runs.NAIVE)
 TUNED = dashboard_runs.run_name(dashboard_runs.TUNED)
 WORKERS = dashboard_runs.run_name(dashboard_runs.WORKERS)
+GRAIN = dashboard_runs.run_name(dashboard_runs.GRAIN)
 SCREENSHOT = REPO_ROOT / "docs" / "dashboard.png"
 
 # The tab's document: TensorBoard shows it in an iframe (found through shadow roots).
@@ -135,6 +136,15 @@ _TUNE_ROWS = f"""(() => {{
       : null;
 }})()"""
 # The workers' table: [worker, straggler mark], and the main run's banner note.
+# The stage table's heading and rows [stage, bottleneck mark], once it is Grain's.
+_GRAIN_STAGES = f"""(() => {{
+  const section = {_TAB}.querySelector(".kpt-stage-section");
+  const heading = section ? section.querySelector("h2").textContent : "";
+  if (!heading.includes("Grain")) return null;
+  return {{heading: heading, note: section.querySelector("p").textContent,
+    rows: Array.from(section.querySelectorAll(".kpt-stages-table tr")).slice(1).map((row) =>
+      [row.cells[0].textContent, row.classList.contains("kpt-bottleneck")])}};
+}})()"""
 _WORKER_ROWS = f"""(() => {{
   const doc = {_TAB};
   const rows = Array.from(doc.querySelectorAll(".kpt-workers tr")).slice(1);
@@ -178,6 +188,8 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         tune_rows = browser.wait_until(_TUNE_ROWS, bool)
         browser.evaluate(_pick(WORKERS))
         workers = browser.wait_until(_WORKER_ROWS, bool)
+        browser.evaluate(_pick(GRAIN))
+        grain_stages = browser.wait_until(_GRAIN_STAGES, bool)
     shutil.copy(scratch / "dashboard.png", SCREENSHOT)
 
     # A verdict banner per run, the naive run's as the report says.
@@ -231,3 +243,8 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         ["worker:1", "straggler", True],
     ]
     assert "Read from report.json" in workers["note"]
+    # A Grain run: its stages as Grain timed them, in a pass of their own, the map marked.
+    assert grain_stages["heading"] == "Grain stages, timed by Grain"
+    assert "separate pass over" in grain_stages["note"]
+    assert ["map(slow_parse)", True] in grain_stages["rows"]
+    assert [stage for stage, marked in grain_stages["rows"] if marked] == ["map(slow_parse)"]

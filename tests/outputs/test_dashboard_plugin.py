@@ -18,6 +18,7 @@ ROUTE = f"/data/plugin/{summaries.PLUGIN_NAME}"
 NAIVE = dashboard_runs.run_name(dashboard_runs.NAIVE)
 TUNED = dashboard_runs.run_name(dashboard_runs.TUNED)
 WORKERS = dashboard_runs.run_name(dashboard_runs.WORKERS)
+GRAIN = dashboard_runs.run_name(dashboard_runs.GRAIN)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_script_and_style_are_served_by_the_plugin(client):
 
 def test_runs_lists_both_runs_with_their_verdicts(client, runs):
     listed = {run["run"]: run for run in get_json(client, f"{ROUTE}/runs")["runs"]}
-    assert set(listed) == {NAIVE, TUNED, WORKERS}
+    assert set(listed) == {NAIVE, TUNED, WORKERS, GRAIN}
     # A run with only a report.json (as written before the dashboard) is listed too.
     assert listed[WORKERS]["source"] == "report.json" and not listed[WORKERS]["has_steps"]
     naive = listed[NAIVE]

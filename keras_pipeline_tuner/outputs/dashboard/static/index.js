@@ -468,12 +468,16 @@ function epochTable(view) {
 
 function stageTable(view) {
   const profile = view.report.profile;
+  // Grain pipelines are timed by Grain itself, in a pass of their own.
+  const grain = profile && profile.source === "grain";
   const section = element("section", {class: "kpt-stage-section"},
-      element("h2", {}, "tf.data stages in the profiler window"));
+      element("h2", {}, grain ? "Grain stages, timed by Grain"
+                              : "tf.data stages in the profiler window"));
   if (!profile || !(profile.iterators || []).length) {
     section.appendChild(element("p", {}, "No profiler window was captured for this run."));
     return section;
   }
+  if (grain && profile.trigger) section.appendChild(element("p", {}, profile.trigger + "."));
   if (profile.conclusion) section.appendChild(element("p", {}, profile.conclusion));
   const table = element("table", {class: "kpt-table kpt-stages-table"},
       headerRow(["Stage", "Iterator", "Calls", "Self time", "Share of self time", "Waits on"]));
