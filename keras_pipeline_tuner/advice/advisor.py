@@ -41,10 +41,15 @@ import os
 import re
 from typing import TYPE_CHECKING, Iterable, List, Optional
 
+from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
+from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
+from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
+from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import Evidence
@@ -52,6 +57,7 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
@@ -69,9 +75,6 @@ if TYPE_CHECKING:
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 
-NOT_THE_BOTTLENECK = "input-not-bottleneck"
-BOTTLENECK_STAGE = "bottleneck-stage"
-FIND_THE_BOTTLENECK = "input-bound"
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
@@ -133,6 +136,7 @@ def advise(
     cpu: Optional["CpuUsage"] = None,
     workers: Optional["MultiWorkerSummary"] = None,
     judgement: Optional[Judgement] = None,
+    fix_timings: Iterable["fix_timing.FixTiming"] = (),
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -152,6 +156,11 @@ def advise(
         judgement: the run's `Judgement` (see `advice.verdict`), so that the
             advice follows the report's verdict; judged from `stats` and
             `profile` when not given, and always for a multi-worker job.
+        fix_timings: `FixTiming`s of the advised fixes, timed on the pipeline
+            (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
+            the measured figure (`likely_speedup`), and the advice is ranked
+            again: fixes timed faster first (largest first), fixes timed at
+            no gain last; an untimed fix keeps its bound.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -195,8 +204,52 @@ def advise(
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
+    if _apply_timings(run, ranked, fix_timings):
+        # Stable: within a tier the rules' order stands, so that one stage's
+        # recommendation is its fix timed fastest, or else its first untimed.
+        ranked.sort(key=_timed_key)
     straggler = scale_out_advice.straggler_recommendation(workers)
     return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
+    """Puts each timed fix's measured gain on its recommendation; whether any was."""
+    timings = list(timings or ())
+    applied = False
+    for recommendation in ranked:
+        if recommendation.expected_gain is None:
+            continue
+        timing = next((item for item in timings if item.matches(recommendation)), None)
+        if timing is None:
+            continue
+        gain = fix_timing.measured_gain(timing, run.bound)
+        if gain is None:
+            recommendation.expected_gain = dataclasses.replace(
+                recommendation.expected_gain,
+                statement=(
+                    recommendation.expected_gain.statement
+                    + " "
+                    + fix_timing.untimed_statement(timing)
+                ).strip(),
+            )
+            continue
+        recommendation.expected_gain = gain
+        recommendation.evidence.append(Evidence(FIX_TIMING, gain.statement))
+        applied = True
+    return applied
+
+
+def _measured_tier(recommendation: Recommendation) -> int:
+    """0: the change was timed faster; 1: not timed; 2: timed at no gain."""
+    gain = recommendation.expected_gain
+    if gain is None or gain.likely_speedup is None:
+        return 1
+    return 0 if gain.likely_speedup >= LEAST_MEASURED_GAIN else 2
+
+
+def _timed_key(recommendation: Recommendation):
+    tier = _measured_tier(recommendation)
+    return (tier, -recommendation.expected_gain.likely_speedup if tier == 0 else 0.0)
 
 
 def _bottleneck_key(recommendation: Recommendation):
@@ -233,10 +286,14 @@ def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
             if key and key not in by_stage:
                 by_stage[key] = recommendation
             continue
+        timed = ""
+        gain = recommendation.expected_gain
+        if gain is not None and gain.likely_speedup is not None:
+            timed = f" Timed: {describe_gain(gain)}."
         first.evidence.append(
             Evidence(
                 LINT,
-                f"Also at this stage: {recommendation.title}. {recommendation.reason}",
+                f"Also at this stage: {recommendation.title}.{timed} {recommendation.reason}",
             )
         )
         first.also.append(recommendation.id)
@@ -616,6 +673,7 @@ def _rank_key(recommendation: Recommendation):
     gain = recommendation.expected_gain or ExpectedGain()
     return (
         _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
+        _measured_tier(recommendation),
         -(gain.likely_speedup or 0.0),
         -(gain.speedup or 0.0),
     )

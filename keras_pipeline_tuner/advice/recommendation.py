@@ -14,6 +14,13 @@ STEP_CLOCK = "step clock"
 PROFILER = "profiler"
 LINT = "pipeline inspection"
 REPLAY = "what-if replay"
+# The advised change itself, timed on the pipeline (`measure_fixes`).
+FIX_TIMING = "fix timing"
+
+# The advisor's own recommendation ids (the others are findings' ids).
+NOT_THE_BOTTLENECK = "input-not-bottleneck"
+BOTTLENECK_STAGE = "bottleneck-stage"
+FIND_THE_BOTTLENECK = "input-bound"
 
 MEASURED = "measured"
 # An upper bound: the measured ceiling (step / compute) or what removing a
@@ -21,14 +28,18 @@ MEASURED = "measured"
 BOUND = "bound"
 ESTIMATED = "estimated"
 
+# A timed change that brings less than this is no gain: a few seconds of
+# timing on a shared machine do not tell smaller differences from noise.
+LEAST_MEASURED_GAIN = 1.10
+
 
 @dataclasses.dataclass
 class Evidence:
     """One measured or observed fact a recommendation rests on.
 
     Attributes:
-        source: where it comes from: "step clock", "profiler" or
-            "pipeline inspection".
+        source: where it comes from: "step clock", "profiler",
+            "pipeline inspection", "what-if replay" or "fix timing".
         detail: the fact, in one sentence with its numbers.
     """
 
@@ -162,21 +173,30 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     Returns:
         The phrase.
 
+    A gain the change itself was timed for (`likely_speedup`) is shown as
+    that figure; below `LEAST_MEASURED_GAIN` it is no gain.
+
     Example:
 
     >>> describe_gain(ExpectedGain(speedup=2.0, basis="estimated"))
     'up to 2.00x faster (estimated)'
     >>> describe_gain(ExpectedGain(speedup=1.0, basis="measured"))
     'no gain (measured)'
+    >>> describe_gain(ExpectedGain(speedup=9.0, likely_speedup=3.0))
+    '3.00x faster (measured: the change timed)'
+    >>> describe_gain(ExpectedGain(speedup=9.0, likely_speedup=1.04))
+    'no gain (measured: the change timed, 1.04x)'
     """
     if gain is None:
         return "correctness, not speed"
+    if gain.likely_speedup is not None:
+        if gain.likely_speedup < LEAST_MEASURED_GAIN:
+            return f"no gain (measured: the change timed, {gain.likely_speedup:.2f}x)"
+        return f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
     if gain.speedup is None:
         if gain.step_ms is None:
             return "gain not measured"
         return f"many times faster ({gain.basis})"
     if gain.speedup <= 1.0:
         return f"no gain ({gain.basis})"
-    if gain.likely_speedup is not None:
-        return f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
     return f"up to {gain.speedup:.2f}x faster ({gain.basis})"

@@ -124,6 +124,8 @@ class Run:
         self.notes: List[str] = []
         self.findings = []
         self.what_if = None
+        # The advised fixes timed after training (`measure_fixes`).
+        self.fix_timings = []
         self.steps_per_execution = 1
         self.finished = False
         self._describe = describe
@@ -383,6 +385,7 @@ class Run:
                     cpu=report.cpu,
                     workers=report.workers,
                     judgement=judgement,
+                    fix_timings=self.fix_timings,
                 )
         return report
 
