@@ -147,11 +147,13 @@ class PipelineTuner(keras.callbacks.Callback):
         self.measure_fixes_s = fix_timing.checked_budget(measure_fixes)
         if not isinstance(allow_unverified, bool):
             raise ValueError(
-                f"`allow_unverified` must be True or False, got {allow_unverified!r}."
+                f"`allow_unverified` must be True or False, got {allow_unverified!r}. Pass "
+                "allow_unverified=True with measure_fixes=True to also time parallel calls "
+                "of a Python function."
             )
         if allow_unverified and not self.measure_fixes_s:
             raise ValueError(
-                "`allow_unverified=True` applies to the fixes `measure_fixes` times, and "
+                "`allow_unverified` applies to the fixes `measure_fixes` times, and "
                 "measure_fixes is off: pass measure_fixes=True as well, or drop "
                 "allow_unverified."
             )
