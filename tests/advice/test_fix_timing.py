@@ -7,6 +7,7 @@ calls do not help). Only the timing of the change can tell them apart: their
 bounds are alike.
 """
 
+import io
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.markdown import render_markdown
+from keras_pipeline_tuner.outputs.terminal import print_summary
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
@@ -102,10 +104,14 @@ def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
         assert top is not parallel or describe_gain(top.expected_gain).startswith("no gain")
 
 
-def test_the_figures_reach_the_markdown_report():
+def test_the_figures_reach_the_markdown_report_and_the_terminal():
     report = _fit("sleep", sleep_in_python, allow_unverified=True)
-    markdown = render_markdown(report)
-    assert "(measured: the change timed)" in markdown
+    shown = describe_gain(report.recommendations[0].expected_gain)
+    assert shown.endswith("(measured: the change timed)")
+    assert shown in render_markdown(report)
+    printed = io.StringIO()
+    print_summary(report, file=printed)
+    assert shown in printed.getvalue()
     # And survive the JSON round trip the CLI reads.
     again = kpt.Report.from_json(report.to_json())
     assert again.recommendations[0].expected_gain.likely_speedup == pytest.approx(
