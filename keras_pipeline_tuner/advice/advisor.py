@@ -62,6 +62,7 @@ from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.catalogue import KINDS
+from keras_pipeline_tuner.pipeline import keras_made
 from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -80,6 +81,7 @@ _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
 _PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
 _INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+_KERAS_DIRECTORY_UTILITIES = (keras_made.IMAGES, keras_made.TEXT, keras_made.AUDIO)
 _STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
 
 # What usually speeds up a stage of each kind, for a bottleneck no finding
@@ -374,7 +376,10 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     kind, function = _parse_stage(stage)
     reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
     written = _pipeline_stage(run, run.profile.bottleneck_node)
-    if kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
+    if written is not None and written.made_by in _KERAS_DIRECTORY_UTILITIES:
+        # Keras' own loader: the user's call is what can change, not its lambda.
+        reason, fix = keras_made.cache_advice(run.pipeline, written)
+    elif kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
         # Telling an already-parallel stage to run in parallel repeats the
         # user's own code: what is left is less work or doing it once.
         reason, fix = _parallel_stage_fix(written)
