@@ -272,8 +272,9 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
             compute time a step cannot go below.
 
     Returns:
-        An `ExpectedGain` with basis "measured" whose `likely_speedup` is the
-        predicted step gain and `speedup` the bound, or `None`.
+        An `ExpectedGain` with basis "measured" whose `likely_speedup` (and
+        `speedup`) is the predicted step gain, the bound said in its
+        statement; or `None`.
 
     Example:
 
@@ -310,10 +311,12 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
             f" Capped at the measured bound of {bound.speedup:.2f}x (steps no faster "
             "than their compute)."
         )
+    elif bound.speedup is not None:
+        statement += f" (The bound, steps as fast as their compute: {bound.speedup:.2f}x.)"
     return ExpectedGain(
-        speedup=bound.speedup,
+        speedup=likely,
         step_ms=bound.step_ms,
-        step_ms_after=bound.step_ms_after,
+        step_ms_after=bound.step_ms / likely,
         basis=MEASURED,
         statement=statement,
         likely_speedup=likely,

@@ -54,8 +54,10 @@ class ExpectedGain:
     Attributes:
         speedup: upper bound of step time now over step time after the change
             (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
+            When the change itself was timed, the figure that timing predicts
+            (as `likely_speedup`).
         step_ms: mean training step time now.
-        step_ms_after: mean step time the bound corresponds to.
+        step_ms_after: mean step time `speedup` corresponds to.
         basis: "measured" when the figure follows from timings of this run (a
             what-if replay, a profiled stage's share, the change itself timed
             by `measure_fixes`); "bound" when it is only a ceiling (steps no

@@ -17,6 +17,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.outputs.terminal import print_summary
 from tests.helpers.training_data import FEATURES
@@ -80,7 +81,9 @@ def test_a_map_that_sleeps_gets_a_measured_gain_and_ranks_first():
     assert gain.basis == "measured"
     # Several calls sleep at once: clearly faster, and never above the bound.
     assert gain.likely_speedup > 1.3
-    assert gain.likely_speedup <= gain.speedup
+    assert gain.speedup == gain.likely_speedup
+    assert gain.likely_speedup <= free_input_gain(report.train).speedup
+    assert "(The bound, steps as fast as their compute:" in gain.statement
     assert "with map(sleep_in_python, num_parallel_calls=AUTOTUNE)" in gain.statement
     assert any(e.source == "fix timing" for e in top.evidence)
     assert describe_gain(gain) == f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
