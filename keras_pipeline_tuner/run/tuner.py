@@ -422,7 +422,7 @@ class PipelineTuner(keras.callbacks.Callback):
         ):
             run.notes.append(
                 "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
-                "fit was not given one."
+                "fit was not given one (or was given one distributed by a strategy)."
             )
             return
         report = run.built_report()

@@ -8,6 +8,7 @@ bounds are alike.
 """
 
 import io
+import logging
 import time
 
 import pytest
@@ -189,3 +190,22 @@ def test_an_untimed_fix_has_no_measured_gain():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
     untimed = fix_timing.FixTiming("sequential-map", "map(f)", None, "", "not measured", "x")
     assert fix_timing.measured_gain(untimed, bound) is None
+
+
+def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
+    from tests.helpers.fault_injection import raise_injected
+
+    monkeypatch.setattr(fix_timing, "time_fixes", raise_injected)
+    dataset = cached_source(32).map(sleep_in_python).batch(BATCH)
+    model = tiny_model()
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=True)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        history = model.fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "keras_pipeline_tuner"]
+    assert len(warnings) == 1 and "fix timing turned off: InjectedFault" in warnings[0]
+    assert len(history.history["loss"]) == 1
+    report = tuner.report
+    assert any(note.startswith("fix timing was turned off") for note in report.notes)
+    # The advice stands, with its bounds.
+    assert report.recommendations[0].id == "sequential-map"
+    assert report.recommendations[0].expected_gain.likely_speedup is None
