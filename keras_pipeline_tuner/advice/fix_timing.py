@@ -192,7 +192,9 @@ def time_fixes(
             proven", and keep their bound, otherwise.
 
     Returns:
-        One `FixTiming` per recommendation whose fix is a rewrite.
+        One `FixTiming` per advised fix that is a rewrite: each
+        recommendation's own, and those folded into it (`also`, the other
+        findings about its stage), which may turn out faster.
 
     Example:
 
@@ -207,13 +209,11 @@ def time_fixes(
     untouchable = _untouchable(pipeline)
     timings: List[FixTiming] = []
     wanted: List[Tuple[FixTiming, "pipeline_rewrite.Rewrite"]] = []
-    for recommendation in recommendations:
-        kind = _rewrite_kind(recommendation)
+    for recommendation, fix_id in _advised_fixes(recommendations):
+        kind = _rewrite_kind(recommendation, fix_id)
         if kind is None:
             continue
-        timing = FixTiming(
-            recommendation.id, recommendation.stage, recommendation.stage_node, "", ""
-        )
+        timing = FixTiming(fix_id, recommendation.stage, recommendation.stage_node, "", "")
         timings.append(timing)
         if untouchable is not None:
             timing.status, timing.reason = pipeline_tuning.NOT_APPLICABLE, untouchable
@@ -358,9 +358,18 @@ def _untouchable(pipeline) -> Optional[str]:
     return None
 
 
-def _rewrite_kind(recommendation: Recommendation) -> Optional[str]:
-    kind = _REWRITE_OF.get(recommendation.id)
-    if kind is not None or recommendation.id != BOTTLENECK_STAGE:
+def _advised_fixes(recommendations) -> List[Tuple[Recommendation, str]]:
+    """Each advised fix: a recommendation's own, and those folded into it (`also`)."""
+    found = []
+    for recommendation in recommendations:
+        for fix_id in [recommendation.id, *recommendation.also]:
+            found.append((recommendation, fix_id))
+    return found
+
+
+def _rewrite_kind(recommendation: Recommendation, fix_id: str) -> Optional[str]:
+    kind = _REWRITE_OF.get(fix_id)
+    if kind is not None or fix_id != BOTTLENECK_STAGE:
         return kind
     # The advisor's fix for a bottleneck no finding explains: read which.
     fix, stage = recommendation.fix, recommendation.stage or ""
@@ -405,16 +414,17 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     epoch of a few batches per pass, as many as fit, and the cache is not
     timed.
     """
-    fixes = len({(rewrite.kind, rewrite.node) for _, rewrite in wanted})
+    distinct = {(rewrite.kind, rewrite.node) for _, rewrite in wanted}
     # The pipeline alone is at most as slow as the steps that wait for it.
     batch_s = max((stats.step.median_ms or stats.step.mean_ms or 1.0) / 1e3, 1e-4)
     cardinality = int(dataset.cardinality())
-    caching = any(rewrite.kind == pipeline_rewrite.CACHE for _, rewrite in wanted)
+    caching = any(kind == pipeline_rewrite.CACHE for kind, _ in distinct)
     if caching and cardinality > 0:
-        whole_epochs = _SETUP_EPOCHS + fixes * (1 + 2 * _PASSES_PER_FIX)
+        whole_epochs = _SETUP_EPOCHS + len(distinct) * (1 + 2 * _PASSES_PER_FIX)
         if cardinality * batch_s * whole_epochs <= _BUDGET_SHARE * budget_s:
             return 2, None, None
-    epochs = _SETUP_EPOCHS + fixes * (1 + _PASSES_PER_FIX)
+    fixes = sum(1 for kind, _ in distinct if kind != pipeline_rewrite.CACHE)
+    epochs = _SETUP_EPOCHS + max(fixes, 1) * (1 + _PASSES_PER_FIX)
     num_batches = int(_BUDGET_SHARE * budget_s / (batch_s * epochs))
     num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
     if cardinality > 0:

@@ -209,3 +209,32 @@ def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
     # The advice stands, with its bounds.
     assert report.recommendations[0].id == "sequential-map"
     assert report.recommendations[0].expected_gain.likely_speedup is None
+
+
+def test_a_fix_folded_into_another_recommendation_is_timed_too():
+    # One stage, one recommendation: the parallel map is in the cache's `also`.
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+    from keras_pipeline_tuner.pipeline.graph import read_pipeline
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
+    cache = Recommendation(
+        id="cache-missing",
+        title="Cache the deterministic work of map(sleep_in_python)",
+        severity="warning",
+        stage="map(sleep_in_python)",
+        stage_node=node,
+        also=["sequential-map", "py-function-in-map"],
+    )
+    import numpy as np
+
+    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+    timings = fix_timing.time_fixes(dataset, [cache], stats, 3.0, allow_unverified=True)
+    by_id = {timing.recommendation: timing for timing in timings}
+    assert set(by_id) == {"cache-missing", "sequential-map"}
+    assert by_id["sequential-map"].measured
+    assert by_id["sequential-map"].batch_ms_after < by_id["sequential-map"].batch_ms_before
+    # The cache is not timed here, and says why.
+    assert not by_id["cache-missing"].measured
+    assert by_id["cache-missing"].status != "measured" and by_id["cache-missing"].reason
