@@ -209,7 +209,15 @@ def advise(
     if _apply_timings(run, ranked, fix_timings):
         # Stable: within a tier the rules' order stands, so that one stage's
         # recommendation is its fix timed fastest, or else its first untimed.
-        ranked.sort(key=_timed_key)
+        # An untimed cache of the bottleneck stage keeps its lead: it removes
+        # the stage's work from every epoch after the first, which no timed
+        # parallelism does (a cache is timed only when whole epochs fit).
+        leading = {
+            id(item)
+            for item in ranked[: len(at_bottleneck)]
+            if item.id == "cache-missing" and _measured_tier(item) == 1
+        }
+        ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
     straggler = scale_out_advice.straggler_recommendation(workers)
     return ([straggler] if straggler else []) + _one_per_stage(ranked)
 

@@ -242,3 +242,67 @@ def test_a_fix_folded_into_another_recommendation_is_timed_too():
     # The cache is not timed here, and says why.
     assert not by_id["cache-missing"].measured
     assert by_id["cache-missing"].status != "measured" and by_id["cache-missing"].reason
+
+
+# Ranking with timed fixes, on hand-built evidence.
+
+
+def _ranked(cache_after_ms=None):
+    import numpy as np
+
+    from keras_pipeline_tuner.advice import advisor
+    from keras_pipeline_tuner.pipeline.findings import Finding
+    from keras_pipeline_tuner.profiling.evidence import IteratorTime
+    from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+    from keras_pipeline_tuner.timing.step_stats import Verdict
+
+    stage, node = "map(load_image)", "MapDataset/_3"
+    findings = [
+        Finding(fix_id, "warning", stage, node, "MapDataset", "load_image", "why", "# fix")
+        for fix_id in ("cache-missing", "sequential-map")
+    ]
+    iterator = "Iterator::Root::Prefetch::Map"
+    profile = ProfileEvidence(
+        first_step=2,
+        stop_step=10,
+        input_fraction=0.9,
+        verdict=Verdict.HIGHLY_INPUT_BOUND,
+        iterators=[
+            IteratorTime(
+                iterator=iterator, stage=stage, stage_node=node, dataset_op="MapDataset:3",
+                calls=20, self_ms=300.0, total_ms=320.0, self_share=0.9, waiting=False,
+            )
+        ],
+        bottleneck=stage,
+        bottleneck_iterator=iterator,
+        bottleneck_node=node,
+    )
+
+    def timing(fix_id, after_ms, status="measured"):
+        return fix_timing.FixTiming(
+            fix_id, stage, node, "the change", status, "" if after_ms else "no room",
+            batch_ms_before=40.0 if after_ms else None, batch_ms_after=after_ms,
+            rounds=3, batches=8, overlapped_before=True, overlapped_after=True,
+        )
+
+    timings = [
+        timing("sequential-map", 20.0),
+        timing("cache-missing", cache_after_ms, "measured" if cache_after_ms else "not measured"),
+    ]
+    stats = StepStats.from_arrays(np.full(20, 0.036), np.full(20, 0.004))
+    return advisor.advise(stats, profile, findings, fix_timings=timings)
+
+
+def test_an_untimed_cache_of_the_bottleneck_keeps_its_lead():
+    top = _ranked()[0]
+    assert top.id == "cache-missing" and top.expected_gain.likely_speedup is None
+    assert "The change was not timed (not measured: no room)" in top.expected_gain.statement
+    assert top.also == ["sequential-map"]
+    assert any("Timed: 2.00x faster (measured: the change timed)" in e.detail for e in top.evidence)
+
+
+def test_fixes_timed_at_one_stage_lead_by_their_figures():
+    top = _ranked(cache_after_ms=30.0)[0]
+    assert top.id == "sequential-map" and top.expected_gain.likely_speedup == pytest.approx(2.0)
+    assert top.also == ["cache-missing"]
