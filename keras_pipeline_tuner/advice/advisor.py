@@ -161,8 +161,9 @@ def advise(
         fix_timings: `FixTiming`s of the advised fixes, timed on the pipeline
             (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
             the measured figure (`likely_speedup`), and the advice is ranked
-            again: fixes timed faster first (largest first), fixes timed at
-            no gain last; an untimed fix keeps its bound.
+            again: fixes timed faster first (largest first; an untimed cache
+            of the bottleneck stage keeps its lead), fixes timed at no gain
+            last; an untimed fix keeps its bound.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
