@@ -134,6 +134,61 @@ def cache_advice(pipeline, stage) -> Tuple[str, str]:
     return reason, fix
 
 
+def batching_loader(pipeline, batch):
+    """The Keras directory utility's loader whose own batch `batch` is, or `None`.
+
+    Args:
+        pipeline: the `Pipeline`.
+        batch: a batch stage of it.
+
+    Returns:
+        The loader `Stage` (its `made_by` set), or `None` when the user
+        wrote the batch.
+    """
+    for stage in pipeline.stages:
+        if stage.made_by in (IMAGES, TEXT, AUDIO) and _batch_after(pipeline, stage) is batch:
+            return stage
+    return None
+
+
+def unbatched_shuffle_fix(pipeline, loader, batch, shuffle) -> str:
+    """Code that shuffles examples after a Keras utility that batches itself.
+
+    `image_dataset_from_directory(...).cache().shuffle(1000)` shuffles whole
+    batches: the utility batched before the shuffle. The fix asks it for
+    single elements (`batch_size=None`), keeps the user's stages in between,
+    then shuffles and batches.
+
+    Args:
+        pipeline: the `Pipeline`.
+        loader: the utility's loader stage.
+        batch: the utility's own batch.
+        shuffle: the user's shuffle after it.
+
+    Returns:
+        The code, from the utility's call to the new batch.
+    """
+    between = []
+    for stage in pipeline.main_chain(shuffle):
+        if stage is batch:
+            break
+        if stage.kind != "prefetch":
+            between.append(stage)
+    lines = [
+        f"ds = keras.utils.{loader.made_by}(",
+        "    directory, batch_size=None)  # with your other arguments",
+    ]
+    for stage in reversed(between):
+        lines.append("ds = ds." + stage.label.replace("=AUTOTUNE", "=tf.data.AUTOTUNE"))
+    buffer = shuffle.params.get("buffer_size")
+    size = batch.params.get("batch_size")
+    lines.append(
+        f"ds = ds.shuffle({buffer if isinstance(buffer, int) else 'buffer_size'})"
+        f".{batch.kind}({size if isinstance(size, int) else 'batch_size'})"
+    )
+    return "\n".join(lines)
+
+
 def _batch_after(pipeline, stage):
     """The batch Keras put after its loader (through its prefetch), if any."""
     readers = {}

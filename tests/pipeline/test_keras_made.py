@@ -174,3 +174,23 @@ def test_a_profiled_keras_loader_gets_the_utilitys_advice(image_directory):
     assert "keras.utils.image_dataset_from_directory(" in top.fix
     assert "shuffle=False, batch_size=None" in top.fix
     assert "<lambda>" not in top.title + top.reason + top.fix
+
+
+def test_shuffling_the_utilitys_batches_is_fixed_with_its_batch_size(image_directory):
+    # The pattern of TensorFlow's image loading tutorial: cache, shuffle, prefetch.
+    dataset = _images(image_directory).cache().shuffle(100).prefetch(tf.data.AUTOTUNE)
+    findings = kpt.inspect(dataset)
+    (shuffled,) = [f for f in findings if f.id == "shuffle-after-batch"]
+    assert "image_dataset_from_directory(...)'s own" in shuffled.reason
+    assert "batch_size=None" in shuffled.fix and "ds = ds.cache()" in shuffled.fix
+    namespace = {"keras": keras, "tf": tf, "directory": str(image_directory)}
+    code = shuffled.fix.replace(
+        "directory, batch_size=None", f"directory, image_size={IMAGE_SIZE}, batch_size=None"
+    )
+    exec(code + "\nds = ds.prefetch(tf.data.AUTOTUNE)", namespace)  # noqa: S102
+    fixed = namespace["ds"]
+    images, _ = next(iter(fixed))
+    assert images.shape == (BATCH,) + IMAGE_SIZE + (3,)
+    again = kpt.inspect(fixed)
+    assert "shuffle-after-batch" not in again.ids
+    assert set(again.ids) <= set(findings.ids), again
