@@ -47,6 +47,9 @@ logger = logging.getLogger("keras_pipeline_tuner")
 
 # Seconds `measure_fixes=True` may take after training, all fixes together.
 DEFAULT_BUDGET_S = 5.0
+# In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
+# copies them (about 10 ms per MB here), after training, in the user's memory.
+MAX_IN_MEMORY_BYTES = 256 * 2**20
 # Batches per timed epoch when epochs are cut short: fewer leaves the
 # iterator's start-up to dominate, more does not fit the budget.
 _MIN_BATCHES = 4
@@ -207,9 +210,19 @@ def time_fixes(
         print(timing.change, timing.status, timing.batch_ms_before, timing.batch_ms_after)
     ```
     """
-    pipeline = pipeline_graph.read_pipeline(dataset)
-    candidates, skipped = pipeline_rewrite.plan_rewrites(pipeline)
-    untouchable = _untouchable(pipeline)
+    held = pipeline_graph.in_memory_bytes(dataset)
+    if held > MAX_IN_MEMORY_BYTES:
+        # Rebuilding the pipeline from its graph copies the arrays it holds.
+        candidates, skipped = [], []
+        untouchable = (
+            f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
+            f"rebuilding it to time the change would copy (more than "
+            f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
+        )
+    else:
+        pipeline = pipeline_graph.read_pipeline(dataset)
+        candidates, skipped = pipeline_rewrite.plan_rewrites(pipeline)
+        untouchable = _untouchable(pipeline)
     timings: List[FixTiming] = []
     wanted: List[Tuple[FixTiming, "pipeline_rewrite.Rewrite"]] = []
     for recommendation, fix_id in _advised_fixes(recommendations):

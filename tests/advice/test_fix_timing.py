@@ -306,3 +306,22 @@ def test_fixes_timed_at_one_stage_lead_by_their_figures():
     top = _ranked(cache_after_ms=30.0)[0]
     assert top.id == "sequential-map" and top.expected_gain.likely_speedup == pytest.approx(2.0)
     assert top.also == ["cache-missing"]
+
+
+def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+    import numpy as np
+
+    # The limit lowered below this pipeline's 3 kB of arrays, rather than
+    # hundreds of megabytes allocated for the test.
+    monkeypatch.setattr(fix_timing, "MAX_IN_MEMORY_BYTES", 1000)
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    advised = Recommendation(
+        id="sequential-map", title="Parallelise", severity="warning",
+        stage="map(sleep_in_python)", stage_node="MapDataset/_3",
+    )
+    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+    (timing,) = fix_timing.time_fixes(dataset, [advised], stats, 3.0, allow_unverified=True)
+    assert not timing.measured
+    assert "MB of in-memory arrays" in timing.reason
