@@ -28,8 +28,8 @@ from tests.helpers.training_data import tiny_model
 ELEMENTS = 96
 BATCH = 4
 SLEEP_S = 0.01
-# About ten milliseconds of pure Python per element, holding the GIL.
-COUNT = 40_000
+# About twenty milliseconds of pure Python per element, holding the GIL.
+COUNT = 80_000
 MEASURE_S = 8.0
 
 _fits = {}
