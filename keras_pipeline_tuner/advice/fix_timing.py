@@ -42,6 +42,7 @@ from keras_pipeline_tuner.pipeline import graph as pipeline_graph
 from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
 from keras_pipeline_tuner.pipeline import tuning as pipeline_tuning
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -144,6 +145,17 @@ class FixTiming:
             recommendation.stage_node == self.stage_node
             and recommendation.stage == self.stage
         )
+
+
+def input_bound(verdict) -> bool:
+    """Whether a run's verdict calls for timing the fixes: input-bound, highly or moderately.
+
+    Example:
+
+    >>> input_bound("moderately input-bound"), input_bound("not input-bound")
+    (True, False)
+    """
+    return verdict in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 
 
 def checked_budget(measure_fixes) -> float:

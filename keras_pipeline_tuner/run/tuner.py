@@ -426,10 +426,7 @@ class PipelineTuner(keras.callbacks.Callback):
             )
             return
         report = run.built_report()
-        if report is None or report.verdict not in (
-            Verdict.HIGHLY_INPUT_BOUND,
-            Verdict.MODERATELY_INPUT_BOUND,
-        ):
+        if report is None or not fix_timing.input_bound(report.verdict):
             return
         # The user's Python functions run again: their draws from the global
         # generators must not move the user's next ones.
