@@ -340,7 +340,7 @@ def steady_step_ms(build) -> float:
 
 
 def advised(case, log_dir):
-    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(3, 15))
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(3, 15), measure_fixes=True)
     model().fit(case.build(), epochs=2, callbacks=[tuner], verbose=0, shuffle=False)
     return tuner.report
 

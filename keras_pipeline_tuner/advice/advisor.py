@@ -41,10 +41,15 @@ import os
 import re
 from typing import TYPE_CHECKING, Iterable, List, Optional
 
+from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
+from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
+from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
+from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
@@ -53,10 +58,12 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.catalogue import KINDS
+from keras_pipeline_tuner.pipeline import keras_made
 from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -71,14 +78,12 @@ if TYPE_CHECKING:
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 
-NOT_THE_BOTTLENECK = "input-not-bottleneck"
-BOTTLENECK_STAGE = "bottleneck-stage"
-FIND_THE_BOTTLENECK = "input-bound"
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
 _PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
 _INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+_KERAS_DIRECTORY_UTILITIES = (keras_made.IMAGES, keras_made.TEXT, keras_made.AUDIO)
 _STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
 
 # What usually speeds up a stage of each kind, for a bottleneck no finding
@@ -135,6 +140,7 @@ def advise(
     cpu: Optional["CpuUsage"] = None,
     workers: Optional["MultiWorkerSummary"] = None,
     judgement: Optional[Judgement] = None,
+    fix_timings: Iterable["fix_timing.FixTiming"] = (),
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -154,6 +160,12 @@ def advise(
         judgement: the run's `Judgement` (see `advice.verdict`), so that the
             advice follows the report's verdict; judged from `stats` and
             `profile` when not given, and always for a multi-worker job.
+        fix_timings: `FixTiming`s of the advised fixes, timed on the pipeline
+            (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
+            the measured figure (`likely_speedup`), and the advice is ranked
+            again: fixes timed faster first (largest first; an untimed cache
+            of the bottleneck stage keeps its lead), fixes timed at no gain
+            last; an untimed fix keeps its bound.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -197,8 +209,60 @@ def advise(
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
+    if _apply_timings(run, ranked, fix_timings):
+        # Stable: within a tier the rules' order stands, so that one stage's
+        # recommendation is its fix timed fastest, or else its first untimed.
+        # An untimed cache of the bottleneck stage keeps its lead: it removes
+        # the stage's work from every epoch after the first, which no timed
+        # parallelism does (a cache is timed only when whole epochs fit).
+        leading = {
+            id(item)
+            for item in ranked[: len(at_bottleneck)]
+            if item.id == "cache-missing" and _measured_tier(item) == 1
+        }
+        ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
     straggler = scale_out_advice.straggler_recommendation(workers)
     return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
+    """Puts each timed fix's measured gain on its recommendation; whether any was."""
+    timings = list(timings or ())
+    applied = False
+    for recommendation in ranked:
+        if recommendation.expected_gain is None:
+            continue
+        timing = next((item for item in timings if item.matches(recommendation)), None)
+        if timing is None:
+            continue
+        gain = fix_timing.measured_gain(timing, run.bound)
+        if gain is None:
+            recommendation.expected_gain = dataclasses.replace(
+                recommendation.expected_gain,
+                statement=(
+                    recommendation.expected_gain.statement
+                    + " "
+                    + fix_timing.untimed_statement(timing)
+                ).strip(),
+            )
+            continue
+        recommendation.expected_gain = gain
+        recommendation.evidence.append(Evidence(FIX_TIMING, gain.statement))
+        applied = True
+    return applied
+
+
+def _measured_tier(recommendation: Recommendation) -> int:
+    """0: the change was timed faster; 1: not timed; 2: timed at no gain."""
+    gain = recommendation.expected_gain
+    if gain is None or gain.likely_speedup is None:
+        return 1
+    return 0 if gain.likely_speedup >= LEAST_MEASURED_GAIN else 2
+
+
+def _timed_key(recommendation: Recommendation):
+    tier = _measured_tier(recommendation)
+    return (tier, -recommendation.expected_gain.likely_speedup if tier == 0 else 0.0)
 
 
 def _bottleneck_key(recommendation: Recommendation):
@@ -235,10 +299,14 @@ def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
             if key and key not in by_stage:
                 by_stage[key] = recommendation
             continue
+        timed = ""
+        gain = recommendation.expected_gain
+        if gain is not None and gain.likely_speedup is not None:
+            timed = f" Timed: {describe_gain(gain)}."
         first.evidence.append(
             Evidence(
                 LINT,
-                f"Also at this stage: {recommendation.title}. {recommendation.reason}",
+                f"Also at this stage: {recommendation.title}.{timed} {recommendation.reason}",
             )
         )
         first.also.append(recommendation.id)
@@ -335,7 +403,10 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     kind, function = _parse_stage(stage)
     reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
     written = _pipeline_stage(run, run.profile.bottleneck_node)
-    if kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
+    if written is not None and written.made_by in _KERAS_DIRECTORY_UTILITIES:
+        # Keras' own loader: the user's call is what can change, not its lambda.
+        reason, fix = keras_made.cache_advice(run.pipeline, written)
+    elif kind in _PARALLEL_KINDS and written is not None and _runs_parallel(written):
         # Telling an already-parallel stage to run in parallel repeats the
         # user's own code: what is left is less work or doing it once.
         reason, fix = _parallel_stage_fix(written)
@@ -672,6 +743,7 @@ def _rank_key(recommendation: Recommendation):
     gain = recommendation.expected_gain or ExpectedGain()
     return (
         _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
+        _measured_tier(recommendation),
         -(gain.likely_speedup or 0.0),
         -(gain.speedup or 0.0),
     )

@@ -14,6 +14,13 @@ STEP_CLOCK = "step clock"
 PROFILER = "profiler"
 LINT = "pipeline inspection"
 REPLAY = "what-if replay"
+# The advised change itself, timed on the pipeline (`measure_fixes`).
+FIX_TIMING = "fix timing"
+
+# The advisor's own recommendation ids (the others are findings' ids).
+NOT_THE_BOTTLENECK = "input-not-bottleneck"
+BOTTLENECK_STAGE = "bottleneck-stage"
+FIND_THE_BOTTLENECK = "input-bound"
 
 MEASURED = "measured"
 # An upper bound: the measured ceiling (step / compute) or what removing a
@@ -24,14 +31,19 @@ ESTIMATED = "estimated"
 # its output from then on): no steady-state gain.
 FIRST_EPOCH_ONLY = "first epoch only"
 
+# A timed change that brings less than this is no clear gain: a few seconds
+# of timing, on passes of a few batches, on a machine shared with the model
+# and other work, varied by up to a fifth for the same change here.
+LEAST_MEASURED_GAIN = 1.25
+
 
 @dataclasses.dataclass
 class Evidence:
     """One measured or observed fact a recommendation rests on.
 
     Attributes:
-        source: where it comes from: "step clock", "profiler" or
-            "pipeline inspection".
+        source: where it comes from: "step clock", "profiler",
+            "pipeline inspection", "what-if replay" or "fix timing".
         detail: the fact, in one sentence with its numbers.
     """
 
@@ -46,8 +58,10 @@ class ExpectedGain:
     Attributes:
         speedup: upper bound of step time now over step time after the change
             (e.g. 4.0: steps up to 4x faster); `None` when it cannot be bounded.
+            When the change itself was timed, the figure that timing predicts
+            (as `likely_speedup`).
         step_ms: mean training step time now.
-        step_ms_after: mean step time the bound corresponds to.
+        step_ms_after: mean step time `speedup` corresponds to.
         basis: "measured" when the figure is what was timed (a what-if
             replay of the step with input free, the change itself timed by
             `kpt.tune` or `measure_fixes`); "bound" when it is only a ceiling
@@ -169,15 +183,26 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     Returns:
         The phrase.
 
+    A gain the change itself was timed for (`likely_speedup`) is shown as
+    that figure; below `LEAST_MEASURED_GAIN` (1.25x) it is no clear gain.
+
     Example:
 
     >>> describe_gain(ExpectedGain(speedup=2.0, basis="estimated"))
     'up to 2.00x faster (estimated)'
     >>> describe_gain(ExpectedGain(speedup=1.0, basis="measured"))
     'no gain (measured)'
+    >>> describe_gain(ExpectedGain(speedup=9.0, likely_speedup=3.0))
+    '3.00x faster (measured: the change timed)'
+    >>> describe_gain(ExpectedGain(speedup=9.0, likely_speedup=1.04))
+    'no clear gain (measured: the change timed, 1.04x)'
     """
     if gain is None:
         return "correctness, not speed"
+    if gain.likely_speedup is not None:
+        if gain.likely_speedup < LEAST_MEASURED_GAIN:
+            return f"no clear gain (measured: the change timed, {gain.likely_speedup:.2f}x)"
+        return f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
     if gain.speedup is None:
         if gain.step_ms is None:
             return "gain not measured"
@@ -186,6 +211,4 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
         return "first epoch only: a cache replays it after"
     if gain.speedup <= 1.0:
         return f"no gain ({gain.basis})"
-    if gain.likely_speedup is not None:
-        return f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
     return f"up to {gain.speedup:.2f}x faster ({gain.basis})"

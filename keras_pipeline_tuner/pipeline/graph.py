@@ -15,6 +15,7 @@ import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline import keras_made
 
 AUTOTUNE = "AUTOTUNE"
 
@@ -271,6 +272,10 @@ class Stage:
             default rewrites, when it differs (e.g. a fused `map_and_batch`).
         parallel_at_runtime: whether it runs in parallel after those rewrites;
             `None` when the rewritten pipeline could not be read.
+        made_by: the Keras utility whose own work the stage is, e.g.
+            "image_dataset_from_directory" for its loader map (see
+            `keras_made`); the stage is then labelled, and its function
+            named, as the call the user wrote.
     """
 
     node: str
@@ -284,10 +289,13 @@ class Stage:
     opaque: bool = False
     runs_as: Optional[str] = None
     parallel_at_runtime: Optional[bool] = None
+    made_by: Optional[str] = None
 
     @property
     def function_name(self) -> Optional[str]:
-        """The user function's name, or `None`."""
+        """The user function's name (or the Keras utility they called), or `None`."""
+        if self.made_by is not None:
+            return self.made_by
         return self.function.name if self.function is not None else None
 
     @property
@@ -307,6 +315,8 @@ class Stage:
     @property
     def label(self) -> str:
         """The stage as code, e.g. `map(augment, num_parallel_calls=AUTOTUNE)`."""
+        if self.made_by is not None:
+            return keras_made.label(self.made_by)
         if self.opaque:
             return f"{self.op} (opaque)"
         arguments = []
@@ -781,6 +791,9 @@ class _GraphReader:
         pipeline = Pipeline(stages=ordered, options=self._options(ordered))
         _collapse_sources(pipeline)
         _fold_service_stages(pipeline)
+        for stage in pipeline.stages:
+            # Keras' own loader of a dataset utility: named as the user's call.
+            stage.made_by = keras_made.utility_of(stage, pipeline.upstream(stage))
         return pipeline
 
     # Nodes.

@@ -20,6 +20,7 @@ from keras_pipeline_tuner.pipeline.graph import StageFunction
 from keras_pipeline_tuner.pipeline.graph import read_pipeline
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline import data_service
+from keras_pipeline_tuner.pipeline import keras_made
 
 
 _MAP_KINDS = ("map", "map_and_batch")
@@ -120,6 +121,7 @@ def lint(pipeline: Pipeline) -> Findings:
     findings = Findings(pipeline=pipeline)
     for rule in _RULES:
         findings.extend(rule(pipeline))
+    findings[:] = _about_keras_made(pipeline, findings)
     position = {stage.node: index for index, stage in enumerate(pipeline.stages)}
     findings.sort(key=lambda finding: position.get(finding.node, 0))
     return findings.sorted()
@@ -630,6 +632,40 @@ def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
             ),
             fix,
         )
+
+
+def _about_keras_made(pipeline: Pipeline, findings: Iterable[Finding]) -> List[Finding]:
+    """Findings about Keras' own stages, as advice the user can follow.
+
+    The loader map of `image_dataset_from_directory(...)` and its kin is
+    Keras' code: what the user can change is the call's arguments and what
+    comes after it. A missing cache becomes the utility's own way to cache;
+    a shuffle of the batches the utility made becomes its `batch_size=None`;
+    other findings about its internals (code to write in Keras' place) are
+    left out.
+    """
+    kept = []
+    for finding in findings:
+        stage = next((item for item in pipeline.stages if item.node == finding.node), None)
+        if finding.id == "shuffle-after-batch" and stage is not None:
+            # The batch before the user's shuffle may be the utility's own.
+            batch = next(
+                (item for item in pipeline.main_chain(stage) if item.kind in _BATCH_KINDS), None
+            )
+            loader = keras_made.batching_loader(pipeline, batch) if batch is not None else None
+            if loader is not None:
+                finding.fix = keras_made.unbatched_shuffle_fix(pipeline, loader, batch, stage)
+                finding.reason += (
+                    f" {batch.label} is {loader.label}'s own: ask it for single elements "
+                    "(batch_size=None) and batch after the shuffle."
+                )
+        if stage is None or stage.made_by is None:
+            kept.append(finding)
+        elif finding.id == "cache-missing" and stage.made_by != keras_made.TIMESERIES:
+            reason, fix = keras_made.cache_advice(pipeline, stage)
+            finding.reason, finding.fix = reason, fix
+            kept.append(finding)
+    return kept
 
 
 def _vectorize_map(pipeline: Pipeline) -> Iterable[Finding]:

@@ -632,6 +632,22 @@ def draws_randomly(pipeline: "pipeline_graph.Pipeline") -> bool:
     )
 
 
+def state_changing_stages(pipeline: "pipeline_graph.Pipeline") -> List[str]:
+    """Labels of the stages whose functions change state outside the pipeline.
+
+    Args:
+        pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
+
+    Returns:
+        The labels, e.g. `["map(count)"]` for a map that assigns a variable.
+    """
+    return [
+        stage.label
+        for stage in pipeline.stages
+        if stage.function is not None and _side_effects(stage.function)
+    ]
+
+
 def _changes_between_epochs(stage) -> bool:
     if stage.opaque or stage.kind in _RANDOM_KINDS:
         return True

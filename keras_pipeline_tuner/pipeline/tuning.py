@@ -63,6 +63,8 @@ FAILED = "failed"
 NOT_MEASURED = "not measured"
 NOT_APPLICABLE = "not applicable"
 UNVERIFIED = "not proven"
+# Timed only, by `time_rewrites`: neither kept nor refused.
+MEASURED = "measured"
 
 # Epochs tuning may run of a pipeline that calls Python (its side effects run
 # on every one), unless the caller allows more.
@@ -213,6 +215,26 @@ class TuneResult:
         return any(outcome.changes_determinism for outcome in self.applied)
 
 
+@dataclasses.dataclass
+class TimedRewrite:
+    """One rewrite timed on its own against the pipeline as written (`time_rewrites`).
+
+    Attributes:
+        outcome: the `RewriteOutcome`: `status` is "measured" when it was
+            timed (`ratio` is then its median per-round time ratio), else why
+            not ("not proven", "not measured", "failed", "changed the
+            elements", "not applicable").
+        without_s: median seconds per pass of the pipeline as written.
+        with_s: median seconds per pass with the rewrite.
+        batches: batches (elements of the final dataset) per pass.
+    """
+
+    outcome: RewriteOutcome
+    without_s: Optional[float] = None
+    with_s: Optional[float] = None
+    batches: int = 0
+
+
 def tune(
     dataset,
     consumer_step_s: Optional[float] = None,
@@ -353,6 +375,74 @@ def tune(
         session.close()
 
 
+def time_rewrites(
+    dataset,
+    rewrites,
+    budget_s: float,
+    *,
+    epochs: int = 1,
+    num_batches: Optional[int] = None,
+    allow_unverified: bool = False,
+    max_python_epochs: int = DEFAULT_PYTHON_EPOCHS,
+) -> List[TimedRewrite]:
+    """Times each given rewrite on its own against the pipeline as written.
+
+    The same machinery as `tune` (rebuild from the graph, element checks,
+    side-by-side rounds with GC off, the time budget and the limit of epochs
+    over Python code), but every rewrite is compared with the original and
+    none is kept: what each change alone would bring.
+
+    Args:
+        dataset: the `tf.data.Dataset`.
+        rewrites: `pipeline_rewrite.Rewrite`s planned for it
+            (`plan_rewrites`).
+        budget_s: about how long it may take, in seconds; a rewrite that does
+            not fit is "not measured".
+        epochs: epochs per timed pass (a cache pays off from the second).
+        num_batches: batches per epoch; `None` for whole epochs.
+        allow_unverified: also time rewrites whose elements cannot be proven
+            equal to the original's (parallel calls of a Python function);
+            they are "not proven" otherwise.
+        max_python_epochs: the most epochs of a pipeline that calls Python.
+
+    Returns:
+        One `TimedRewrite` per rewrite, in order.
+
+    Example:
+
+    ```python
+    pipeline = pipeline_graph.read_pipeline(ds)
+    candidates, _ = pipeline_rewrite.plan_rewrites(pipeline)
+    for timed in time_rewrites(ds, candidates, budget_s=5.0, num_batches=20):
+        print(timed.outcome.change, timed.outcome.status, timed.outcome.ratio)
+    ```
+    """
+    checked_dataset(dataset, "time_rewrites")
+    plan = paired_timing.PassPlan(
+        epochs=positive_int(epochs, "epochs"),
+        num_batches=positive_int(num_batches, "num_batches", optional=True),
+    )
+    if not seconds(budget_s, "budget_s"):
+        raise ValueError(f"`budget_s` must be a positive number of seconds, got {budget_s!r}.")
+    session = _TuningSession(
+        dataset,
+        plan,
+        budget_s,
+        cache_path=None,
+        cache_memory_bytes=None,
+        allow_nondeterministic=False,
+        allow_reordering=False,
+        allow_unverified=allow_unverified,
+        max_python_epochs=positive_int(max_python_epochs, "max_python_epochs"),
+        min_gain=0.0,
+        verbose=0,
+    )
+    try:
+        return session.measure(list(rewrites))
+    finally:
+        session.close()
+
+
 class _TuningSession:
     """The state of one `tune` call."""
 
@@ -410,9 +500,7 @@ class _TuningSession:
 
     def run(self):
         pipeline = pipeline_graph.read_pipeline(self.dataset)
-        python = _python_stages(pipeline)
-        if python:
-            self.epoch_limit = self.max_python_epochs
+        python = self._read_reference(pipeline)
         candidates, skipped = pipeline_rewrite.plan_rewrites(
             pipeline, self.allow_nondeterministic, self.allow_reordering
         )
@@ -420,26 +508,6 @@ class _TuningSession:
             RewriteOutcome(kind=item.kind, stage=item.stage, reason=item.reason)
             for item in skipped
         ]
-        # The original's first epoch, twice: the reference elements, whether
-        # they repeat (a random pipeline's do not), and the cost of an epoch.
-        reference, epoch_s = self._epoch_digests(self.dataset, _EPOCH_BUDGET_SHARE * self.budget_s)
-        again, _ = self._epoch_digests(self.dataset, None)
-        self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
-        self.reference = reference
-        if self.repeatable and pipeline_rewrite.draws_randomly(pipeline) and self._rebuild_problem() is not None:
-            # Random, but its own cache replays the first pass: a rebuild,
-            # with an empty cache, draws anew.
-            self.repeatable = False
-        if not self.repeatable:
-            self.notes.append(
-                "The pipeline gives different elements from one pass to the next (it is "
-                "random), so the tuned elements were checked for number, types and shapes "
-                "only."
-            )
-        self._epoch_s = epoch_s
-        self._pass_estimate_s = self.plan.epochs * (
-            epoch_s + len(reference) * (self.plan.consumer_step_s or 0.0)
-        )
         problem = self._rebuild_problem()
         if problem is not None:
             self.notes.append(
@@ -562,6 +630,61 @@ class _TuningSession:
         )
         return tuned, result
 
+    def _read_reference(self, pipeline) -> List[str]:
+        """Reads the original's first epoch, twice; returns the stages that run Python.
+
+        Sets the reference elements, whether they repeat (a random
+        pipeline's do not), and the cost of an epoch.
+        """
+        python = _python_stages(pipeline)
+        if python:
+            self.epoch_limit = self.max_python_epochs
+        reference, epoch_s = self._epoch_digests(self.dataset, _EPOCH_BUDGET_SHARE * self.budget_s)
+        again, _ = self._epoch_digests(self.dataset, None)
+        self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
+        self.reference = reference
+        if self.repeatable and pipeline_rewrite.draws_randomly(pipeline) and self._rebuild_problem() is not None:
+            # Random, but its own cache replays the first pass: a rebuild,
+            # with an empty cache, draws anew.
+            self.repeatable = False
+        if not self.repeatable:
+            self.notes.append(
+                "The pipeline gives different elements from one pass to the next (it is "
+                "random), so the tuned elements were checked for number, types and shapes "
+                "only."
+            )
+        self._epoch_s = epoch_s
+        self._pass_estimate_s = self.plan.epochs * (
+            epoch_s + len(reference) * (self.plan.consumer_step_s or 0.0)
+        )
+        return python
+
+    def measure(self, rewrites) -> List["TimedRewrite"]:
+        """Times each rewrite on its own against the pipeline as written; keeps none."""
+        pipeline = pipeline_graph.read_pipeline(self.dataset)
+        self._read_reference(pipeline)
+        problem = self._rebuild_problem()
+        timed = []
+        for index, rewrite in enumerate(rewrites):
+            if problem is not None:
+                outcome = RewriteOutcome(
+                    kind=rewrite.kind,
+                    stage=rewrite.stage,
+                    change=rewrite.change,
+                    status=FAILED,
+                    reason=f"the pipeline cannot be rebuilt from its graph ({problem})",
+                )
+                timed.append(TimedRewrite(outcome))
+                continue
+            self.rounds = self._rounds(len(rewrites) - index)
+            outcome, times = self._try(rewrite, [], keep=False)
+            item = TimedRewrite(outcome, batches=len(self.reference) * self.plan.epochs)
+            if times is not None:
+                item.without_s = statistics.median(times[0])
+                item.with_s = statistics.median(times[1])
+            timed.append(item)
+        return timed
+
     def _rebuild_problem(self) -> Optional[str]:
         """Why the pipeline rebuilt from its own graph is not the original, if it is not."""
         try:
@@ -572,8 +695,14 @@ class _TuningSession:
 
     # One rewrite.
 
-    def _try(self, rewrite, kept) -> Tuple[RewriteOutcome, Optional[Tuple[list, list]]]:
-        """Checks and times one rewrite on top of `kept`; returns its outcome and times."""
+    def _try(
+        self, rewrite, kept, keep: bool = True
+    ) -> Tuple[RewriteOutcome, Optional[Tuple[list, list]]]:
+        """Checks and times one rewrite on top of `kept`; returns its outcome and times.
+
+        With `keep=False` the rewrite is only timed: its status is "measured"
+        whatever the ratio, and later checks are left as they were.
+        """
         unverified = rewrite.unverified is not None
         outcome = RewriteOutcome(
             kind=rewrite.kind,
@@ -646,7 +775,10 @@ class _TuningSession:
         )
         outcome.ratio = paired_timing.median_ratio(times["with"], times["without"])
         outcome.rounds = len(times["with"])
-        if outcome.ratio <= 1.0 - self.min_gain:
+        if not keep:
+            outcome.status = MEASURED
+            outcome.reason = f"time ratio {outcome.ratio:.2f}, measured side by side"
+        elif outcome.ratio <= 1.0 - self.min_gain:
             outcome.applied = True
             outcome.status = KEPT
             outcome.reason = f"{1 / outcome.ratio:.2f}x faster, measured side by side"

@@ -131,6 +131,8 @@ class Run:
         # A Grain dataset being trained on, and Grain's timing of its stages.
         self.grain_dataset = None
         self.stage_timing = None
+        # The advised fixes timed after training (`measure_fixes`).
+        self.fix_timings = []
         self.steps_per_execution = 1
         self.finished = False
         self._describe = describe
@@ -437,6 +439,7 @@ class Run:
                     cpu=report.cpu,
                     workers=report.workers,
                     judgement=judgement,
+                    fix_timings=self.fix_timings,
                 )
         return report
 

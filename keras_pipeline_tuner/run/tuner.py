@@ -10,6 +10,9 @@ import keras
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
+from keras_pipeline_tuner._util.random_state import preserved_random_state
+from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.instrumentation.custom_loop import LoopHooks
@@ -84,6 +87,23 @@ class PipelineTuner(keras.callbacks.Callback):
             restored), and count the step time the pipeline costs beyond its
             wait (see `tuner.report.judgement`); the replayed step also bounds
             the advice's gains.
+        measure_fixes: after training, when fit was given a tf.data dataset
+            and the run is input-bound, time each advised fix that `kpt.tune`
+            can make (parallel map or interleave, AUTOTUNE, cache, final
+            prefetch, vectorised map) on its own against the pipeline as
+            written, on the dataset alone, and predict the step gain from it
+            and the measured compute time (see `advice.fix_timing`): the
+            advice then shows that measured figure and is ranked by it. True
+            for a budget of about 5 seconds in all, or a number of seconds;
+            off by default. The model is not touched; the pipeline (and its
+            Python functions) runs for that long. A pipeline that shuffles,
+            draws random numbers or changes state is not timed (its later
+            epochs would differ), and a fix that cannot be timed keeps its
+            bound.
+        allow_unverified: with `measure_fixes`, also time fixes that call a
+            Python function from several threads (a parallel map of a
+            `tf.py_function`), as `kpt.tune(allow_unverified=True)` does:
+            right only if the function keeps no state between calls.
 
     Example:
 
@@ -105,6 +125,8 @@ class PipelineTuner(keras.callbacks.Callback):
         tensorboard_workers: str = "chief",
         worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S,
         check_contention: bool = True,
+        measure_fixes: Union[bool, float] = False,
+        allow_unverified: bool = False,
     ):
         super().__init__()
         # What a copy (keras-tuner copies callbacks per trial) starts from.
@@ -118,7 +140,23 @@ class PipelineTuner(keras.callbacks.Callback):
             tensorboard_workers=tensorboard_workers,
             worker_timeout_s=worker_timeout_s,
             check_contention=check_contention,
+            measure_fixes=measure_fixes,
+            allow_unverified=allow_unverified,
         )
+        self.measure_fixes_s = fix_timing.checked_budget(measure_fixes)
+        if not isinstance(allow_unverified, bool):
+            raise ValueError(
+                f"`allow_unverified` must be True or False, got {allow_unverified!r}. Pass "
+                "allow_unverified=True with measure_fixes=True to also time parallel calls "
+                "of a Python function."
+            )
+        if allow_unverified and not self.measure_fixes_s:
+            raise ValueError(
+                "`allow_unverified` applies to the fixes `measure_fixes` times, and "
+                "measure_fixes is off: pass measure_fixes=True as well, or drop "
+                "allow_unverified."
+            )
+        self.allow_unverified = allow_unverified
         if not isinstance(check_contention, bool):
             raise ValueError(
                 f"`check_contention` must be True or False, got {check_contention!r}. Pass "
@@ -372,11 +410,40 @@ class PipelineTuner(keras.callbacks.Callback):
                     pass
         # After training, as the replay: a pass of its own over the dataset.
         run.time_grain_stages()
+        if self.measure_fixes_s and self.guard.enabled(features.FIX_TIMING):
+            with self.guard(features.FIX_TIMING):
+                self._time_fixes(run)
         self._in_fit = False
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
         self._timing = None
         self.set_model(None)
+
+    def _time_fixes(self, run: Run) -> None:
+        """Times the advised fixes on fit's dataset, after its last step (`measure_fixes`)."""
+        found = fit_input.find_fit_input(self.model)
+        source = found.source if found is not None else None
+        if found is None or found.kind != fit_input.TF_DATASET or source is None or not isinstance(
+            source, tensorflow().data.Dataset
+        ):
+            run.notes.append(
+                "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
+                "fit was not given one (or was given one distributed by a strategy)."
+            )
+            return
+        report = run.built_report()
+        if report is None or not fix_timing.input_bound(report.verdict):
+            return
+        # The user's Python functions run again: their draws from the global
+        # generators must not move the user's next ones.
+        with preserved_random_state():
+            run.fix_timings = fix_timing.time_fixes(
+                source,
+                report.recommendations,
+                report.train,
+                self.measure_fixes_s,
+                self.allow_unverified,
+            )
 
     def finish(self) -> Report:
         """Builds the final report and writes the outputs (file, terminal summary).

@@ -7,6 +7,9 @@ failing fetch), which moves Adam's bias correction, learning-rate schedules and 
 accumulation: the tuner's timed step has to do exactly the same.
 """
 
+import random
+import time
+
 import keras
 import numpy as np
 import pytest
@@ -144,3 +147,57 @@ def test_a_replay_after_fit_leaves_the_next_fits_shuffle_order_alone(tuner_kwarg
     assert history == plain_history
     for got, expected in zip(weights, plain_weights):
         np.testing.assert_array_equal(got, expected)
+def _load_drawing(x, y):
+    def load(value):
+        # Python that draws from the global generators, as user code may.
+        np.random.random()
+        random.random()
+        time.sleep(0.004)
+        return value
+
+    x = tf.py_function(load, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def _train_then_draw(with_tuner):
+    keras.utils.set_random_seed(5)
+    x = np.arange(48 * FEATURES, dtype=np.float32).reshape(-1, FEATURES) / 400
+    y = np.arange(48, dtype=np.float32) % 2
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(_load_drawing).batch(4)
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=_adam(), loss="mse")
+    tuner = None
+    if with_tuner:
+        tuner = kpt.PipelineTuner(
+            verbose=0, profile="off", measure_fixes=3.0, allow_unverified=True
+        )
+    history = model.fit(dataset, epochs=2, callbacks=[tuner] if tuner else [], verbose=0)
+    draws = (
+        random.random(),
+        float(np.random.random()),
+        float(tf.random.uniform(())),
+        float(keras.random.uniform(())),
+    )
+    state = (int(model.optimizer.iterations.numpy()), history.history, model.get_weights())
+    return state, draws, tuner
+
+
+def test_timing_the_fixes_after_fit_changes_nothing_of_the_training():
+    (plain_iterations, plain_history, plain_weights), plain_draws, _ = _train_then_draw(False)
+    (iterations, history, weights), draws, tuner = _train_then_draw(True)
+    # The pipeline ran again after fit to time the fixes (or the test would
+    # prove nothing): timed, or run and then out of budget on a busy machine.
+    statements = [r.expected_gain.statement for r in tuner.report.recommendations if r.expected_gain]
+    assert any(
+        "Timed after training" in text or "The change was not timed (not measured" in text
+        for text in statements
+    ), statements
+    # ... and the model, its optimizer and every random generator are as without it.
+    assert iterations == plain_iterations
+    assert history == plain_history
+    for plain, tuned in zip(plain_weights, weights):
+        np.testing.assert_array_equal(plain, tuned)
+    assert draws == plain_draws

@@ -95,6 +95,14 @@ def test_log_dir_not_created_yet_is_fine(tmp_path):
         ({"check_contention": "yes"}, ValueError, "check_contention=False"),
         ({"check_contention": 1}, ValueError, "check_contention=False"),
         ({"check_contention": None}, ValueError, "check_contention=False"),
+        ({"measure_fixes": "yes"}, ValueError, "measure_fixes=True"),
+        ({"measure_fixes": 0}, ValueError, "measure_fixes=True"),
+        ({"measure_fixes": -2.0}, ValueError, "measure_fixes=True"),
+        ({"measure_fixes": float("inf")}, ValueError, "measure_fixes=True"),
+        ({"measure_fixes": None}, ValueError, "measure_fixes=True"),
+        ({"allow_unverified": "yes"}, ValueError, "allow_unverified=True"),
+        ({"allow_unverified": 1}, ValueError, "allow_unverified=True"),
+        ({"allow_unverified": True}, ValueError, "pass measure_fixes=True"),
     ],
     ids=lambda value: repr(value)[:40],
 )
@@ -126,6 +134,8 @@ def test_every_argument_of_the_constructor_is_covered():
         "tensorboard_workers",
         "worker_timeout_s",
         "check_contention",
+        "measure_fixes",
+        "allow_unverified",
     }
     # A new argument needs its bad values in the table above.
     assert parameters == checked

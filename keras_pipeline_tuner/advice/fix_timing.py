@@ -1,0 +1,508 @@
+"""Advised fixes timed on the user's pipeline: `PipelineTuner(measure_fixes=True)`.
+
+A recommendation's gain is otherwise a bound (steps no faster than their
+compute) or a profiled stage's share: what the change could bring at most.
+After training, on the dataset object fit was given, each advised change that
+`kpt.tune`'s rewriter can make (a parallel map or interleave, AUTOTUNE for a
+fixed parallelism, a cache, a final prefetch, a vectorised map) is timed on
+its own against the pipeline as written, with `tune`'s machinery
+(`pipeline.tuning.time_rewrites`): rebuilt from the graph, its elements
+checked, timed side by side with the original in alternating rounds, GC off,
+within a budget of a few seconds.
+
+The pipeline is timed alone, so its throughput change is turned into a step
+time with the step clock's compute time (`c`) and the time per batch before
+(`b0`) and after (`b1`) the change:
+
+- when the last stage TensorFlow runs prepares batches ahead (a prefetch,
+  written or injected at run time, or a parallel stage such as the fused
+  map_and_batch), the next batch is prepared while a step computes, and a step
+  takes about `max(c, b)`;
+- otherwise the batch is prepared only after the step ends, and a step takes
+  about `c + b`.
+
+The likely speed-up is `step(b0) / step(b1)` (a final prefetch added by the
+change counts as overlap after it), never more than the run's measured bound
+(step time over compute time). Each timed pass starts a new iterator, as an
+epoch does, so the pipeline's start-up (opening files, filling buffers) is
+timed with it: on passes of a few batches a change's steady-state gain is
+understated rather than overstated.
+"""
+
+import dataclasses
+import logging
+import math
+from typing import Iterable, List, Optional, Tuple
+
+from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
+from keras_pipeline_tuner.advice.recommendation import MEASURED
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
+from keras_pipeline_tuner.pipeline import tuning as pipeline_tuning
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+# Seconds `measure_fixes=True` may take after training, all fixes together.
+DEFAULT_BUDGET_S = 5.0
+# In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
+# copies them (about 10 ms per MB here), after training, in the user's memory.
+MAX_IN_MEMORY_BYTES = 256 * 2**20
+# Batches per timed epoch when epochs are cut short: fewer leaves the
+# iterator's start-up to dominate, more does not fit the budget.
+_MIN_BATCHES = 4
+_MAX_BATCHES = 200
+# Epochs the timing reads besides its timed passes: the original's first
+# epoch twice and its rebuild once, then one check per fix.
+_SETUP_EPOCHS = 3
+# Timed passes per fix, at the fewest rounds (with and without, three each).
+_PASSES_PER_FIX = 6
+# Share of the budget the passes are sized to fill: building the rebuilt
+# datasets and the checks' reading take the rest.
+_BUDGET_SHARE = 0.6
+
+# The rewrite that makes each finding's fix.
+_REWRITE_OF = {
+    "sequential-map": pipeline_rewrite.PARALLEL_MAP,
+    "sequential-interleave": pipeline_rewrite.PARALLEL_INTERLEAVE,
+    "fixed-parallelism": pipeline_rewrite.AUTOTUNE_PARALLELISM,
+    "cache-missing": pipeline_rewrite.CACHE,
+    "missing-prefetch": pipeline_rewrite.PREFETCH,
+    "vectorize-map": pipeline_rewrite.VECTORIZE,
+}
+# Final ops that work on the next elements in background threads while the
+# consumer computes, as a prefetch does (TensorFlow's fused map_and_batch too).
+_ASYNCHRONOUS_OPS = frozenset(
+    {
+        "PrefetchDataset",
+        "MapAndBatchDataset",
+        "ParallelMapDatasetV2",
+        "ParallelInterleaveDatasetV4",
+        "ParallelBatchDataset",
+    }
+)
+# Rewrites of which a pipeline has at most one, wherever the finding points.
+_ONE_PER_PIPELINE = (pipeline_rewrite.CACHE, pipeline_rewrite.PREFETCH)
+
+
+@dataclasses.dataclass
+class FixTiming:
+    """One advised fix, timed on the pipeline after training (or why not).
+
+    Attributes:
+        recommendation: the recommendation's id, e.g. "sequential-map".
+        stage: the stage it is about, as the recommendation names it.
+        stage_node: that stage's node in the dataset graph.
+        change: the rewrite timed, as code, e.g.
+            "map(load, num_parallel_calls=AUTOTUNE)".
+        status: "measured", or why not: "not proven" (it runs a Python
+            function from several threads; see `allow_unverified`), "not
+            measured" (the budget), "not applicable", "failed", "changed the
+            elements".
+        reason: why it was not timed, in words.
+        batch_ms_before: the pipeline alone, milliseconds per batch as written.
+        batch_ms_after: the same with the change.
+        rounds: side-by-side rounds the figures come from.
+        batches: batches per timed pass.
+        overlapped_before: whether the last stage TensorFlow runs prepares
+            batches ahead (a prefetch, written or injected, or a parallel
+            stage), so a batch is prepared while a step computes.
+        overlapped_after: the same with the change.
+
+    Example:
+
+    >>> timing = FixTiming("sequential-map", "map(f)", "MapDataset/_3",
+    ...                    "map(f, num_parallel_calls=AUTOTUNE)", "measured",
+    ...                    batch_ms_before=40.0, batch_ms_after=10.0)
+    >>> timing.measured
+    True
+    """
+
+    recommendation: str
+    stage: Optional[str]
+    stage_node: Optional[str]
+    change: str
+    status: str
+    reason: str = ""
+    batch_ms_before: Optional[float] = None
+    batch_ms_after: Optional[float] = None
+    rounds: int = 0
+    batches: int = 0
+    overlapped_before: bool = False
+    overlapped_after: bool = False
+
+    @property
+    def measured(self) -> bool:
+        """Whether the change was timed (both batch times are known)."""
+        return self.batch_ms_before is not None and self.batch_ms_after is not None
+
+    def matches(self, recommendation: Recommendation) -> bool:
+        """Whether this timing is of `recommendation`'s fix."""
+        return recommendation.id == self.recommendation and (
+            recommendation.stage_node == self.stage_node
+            and recommendation.stage == self.stage
+        )
+
+
+def input_bound(verdict) -> bool:
+    """Whether a run's verdict calls for timing the fixes: input-bound, highly or moderately.
+
+    Example:
+
+    >>> input_bound("moderately input-bound"), input_bound("not input-bound")
+    (True, False)
+    """
+    return verdict in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+
+
+def checked_budget(measure_fixes) -> float:
+    """Validates `PipelineTuner(measure_fixes=...)`: the seconds it may take, 0 for off.
+
+    Args:
+        measure_fixes: `False`, `True` (`DEFAULT_BUDGET_S` seconds) or a
+            positive number of seconds.
+
+    Returns:
+        The budget in seconds; 0.0 when off.
+
+    Raises:
+        ValueError: for anything else.
+
+    Example:
+
+    >>> checked_budget(True), checked_budget(False), checked_budget(2)
+    (5.0, 0.0, 2.0)
+    """
+    if isinstance(measure_fixes, bool):
+        return DEFAULT_BUDGET_S if measure_fixes else 0.0
+    if isinstance(measure_fixes, (int, float)) and math.isfinite(measure_fixes) and measure_fixes > 0:
+        return float(measure_fixes)
+    raise ValueError(
+        f"`measure_fixes` must be True, False or a positive number of seconds, got "
+        f"{measure_fixes!r}. Pass measure_fixes=True to time the advised fixes for about "
+        f"{DEFAULT_BUDGET_S:g} s after training."
+    )
+
+
+def time_fixes(
+    dataset,
+    recommendations: Iterable[Recommendation],
+    stats: StepStats,
+    budget_s: float = DEFAULT_BUDGET_S,
+    allow_unverified: bool = False,
+) -> List[FixTiming]:
+    """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
+
+    Runs the user's pipeline (and its Python functions) for about `budget_s`
+    seconds; the model is not involved.
+
+    Args:
+        dataset: the `tf.data.Dataset` fit was given.
+        recommendations: the advice formed for the run.
+        stats: the run's training `StepStats`, to size the timed passes.
+        budget_s: about how long all the timing may take, in seconds.
+        allow_unverified: also time fixes that call a Python function from
+            several threads (a parallel map of a `tf.py_function`): right only
+            if the function keeps no state between calls. They are "not
+            proven", and keep their bound, otherwise.
+
+    Returns:
+        One `FixTiming` per advised fix that is a rewrite: each
+        recommendation's own, and those folded into it (`also`, the other
+        findings about its stage), which may turn out faster.
+
+    Example:
+
+    ```python
+    timings = time_fixes(train_ds, report.recommendations, report.train)
+    for timing in timings:
+        print(timing.change, timing.status, timing.batch_ms_before, timing.batch_ms_after)
+    ```
+    """
+    held = pipeline_graph.in_memory_bytes(dataset)
+    if held > MAX_IN_MEMORY_BYTES:
+        # Rebuilding the pipeline from its graph copies the arrays it holds.
+        candidates, skipped = [], []
+        untouchable = (
+            f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
+            f"rebuilding it to time the change would copy (more than "
+            f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
+        )
+    else:
+        pipeline = pipeline_graph.read_pipeline(dataset)
+        candidates, skipped = pipeline_rewrite.plan_rewrites(pipeline)
+        untouchable = _untouchable(pipeline)
+    timings: List[FixTiming] = []
+    wanted: List[Tuple[FixTiming, "pipeline_rewrite.Rewrite"]] = []
+    for recommendation, fix_id in _advised_fixes(recommendations):
+        kind = _rewrite_kind(recommendation, fix_id)
+        if kind is None:
+            continue
+        timing = FixTiming(fix_id, recommendation.stage, recommendation.stage_node, "", "")
+        timings.append(timing)
+        if untouchable is not None:
+            timing.status, timing.reason = pipeline_tuning.NOT_APPLICABLE, untouchable
+            continue
+        rewrite = _matching(candidates, kind, recommendation)
+        if rewrite is None:
+            timing.status = pipeline_tuning.NOT_APPLICABLE
+            timing.reason = _skipped_reason(skipped, kind, recommendation)
+            continue
+        timing.change = rewrite.change
+        wanted.append((timing, rewrite))
+    if not wanted:
+        return timings
+    overlapped = _ends_in_prefetch(pipeline)
+    for timing, rewrite in wanted:
+        timing.overlapped_before = overlapped
+        timing.overlapped_after = overlapped or rewrite.kind == pipeline_rewrite.PREFETCH
+    epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s)
+    # One timing per distinct rewrite, however many recommendations name it.
+    distinct = {}
+    for timing, rewrite in wanted:
+        if cache_reason is not None and rewrite.kind == pipeline_rewrite.CACHE:
+            timing.status, timing.reason = pipeline_tuning.NOT_MEASURED, cache_reason
+            continue
+        distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
+    if not distinct:
+        return timings
+    try:
+        timed = pipeline_tuning.time_rewrites(
+            dataset,
+            [rewrite for rewrite, _ in distinct.values()],
+            budget_s,
+            epochs=epochs,
+            num_batches=num_batches,
+            allow_unverified=allow_unverified,
+        )
+    except ValueError as limit:
+        # An epoch too long for the budget: an expected limit, said per fix.
+        for _, found in distinct.values():
+            for timing in found:
+                timing.status, timing.reason = pipeline_tuning.NOT_MEASURED, str(limit)
+        return timings
+    for (rewrite, found), item in zip(distinct.values(), timed):
+        for timing in found:
+            _record(timing, rewrite, item, epochs)
+    return timings
+
+
+def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
+    """The step gain a timed fix predicts, by the rule in this module's docstring.
+
+    Args:
+        timing: the `FixTiming`; `None` is returned unless it was measured.
+        bound: the run's bound (`free_input_gain`, or the what-if replay's):
+            its `step_ms` is the step time now, its `step_ms_after` the
+            compute time a step cannot go below.
+
+    Returns:
+        An `ExpectedGain` with basis "measured" whose `likely_speedup` (and
+        `speedup`) is the predicted step gain, the bound said in its
+        statement; or `None`.
+
+    Example:
+
+    >>> bound = ExpectedGain(speedup=10.0, step_ms=41.0, step_ms_after=1.0)
+    >>> timing = FixTiming("sequential-map", "map(f)", "MapDataset/_3", "map(f, ...)",
+    ...                    "measured", batch_ms_before=40.0, batch_ms_after=10.0,
+    ...                    overlapped_before=True, overlapped_after=True)
+    >>> measured_gain(timing, bound).likely_speedup
+    4.0
+    """
+    if not timing.measured or bound is None or bound.step_ms is None:
+        return None
+    compute = bound.step_ms_after or 0.0
+    before = _step_ms(compute, timing.batch_ms_before, timing.overlapped_before)
+    after = _step_ms(compute, timing.batch_ms_after, timing.overlapped_after)
+    if before <= 0 or after <= 0:
+        return None
+    likely = before / after
+    capped = bound.speedup is not None and likely > bound.speedup
+    if capped:
+        likely = bound.speedup
+    statement = (
+        f"Timed after training on the pipeline alone ({timing.rounds} side-by-side rounds "
+        f"of {timing.batches} batches): a batch every {timing.batch_ms_before:.2f} ms as "
+        f"written, every {timing.batch_ms_after:.2f} ms with {timing.change}. "
+        + _rule(timing, compute, before, after)
+    )
+    if likely < 1.0:
+        statement += f": {1.0 / likely:.2f}x slower."
+    else:
+        statement += f": {likely:.2f}x faster."
+    if capped:
+        statement += (
+            f" Capped at the measured bound of {bound.speedup:.2f}x (steps no faster "
+            "than their compute)."
+        )
+    elif bound.speedup is not None:
+        statement += f" (The bound, steps as fast as their compute: {bound.speedup:.2f}x.)"
+    return ExpectedGain(
+        speedup=likely,
+        step_ms=bound.step_ms,
+        step_ms_after=bound.step_ms / likely,
+        basis=MEASURED,
+        statement=statement,
+        likely_speedup=likely,
+    )
+
+
+def untimed_statement(timing: FixTiming) -> str:
+    """A sentence saying why a fix was not timed, for its gain's statement.
+
+    Example:
+
+    >>> untimed_statement(FixTiming("cache-missing", "map(f)", None, "", "not measured",
+    ...                             "the budget was spent"))
+    'The change was not timed (not measured: the budget was spent), so the figure stays a bound.'
+    """
+    return (
+        f"The change was not timed ({timing.status}: {timing.reason.rstrip('.')}), so the "
+        "figure stays a bound."
+    )
+
+
+# Helpers.
+
+
+def _untouchable(pipeline) -> Optional[str]:
+    """Why running the pipeline after training could change what it gives later, or None."""
+    changing = pipeline_rewrite.state_changing_stages(pipeline)
+    if changing:
+        return (
+            f"{', '.join(changing)} changes state outside the pipeline: running it to "
+            "time the change would change that state"
+        )
+    if pipeline_rewrite.draws_randomly(pipeline):
+        return (
+            "the pipeline shuffles or draws random numbers: running it to time the change "
+            "would move its random state, and later epochs would differ from a run "
+            "without the tuner"
+        )
+    return None
+
+
+def _advised_fixes(recommendations) -> List[Tuple[Recommendation, str]]:
+    """Each advised fix: a recommendation's own, and those folded into it (`also`)."""
+    found = []
+    for recommendation in recommendations:
+        for fix_id in [recommendation.id, *recommendation.also]:
+            found.append((recommendation, fix_id))
+    return found
+
+
+def _rewrite_kind(recommendation: Recommendation, fix_id: str) -> Optional[str]:
+    kind = _REWRITE_OF.get(fix_id)
+    if kind is not None or fix_id != BOTTLENECK_STAGE:
+        return kind
+    # The advisor's fix for a bottleneck no finding explains: read which.
+    fix, stage = recommendation.fix, recommendation.stage or ""
+    if ".cache()" in fix:
+        return pipeline_rewrite.CACHE
+    if "num_parallel_calls" in fix and stage.startswith("map("):
+        return pipeline_rewrite.PARALLEL_MAP
+    if "num_parallel_calls" in fix and stage.startswith("interleave("):
+        return pipeline_rewrite.PARALLEL_INTERLEAVE
+    return None
+
+
+def _matching(candidates, kind: str, recommendation: Recommendation):
+    for rewrite in candidates:
+        if rewrite.kind != kind:
+            continue
+        if kind in _ONE_PER_PIPELINE or rewrite.node == recommendation.stage_node:
+            return rewrite
+    return None
+
+
+def _skipped_reason(skipped, kind: str, recommendation: Recommendation) -> str:
+    for item in skipped:
+        if item.kind == kind and (kind in _ONE_PER_PIPELINE or item.stage == recommendation.stage):
+            return item.reason
+    return "kpt.tune's rewriter does not make this change on this pipeline"
+
+
+def _ends_in_prefetch(pipeline) -> bool:
+    """Whether the last stage TensorFlow runs prepares batches ahead of the consumer."""
+    final = pipeline.runtime_final or pipeline.final
+    while final is not None and final.kind == "with_options" and final.inputs:
+        final = pipeline.stage(final.inputs[0])
+    return final is not None and final.op in _ASYNCHRONOUS_OPS
+
+
+def _plan(dataset, stats: StepStats, wanted, budget_s: float):
+    """Epochs and batches per timed pass: `(epochs, num_batches, why no cache)`.
+
+    A cache pays off from the second epoch, which it reaches only over whole
+    epochs: two of them per pass when they fit the budget. Otherwise one
+    epoch of a few batches per pass, as many as fit, and the cache is not
+    timed.
+    """
+    distinct = {(rewrite.kind, rewrite.node) for _, rewrite in wanted}
+    # The pipeline alone is at most as slow as the steps that wait for it.
+    batch_s = max((stats.step.median_ms or stats.step.mean_ms or 1.0) / 1e3, 1e-4)
+    cardinality = int(dataset.cardinality())
+    caching = any(kind == pipeline_rewrite.CACHE for kind, _ in distinct)
+    if caching and cardinality > 0:
+        whole_epochs = _SETUP_EPOCHS + len(distinct) * (1 + 2 * _PASSES_PER_FIX)
+        if cardinality * batch_s * whole_epochs <= _BUDGET_SHARE * budget_s:
+            return 2, None, None
+    fixes = sum(1 for kind, _ in distinct if kind != pipeline_rewrite.CACHE)
+    epochs = _SETUP_EPOCHS + max(fixes, 1) * (1 + _PASSES_PER_FIX)
+    num_batches = int(_BUDGET_SHARE * budget_s / (batch_s * epochs))
+    num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
+    if cardinality > 0:
+        num_batches = min(num_batches, cardinality)
+    cache_reason = (
+        f"a cache pays off from the second epoch, and two whole epochs per timed pass "
+        f"do not fit the {budget_s:g} s of measure_fixes"
+    )
+    return 1, num_batches, cache_reason
+
+
+def _record(timing: FixTiming, rewrite, item, epochs: int) -> None:
+    outcome = item.outcome
+    timing.status = outcome.status
+    if outcome.status == pipeline_tuning.UNVERIFIED:
+        timing.reason = (
+            f"{rewrite.unverified}; pass allow_unverified=True to PipelineTuner to time it"
+        )
+        return
+    if outcome.status != pipeline_tuning.MEASURED or not item.batches or not outcome.ratio:
+        timing.reason = outcome.reason
+        return
+    timing.batch_ms_before = item.without_s / item.batches * 1e3
+    timing.batch_ms_after = timing.batch_ms_before * outcome.ratio
+    timing.rounds = outcome.rounds
+    timing.batches = item.batches
+
+
+def _step_ms(compute: float, batch: float, overlapped: bool) -> float:
+    return max(compute, batch) if overlapped else compute + batch
+
+
+def _rule(timing: FixTiming, compute: float, before: float, after: float) -> str:
+    if timing.overlapped_before:
+        how = (
+            "The pipeline's last stage runs ahead of the consumer (a prefetch or a parallel "
+            "stage), so the next batch is prepared while a step computes: a step takes "
+            "about max(compute, batch)"
+        )
+    elif timing.overlapped_after:
+        how = (
+            "Without a prefetch a step takes about compute + batch, and with it about "
+            "max(compute, batch)"
+        )
+    else:
+        how = (
+            "Without a prefetch at the end the next batch is prepared only after a step "
+            "ends: a step takes about compute + batch"
+        )
+    return (
+        f"{how}; with {compute:.2f} ms of compute, {before:.2f} ms now and {after:.2f} ms "
+        "after"
+    )

@@ -1,0 +1,327 @@
+"""`PipelineTuner(measure_fixes=True)`: advised fixes timed on the pipeline after training.
+
+Two sequential `tf.py_function` maps of known cost feed a model that computes in
+well under a millisecond: one sleeps (it releases the GIL, so parallel calls
+overlap), the other counts in a pure-Python loop (it holds the GIL, so parallel
+calls do not help). Only the timing of the change can tell them apart: their
+bounds are alike.
+"""
+
+import io
+import logging
+import time
+
+import pytest
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.advice.recommendation import free_input_gain
+from keras_pipeline_tuner.outputs.markdown import render_markdown
+from keras_pipeline_tuner.outputs.terminal import print_summary
+from tests.helpers.training_data import FEATURES
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import tiny_model
+
+ELEMENTS = 96
+BATCH = 4
+SLEEP_S = 0.01
+# About twenty milliseconds of pure Python per element, holding the GIL.
+COUNT = 80_000
+MEASURE_S = 8.0
+
+_fits = {}
+
+
+def sleep_in_python(x, y):
+    def load(value):
+        time.sleep(SLEEP_S)
+        return value
+
+    x = tf.py_function(load, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def count_in_python(x, y):
+    def load(value):
+        total = 0
+        for _ in range(COUNT):
+            total += 1
+        return value
+
+    x = tf.py_function(load, [x], tf.float32)
+    x.set_shape((FEATURES,))
+    return x, y
+
+
+def _fit(name, function, **tuner_kwargs):
+    if name not in _fits:
+        dataset = cached_source(ELEMENTS).map(function).batch(BATCH)
+        # More than the default 5 s: room for the passes on a busy machine.
+        tuner = kpt.PipelineTuner(
+            verbose=0, profile="off", measure_fixes=MEASURE_S, **tuner_kwargs
+        )
+        tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+        _fits[name] = tuner.report
+    return _fits[name]
+
+
+def _parallel_map(report):
+    found = [r for r in report.recommendations if r.id == "sequential-map"]
+    if found:
+        return found[0]
+    # Folded into the stage's first recommendation: its timing is in the evidence.
+    return None
+
+
+def test_a_map_that_sleeps_gets_a_measured_gain_and_ranks_first():
+    report = _fit("sleep", sleep_in_python, allow_unverified=True)
+    assert report.verdict == "highly input-bound"
+    top = report.recommendations[0]
+    assert top.id == "sequential-map"
+    gain = top.expected_gain
+    assert gain.basis == "measured"
+    # Several calls sleep at once: clearly faster, and never above the bound.
+    assert gain.likely_speedup > 1.3
+    assert gain.speedup == gain.likely_speedup
+    assert gain.likely_speedup <= free_input_gain(report.train).speedup
+    assert "(The bound, steps as fast as their compute:" in gain.statement
+    assert "with map(sleep_in_python, num_parallel_calls=AUTOTUNE)" in gain.statement
+    assert any(e.source == "fix timing" for e in top.evidence)
+    assert describe_gain(gain) == f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
+
+
+def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
+    report = _fit("count", count_in_python, allow_unverified=True)
+    assert report.verdict == "highly input-bound"
+    parallel = _parallel_map(report)
+    top = report.recommendations[0]
+    if parallel is None:
+        # Timed at no gain, it gave way to the stage's other fix; the timing
+        # is said in that recommendation's evidence.
+        assert top.stage == "map(count_in_python)"
+        assert top.id != "sequential-map"
+        assert "sequential-map" in top.also
+        folded = [e.detail for e in top.evidence if e.detail.startswith("Also at this stage: Parallel")]
+        assert folded and "Timed: no clear gain (measured: the change timed" in folded[0]
+    else:
+        assert parallel.expected_gain.likely_speedup < 1.3
+        assert top is not parallel or describe_gain(top.expected_gain).startswith("no clear gain")
+
+
+def test_the_figures_reach_the_markdown_report_and_the_terminal():
+    report = _fit("sleep", sleep_in_python, allow_unverified=True)
+    shown = describe_gain(report.recommendations[0].expected_gain)
+    assert shown.endswith("(measured: the change timed)")
+    assert shown in render_markdown(report)
+    printed = io.StringIO()
+    print_summary(report, file=printed)
+    assert shown in printed.getvalue()
+    # And survive the JSON round trip the CLI reads.
+    again = kpt.Report.from_json(report.to_json())
+    assert again.recommendations[0].expected_gain.likely_speedup == pytest.approx(
+        report.recommendations[0].expected_gain.likely_speedup
+    )
+
+
+def test_python_from_several_threads_is_not_timed_unless_allowed():
+    report = _fit("unproven", sleep_in_python)
+    parallel = report.recommendations[0]
+    assert parallel.id == "sequential-map"
+    gain = parallel.expected_gain
+    # Not proven: the bound stays, and the statement says why it was not timed.
+    assert gain.likely_speedup is None
+    assert gain.basis == "bound"
+    assert "not timed (not proven" in gain.statement
+    assert "allow_unverified=True" in gain.statement
+
+
+def test_a_shuffled_pipeline_is_not_run_again():
+    dataset = cached_source(48).shuffle(48, seed=1).map(sleep_in_python).batch(BATCH)
+    tuner = kpt.PipelineTuner(
+        verbose=0, profile="off", measure_fixes=True, allow_unverified=True
+    )
+    tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    gains = [r.expected_gain for r in tuner.report.recommendations if r.expected_gain]
+    assert all(gain.likely_speedup is None for gain in gains)
+    assert any("shuffles or draws random numbers" in gain.statement for gain in gains)
+
+
+def test_arrays_given_to_fit_are_said_to_be_untimed():
+    import numpy as np
+
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=2.0)
+    x = np.zeros((16, FEATURES), np.float32)
+    tiny_model().fit(x, x[:, :1], batch_size=4, epochs=1, callbacks=[tuner], verbose=0)
+    assert any(note.startswith("measure_fixes timed no fix") for note in tuner.report.notes)
+
+
+# The rule that turns batch times into a step gain.
+
+
+def _timing(before, after, overlapped_before, overlapped_after):
+    return fix_timing.FixTiming(
+        "missing-prefetch", "batch(4)", "BatchDatasetV2/_5", "batch(4).prefetch(AUTOTUNE)",
+        "measured", batch_ms_before=before, batch_ms_after=after, rounds=3, batches=8,
+        overlapped_before=overlapped_before, overlapped_after=overlapped_after,
+    )
+
+
+def test_without_overlap_a_step_is_compute_plus_batch():
+    bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
+    gain = fix_timing.measured_gain(_timing(20.0, 10.0, False, False), bound)
+    assert gain.likely_speedup == pytest.approx(30.0 / 20.0)
+
+
+def test_a_prefetch_overlaps_batch_and_compute():
+    bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
+    gain = fix_timing.measured_gain(_timing(20.0, 20.0, False, True), bound)
+    # 10 + 20 before, max(10, 20) after: the pipeline alone is no faster.
+    assert gain.likely_speedup == pytest.approx(1.5)
+
+
+def test_the_gain_never_exceeds_the_measured_bound():
+    bound = ExpectedGain(speedup=1.2, step_ms=12.0, step_ms_after=10.0)
+    gain = fix_timing.measured_gain(_timing(40.0, 1.0, True, True), bound)
+    assert gain.likely_speedup == pytest.approx(1.2)
+    assert "Capped at the measured bound" in gain.statement
+
+
+def test_an_untimed_fix_has_no_measured_gain():
+    bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
+    untimed = fix_timing.FixTiming("sequential-map", "map(f)", None, "", "not measured", "x")
+    assert fix_timing.measured_gain(untimed, bound) is None
+
+
+def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
+    from tests.helpers.fault_injection import raise_injected
+
+    monkeypatch.setattr(fix_timing, "time_fixes", raise_injected)
+    dataset = cached_source(32).map(sleep_in_python).batch(BATCH)
+    model = tiny_model()
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=True)
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        history = model.fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "keras_pipeline_tuner"]
+    assert len(warnings) == 1 and "fix timing turned off: InjectedFault" in warnings[0]
+    assert len(history.history["loss"]) == 1
+    report = tuner.report
+    assert any(note.startswith("fix timing was turned off") for note in report.notes)
+    # The advice stands, with its bounds.
+    assert report.recommendations[0].id == "sequential-map"
+    assert report.recommendations[0].expected_gain.likely_speedup is None
+
+
+def test_a_fix_folded_into_another_recommendation_is_timed_too():
+    # One stage, one recommendation: the parallel map is in the cache's `also`.
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+    from keras_pipeline_tuner.pipeline.graph import read_pipeline
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
+    cache = Recommendation(
+        id="cache-missing",
+        title="Cache the deterministic work of map(sleep_in_python)",
+        severity="warning",
+        stage="map(sleep_in_python)",
+        stage_node=node,
+        also=["sequential-map", "py-function-in-map"],
+    )
+    import numpy as np
+
+    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+    timings = fix_timing.time_fixes(dataset, [cache], stats, 3.0, allow_unverified=True)
+    by_id = {timing.recommendation: timing for timing in timings}
+    assert set(by_id) == {"cache-missing", "sequential-map"}
+    assert by_id["sequential-map"].measured
+    assert by_id["sequential-map"].batch_ms_after < by_id["sequential-map"].batch_ms_before
+    # The cache is not timed here, and says why.
+    assert not by_id["cache-missing"].measured
+    assert by_id["cache-missing"].status != "measured" and by_id["cache-missing"].reason
+
+
+# Ranking with timed fixes, on hand-built evidence.
+
+
+def _ranked(cache_after_ms=None):
+    import numpy as np
+
+    from keras_pipeline_tuner.advice import advisor
+    from keras_pipeline_tuner.pipeline.findings import Finding
+    from keras_pipeline_tuner.profiling.evidence import IteratorTime
+    from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+    from keras_pipeline_tuner.timing.step_stats import Verdict
+
+    stage, node = "map(load_image)", "MapDataset/_3"
+    findings = [
+        Finding(fix_id, "warning", stage, node, "MapDataset", "load_image", "why", "# fix")
+        for fix_id in ("cache-missing", "sequential-map")
+    ]
+    iterator = "Iterator::Root::Prefetch::Map"
+    profile = ProfileEvidence(
+        first_step=2,
+        stop_step=10,
+        input_fraction=0.9,
+        verdict=Verdict.HIGHLY_INPUT_BOUND,
+        iterators=[
+            IteratorTime(
+                iterator=iterator, stage=stage, stage_node=node, dataset_op="MapDataset:3",
+                calls=20, self_ms=300.0, total_ms=320.0, self_share=0.9, waiting=False,
+            )
+        ],
+        bottleneck=stage,
+        bottleneck_iterator=iterator,
+        bottleneck_node=node,
+    )
+
+    def timing(fix_id, after_ms, status="measured"):
+        return fix_timing.FixTiming(
+            fix_id, stage, node, "the change", status, "" if after_ms else "no room",
+            batch_ms_before=40.0 if after_ms else None, batch_ms_after=after_ms,
+            rounds=3, batches=8, overlapped_before=True, overlapped_after=True,
+        )
+
+    timings = [
+        timing("sequential-map", 20.0),
+        timing("cache-missing", cache_after_ms, "measured" if cache_after_ms else "not measured"),
+    ]
+    stats = StepStats.from_arrays(np.full(20, 0.036), np.full(20, 0.004))
+    return advisor.advise(stats, profile, findings, fix_timings=timings)
+
+
+def test_an_untimed_cache_of_the_bottleneck_keeps_its_lead():
+    top = _ranked()[0]
+    assert top.id == "cache-missing" and top.expected_gain.likely_speedup is None
+    assert "The change was not timed (not measured: no room)" in top.expected_gain.statement
+    assert top.also == ["sequential-map"]
+    assert any("Timed: 2.00x faster (measured: the change timed)" in e.detail for e in top.evidence)
+
+
+def test_fixes_timed_at_one_stage_lead_by_their_figures():
+    top = _ranked(cache_after_ms=30.0)[0]
+    assert top.id == "sequential-map" and top.expected_gain.likely_speedup == pytest.approx(2.0)
+    assert top.also == ["cache-missing"]
+
+
+def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+    import numpy as np
+
+    # The limit lowered below this pipeline's 3 kB of arrays, rather than
+    # hundreds of megabytes allocated for the test.
+    monkeypatch.setattr(fix_timing, "MAX_IN_MEMORY_BYTES", 1000)
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    advised = Recommendation(
+        id="sequential-map", title="Parallelise", severity="warning",
+        stage="map(sleep_in_python)", stage_node="MapDataset/_3",
+    )
+    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+    (timing,) = fix_timing.time_fixes(dataset, [advised], stats, 3.0, allow_unverified=True)
+    assert not timing.measured
+    assert "MB of in-memory arrays" in timing.reason
