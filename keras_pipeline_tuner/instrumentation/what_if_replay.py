@@ -30,6 +30,7 @@ from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -160,25 +161,12 @@ def what_if(
             "replaying it would change the order a later fit on it sees, and a copy with "
             "its own seeds would copy the data."
         )
-    cached = dataset.take(cached_batches).cache()
-    # One full pass completes the cache; the repeats then read only memory.
-    found = sum(1 for _ in cached)
-    replayed = cached.repeat()
-    if found == 0:
-        raise ValueError("The dataset is empty: there is nothing to replay.")
-
-    # Everything the replayed step can change, found before it runs: the
-    # step may keep state outside the model (a custom `train_step`'s random
-    # generator, a layer's own variable), and all of it must end as it began.
-    touched = variables_touched(iter(replayed))
-    if pipeline_stats is None:
-        touched += variables_touched(iter(dataset))
-    saved = _State(model, touched)
-    try:
-        replay_rows, pipeline_rows = _run(run_steps, replayed, dataset, steps, pipeline_stats is None)
-    finally:
-        saved.restore()
-
+    # The user's Python functions in the pipeline may draw from Python's and
+    # NumPy's global generators: their next draws stay what they would have been.
+    with preserved_random_state():
+        found, replay_rows, pipeline_rows = _replay(
+            model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats
+        )
     replay = _stats(replay_rows)
     notes = []
     if pipeline_stats is not None:
@@ -325,6 +313,28 @@ def checked_steps(what_if) -> int:
         f"`what_if` must be True, False or a positive number of replayed steps, got "
         f"{what_if!r}. Pass what_if=True to time 20 replayed steps after training."
     )
+
+
+def _replay(model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats):
+    """Caches a few batches and times the replay (and the pipeline); restores the model."""
+    cached = dataset.take(cached_batches).cache()
+    # One full pass completes the cache; the repeats then read only memory.
+    found = sum(1 for _ in cached)
+    if found == 0:
+        raise ValueError("The dataset is empty: there is nothing to replay.")
+    replayed = cached.repeat()
+    # Everything the replayed step can change, found before it runs: the
+    # step may keep state outside the model (a custom `train_step`'s random
+    # generator, a layer's own variable), and all of it must end as it began.
+    touched = variables_touched(iter(replayed))
+    if pipeline_stats is None:
+        touched += variables_touched(iter(dataset))
+    saved = _State(model, touched)
+    try:
+        replay_rows, pipeline_rows = _run(run_steps, replayed, dataset, steps, pipeline_stats is None)
+    finally:
+        saved.restore()
+    return found, replay_rows, pipeline_rows
 
 
 def _run(run_steps, replayed, dataset, steps, measure_pipeline):

@@ -27,6 +27,7 @@ from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
@@ -246,7 +247,10 @@ class Run:
             verdict = self.report().verdict
             if verdict not in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND):
                 return
-            evidence = grain_stages.time_stages(dataset)
+            # The user's Python in the pipeline may draw from the global
+            # generators: their next draws stay as without the tuner.
+            with preserved_random_state():
+                evidence = grain_stages.time_stages(dataset)
             self.stage_timing = evidence
             stage = grain_stages.placement(evidence)
             if stage is None:
