@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.dashboard import plugin as dashboard_plugin
 from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
@@ -81,7 +82,14 @@ def test_runs_lists_both_runs_with_their_verdicts(client, runs):
 
 def test_run_returns_the_report_the_profile_rows_and_the_tune_result(client, runs):
     naive = get_json(client, f"{ROUTE}/run?run={NAIVE}")
-    assert naive["report"] == json.loads(runs.naive.report.to_json())
+    served = naive["report"]
+    # Each gain comes with the words the terminal shows for it, worked out once.
+    gains = [r.expected_gain for r in runs.naive.report.recommendations]
+    assert any(gain is not None for gain in gains)
+    for recommendation, gain in zip(served["recommendations"], gains):
+        if gain is not None:
+            assert recommendation["expected_gain"].pop("described") == describe_gain(gain)
+    assert served == json.loads(runs.naive.report.to_json())
     profile = naive["profile"]
     assert profile["title"].startswith("Profiler window")
     labels = [row["label"] for row in profile["rows"]]
@@ -144,6 +152,9 @@ def test_runs_older_than_the_dashboard_are_read_from_report_json(runs, tmp_path)
         (f"old/{summaries.RUN}", "report.json")
     ]
     detail = get_json(client, f"{ROUTE}/run?run=old/{summaries.RUN}")
+    for recommendation in detail["report"]["recommendations"]:
+        if recommendation.get("expected_gain"):
+            recommendation["expected_gain"].pop("described")
     assert detail["report"] == json.loads(runs.tuned.report.to_json())
 
 

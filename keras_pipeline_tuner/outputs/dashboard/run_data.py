@@ -8,6 +8,7 @@ time axis is then the steps' own cumulative time, since the scalars carry when
 they were written, not when each step ran).
 """
 
+import dataclasses
 import json
 import os
 import threading
@@ -17,6 +18,8 @@ import numpy as np
 from tensorboard.data import provider
 
 from keras_pipeline_tuner.outputs.dashboard import summaries
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 
 SUMMARIES = "summaries"
@@ -140,13 +143,13 @@ class RunData:
         """
         data = self._latest_json(ctx, experiment_id, run, summaries.REPORT_TAG)
         if data is not None:
-            return data, SUMMARIES
+            return _with_gain_phrases(data), SUMMARIES
         path = (self.report_file_runs() if files is None else files).get(run)
         if path is None:
             return None, ""
         try:
             with open(path, encoding="utf-8") as file:
-                return json.load(file), REPORT_FILE
+                return _with_gain_phrases(json.load(file)), REPORT_FILE
         except (OSError, ValueError):
             # Being written right now, or not a report: nothing to show yet.
             return None, ""
@@ -246,6 +249,29 @@ class RunData:
         # No per-step start in the scalars: the steps laid end to end.
         start = np.concatenate([[0.0], np.cumsum(np.nan_to_num(wait_s) + compute_s)[:-1]])
         return np.stack([steps, np.zeros_like(steps), start, wait_s, compute_s], axis=1)
+
+
+def _with_gain_phrases(report: Any) -> Any:
+    """Adds to each expected gain the phrase the terminal shows (`describe_gain`).
+
+    The page shows the same words as the terminal and Markdown, worked out in
+    one place, instead of deciding again how a gain reads.
+    """
+    if not isinstance(report, dict):
+        return report
+    names = {field.name for field in dataclasses.fields(ExpectedGain)}
+    for recommendation in report.get("recommendations") or []:
+        gain = recommendation.get("expected_gain") if isinstance(recommendation, dict) else None
+        if not isinstance(gain, dict):
+            continue
+        try:
+            gain["described"] = describe_gain(
+                ExpectedGain(**{key: value for key, value in gain.items() if key in names})
+            )
+        except (TypeError, ValueError):
+            # A hostile or older report: the page shows its statement alone.
+            continue
+    return report
 
 
 def _filter(run: str, *tags: str) -> provider.RunTagFilter:

@@ -406,7 +406,8 @@ function recommendations(view) {
     if (item.reason) card.appendChild(element("p", {}, item.reason));
     const gain = item.expected_gain;
     if (gain && (gain.statement || gain.speedup)) {
-      const bound = gain.speedup ? `up to ${times(gain.speedup)} (bound, ${gain.basis})` : "";
+      // The server words it as the terminal does (describe_gain).
+      const bound = typeof gain.described === "string" ? gain.described : "";
       card.appendChild(element("p", {class: "kpt-gain"},
           element("b", {}, "Expected gain: "), [bound, gain.statement].filter(Boolean).join(": ")));
     }
