@@ -437,10 +437,11 @@ def _ends_in_prefetch(pipeline) -> bool:
 def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     """Epochs and batches per timed pass: `(epochs, num_batches, why no cache)`.
 
-    A cache pays off from the second epoch, which it reaches only over whole
-    epochs: two of them per pass when they fit the budget. Otherwise one
-    epoch of a few batches per pass, as many as fit, and the cache is not
-    timed.
+    A cache pays off from the second epoch: two whole epochs per pass when
+    they fit the budget. Otherwise passes of a few batches, as many as fit,
+    which time the steady state: `kpt.tune`'s machinery fills a cache by one
+    whole untimed epoch before them, so a cache is timed when such an epoch
+    fits the budget too.
     """
     distinct = {(rewrite.kind, rewrite.node) for _, rewrite in wanted}
     # The pipeline alone is at most as slow as the steps that wait for it.
@@ -457,9 +458,12 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
     if cardinality > 0:
         num_batches = min(num_batches, cardinality)
+    if caching and cardinality > 0 and cardinality * batch_s <= _BUDGET_SHARE * budget_s / 4:
+        # An epoch that fills the cache before the passes, for each of them.
+        return 1, num_batches, None
     cache_reason = (
-        f"a cache pays off from the second epoch, and two whole epochs per timed pass "
-        f"do not fit the {budget_s:g} s of measure_fixes"
+        f"a cache pays off from the second epoch, and filling it takes a whole epoch, "
+        f"too long for the {budget_s:g} s of measure_fixes"
     )
     return 1, num_batches, cache_reason
 

@@ -722,7 +722,13 @@ class _TuningSession:
                 f"({rewrite.unverified}); pass allow_unverified=True to measure and keep it"
             )
             return outcome, None
-        if rewrite.kind == pipeline_rewrite.CACHE and self.plan.epochs == 1:
+        if (
+            rewrite.kind == pipeline_rewrite.CACHE
+            and self.plan.epochs == 1
+            and self.plan.num_batches is None
+        ):
+            # Passes of a few batches read a cache filled beforehand (see
+            # `_factory`); a whole-epoch pass would only fill it.
             outcome.status = NOT_APPLICABLE
             outcome.reason = (
                 "a cache pays off from the second epoch, and a timed pass has one "

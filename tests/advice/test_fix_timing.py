@@ -244,6 +244,32 @@ def test_a_fix_folded_into_another_recommendation_is_timed_too():
     assert by_id["cache-missing"].status != "measured" and by_id["cache-missing"].reason
 
 
+def test_a_cache_is_timed_in_steady_state_when_filling_it_fits_the_budget():
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+    from keras_pipeline_tuner.pipeline.graph import read_pipeline
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+    import numpy as np
+
+    # 8 batches of 40 ms: filling a cache takes about a third of a second.
+    x = np.linspace(0, 1, 32 * 8, dtype=np.float32).reshape(32, 8)
+    source = tf.data.Dataset.from_tensor_slices((x, np.zeros(32, np.float32)))
+    dataset = source.map(sleep_in_python).batch(BATCH)
+    node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
+    cache = Recommendation(
+        id="cache-missing",
+        title="Cache the deterministic work of map(sleep_in_python)",
+        severity="warning",
+        stage="map(sleep_in_python)",
+        stage_node=node,
+    )
+    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+    timings = fix_timing.time_fixes(dataset, [cache], stats, 6.0)
+    timed = {timing.recommendation: timing for timing in timings}["cache-missing"]
+    assert timed.measured, timed.reason
+    # Read from memory, a batch costs a small part of the 40 ms it took.
+    assert timed.batch_ms_after < timed.batch_ms_before / 4
+
+
 # Ranking with timed fixes, on hand-built evidence.
 
 
