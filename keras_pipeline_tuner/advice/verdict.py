@@ -15,7 +15,7 @@ apart with their size:
 - **Contention.** Where the input pipeline and the model share CPU cores, the
   pipeline's work slows the step itself and is booked as compute. A replay of
   cached batches through the compiled step after training (the what-if replay)
-  times the step with input free, alternately with steps on the real pipeline
+  times the step with input free, around steps on the real pipeline
   (under the same load); when the real step is slower than the replayed one by
   at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
   `1 - replayed / real`, is the input's cost, and decides when it is larger
@@ -153,11 +153,12 @@ def judge(
             share = later
     wait_fraction = _beyond_floor(share, stats, floor_ms)
     fraction, source = wait_fraction, STEP_CLOCK
-    contention = _contention(what_if, share, stats)
+    compared = _compared_steps(what_if, share, stats)
+    contention = _contention(compared)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
     verdict = verdict_for(fraction)
-    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms)
+    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared)
     line += _window_agreement(profile, verdict, warm_up_steps)
     return Judgement(
         verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms
@@ -229,26 +230,36 @@ def _warm_up(epochs: Sequence):
     return first, later, (first_wait - later_wait) * first.steady.steps
 
 
-def _contention(what_if, share: Optional[Share], stats: StepStats) -> Optional[float]:
-    """`1 - replayed / real` steady step time, when the replay is clearly faster."""
+def _compared_steps(what_if, share: Optional[Share], stats: StepStats):
+    """`(real ms, replayed ms, statistic)` the contention is judged from, or None."""
     if what_if is None or what_if.replay_step.mean_ms is None:
         return None
-    if what_if.pipeline_source == "measured" and what_if.pipeline_step.mean_ms:
-        # Timed beside the replay, under the same load: the fairer comparison.
-        real_ms = what_if.pipeline_step.mean_ms
-    else:
-        real_ms = (
-            share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
-        )
-    replayed_ms = what_if.replay_step.mean_ms
-    if not real_ms or replayed_ms <= 0:
+    if what_if.pipeline_source == "measured" and what_if.pipeline_step.median_ms:
+        # Timed beside the replay, under the same load: the fairer comparison,
+        # by medians, which a scheduling hiccup in a few short steps cannot move
+        # (the pipeline's cost shows in every step).
+        return what_if.pipeline_step.median_ms, what_if.replay_step.median_ms, "median"
+    real_ms = (
+        share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
+    )
+    return real_ms, what_if.replay_step.mean_ms, "mean"
+
+
+def _contention(compared) -> Optional[float]:
+    """`1 - replayed / real` step time, when the replay is clearly faster."""
+    if compared is None:
+        return None
+    real_ms, replayed_ms, _ = compared
+    if not real_ms or not replayed_ms or replayed_ms <= 0:
         return None
     if real_ms / replayed_ms < CONTENTION_MIN_SPEEDUP:
         return 0.0
     return 1.0 - replayed_ms / real_ms
 
 
-def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms) -> str:
+def _line(
+    verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
+) -> str:
     beyond = (
         f" beyond the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
         if floor_ms
@@ -257,8 +268,8 @@ def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, 
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
-            f"steps took {what_if.replay_step.mean_ms:.2f} ms on replayed cached batches "
-            f"against {_real_ms(fraction, what_if):.2f} ms with the pipeline{_alongside(what_if)}, "
+            f"steps took {compared[1]:.2f} ms ({compared[2]}) on replayed cached batches "
+            f"against {compared[0]:.2f} ms with the pipeline{_alongside(what_if)}, "
             f"which shares the CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} %{beyond} (step clock)."
         )
     else:
@@ -268,8 +279,8 @@ def _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, 
         )
         if contention is not None:
             line += (
-                f" A replay with input free ran {what_if.replay_step.mean_ms:.2f} ms a step: "
-                "no contention beyond that."
+                f" A replay with input free ran {compared[1]:.2f} ms a step ({compared[2]}) "
+                f"against {compared[0]:.2f} ms with the pipeline: no contention beyond that."
             )
     return line
 
@@ -296,11 +307,7 @@ def _window_agreement(profile, verdict, warm_up_steps: int) -> str:
 
 
 def _alongside(what_if) -> str:
-    return " (timed alternately with the replay)" if what_if.pipeline_source == "measured" else ""
-
-
-def _real_ms(fraction: float, what_if) -> float:
-    return what_if.replay_step.mean_ms / (1.0 - fraction)
+    return " (timed between two halves of the replay)" if what_if.pipeline_source == "measured" else ""
 
 
 def _percent(part: float, whole: float) -> str:

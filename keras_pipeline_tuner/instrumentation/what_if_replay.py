@@ -47,8 +47,6 @@ ON_REQUEST = (
 )
 # Calls set apart before timing: the first may trace, and buffers fill.
 _WARMUP_CALLS = 2
-# Replay and pipeline steps alternate in blocks of this many calls.
-_BLOCK_CALLS = 5
 
 
 class ReplayUnsupported(ValueError):
@@ -74,7 +72,7 @@ class WhatIfResult:
         replay_input_wait: input wait on replayed batches (near zero).
         pipeline_source: where `pipeline_step` comes from: "training" (the
             fit's steady-state steps) or "measured" (steps run on a fresh
-            iterator alternately with the replay).
+            iterator between the two halves of the replay).
         replay_steps: replayed steps timed.
         cached_batches: distinct batches replayed.
         method: when and on what the replay ran, and how training was kept
@@ -115,7 +113,7 @@ def what_if(
     would have; see `independent_copy`), caches them and replays
     them for `steps` steps of the model's compiled training step, timed inside
     the step. Unless `pipeline_stats` gives the real steps' times, as many
-    steps run on `dataset` itself, alternating with the replay in blocks, so
+    steps run on `dataset` itself, between the two halves of the replay, so
     both are timed under the same conditions. Every variable the step touches
     (weights, optimizer, metrics, seeds, and state kept outside the model) is
     restored afterwards: the model ends as it began.
@@ -174,8 +172,8 @@ def what_if(
     else:
         pipeline_step, source = _stats(pipeline_rows).step, "measured"
         notes.append(
-            "The real pipeline's steps were timed on a fresh iterator, alternately with "
-            "the replay."
+            "The real pipeline's steps were timed on a fresh iterator, between the two "
+            "halves of the replay."
         )
     if found < cached_batches:
         notes.append(f"The dataset has only {found} batches; they were all replayed.")
@@ -278,7 +276,7 @@ def contention_check(model, train_stats: StepStats) -> WhatIfResult:
         found_steps = int(CONTENTION_BUDGET_S / (2 * step_s))
     found_steps = max(1, min(found_steps, CONTENTION_MAX_STEPS))
     found = fit_input.find_fit_input(model)
-    # The real pipeline's steps are timed here too, alternately with the
+    # The real pipeline's steps are timed here too, between two halves of the
     # replay, rather than taken from training: both then run under the same
     # load, which on a shared machine changes between training and the check.
     # Training's iterators are gone; a new one over the same dataset reads the
@@ -338,25 +336,38 @@ def _replay(model, run_steps, variables_touched, dataset, steps, cached_batches,
 
 
 def _run(run_steps, replayed, dataset, steps, measure_pipeline):
+    """Times `steps` replayed steps, and as many on the real pipeline if asked.
+
+    The real pipeline's steps run between two halves of the replay (A-B-A):
+    drift in the machine's load between the two sides cancels out, and no
+    iterator of the real pipeline lives while the replay runs (its threads
+    would keep working, and slow the replayed steps they should not touch).
+    """
     replay_iterator = iter(replayed)
-    pipeline_iterator = iter(dataset) if measure_pipeline else None
     for _ in range(_WARMUP_CALLS):
         run_steps(replay_iterator)
-        if pipeline_iterator is not None:
-            pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, [])
-    replay_rows: List[np.ndarray] = []
+    first_half = (steps + 1) // 2 if measure_pipeline else steps
+    replay_rows = _calls(run_steps, replay_iterator, first_half)
     pipeline_rows: List[np.ndarray] = []
-    block = min(_BLOCK_CALLS, steps)
-    while sum(rows.shape[0] for rows in replay_rows) < steps:
-        for _ in range(block):
-            replay_rows.append(np.asarray(run_steps(replay_iterator)).reshape(-1, 3))
-        if pipeline_iterator is not None:
-            for _ in range(block):
-                pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, pipeline_rows)
+    if measure_pipeline:
+        pipeline_iterator = iter(dataset)
+        for _ in range(_WARMUP_CALLS):
+            pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, [])
+        while sum(rows.shape[0] for rows in pipeline_rows) < steps:
+            pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, pipeline_rows)
+        del pipeline_iterator
+        replay_rows += _calls(run_steps, replay_iterator, steps - first_half)
     return (
         np.concatenate(replay_rows)[:steps],
-        np.concatenate(pipeline_rows) if pipeline_rows else np.zeros((0, 3)),
+        np.concatenate(pipeline_rows)[:steps] if pipeline_rows else np.zeros((0, 3)),
     )
+
+
+def _calls(run_steps, iterator, steps) -> List[np.ndarray]:
+    rows: List[np.ndarray] = []
+    while sum(found.shape[0] for found in rows) < steps:
+        rows.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
+    return rows
 
 
 def _pipeline_call(run_steps, iterator, dataset, found):

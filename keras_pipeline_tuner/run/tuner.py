@@ -82,7 +82,7 @@ class PipelineTuner(keras.callbacks.Callback):
         worker_timeout_s: how long the chief waits at the end of fit for the
             other workers' summaries before reporting without them.
         check_contention: on the CPU, where the pipeline and the model share
-            cores, replay a few cached batches after fit, alternately with
+            cores, replay a few cached batches after fit, around
             steps on the real pipeline (about a second, state
             restored), and count the step time the pipeline costs beyond its
             wait (see `tuner.report.judgement`); the replayed step also bounds
