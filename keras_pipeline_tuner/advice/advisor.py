@@ -526,10 +526,16 @@ def _stage_gain(
             "(no profile timed it).",
         )
     wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
-    # What the input costs a step: its wait, or more where a replay measured
-    # the step with input free (a pipeline that competes for the cores slows
-    # the compute too).
-    cost_ms = max(wait_ms, step_ms - (bound.step_ms_after or step_ms))
+    # What the input costs a step in the steady state the verdict describes
+    # (a cache-filling first epoch left out): its wait, or more where a replay
+    # measured the step with input free (a pipeline that competes for the
+    # cores slows the compute too).
+    steady = run.judgement.input_fraction
+    if steady is not None:
+        wait_ms = min(wait_ms, (run.judgement.wait_fraction or 0.0) * step_ms)
+    cost_ms = max(wait_ms, steady * step_ms if steady is not None else 0.0)
+    if steady is None:
+        cost_ms = max(wait_ms, step_ms - (bound.step_ms_after or step_ms))
     stage_ms = timed.self_share * cost_ms
     # Making the stage free removes at most its share of that cost, and a step
     # never gets faster than it does with input free.
