@@ -138,7 +138,7 @@ def judge(
         later = _later_epochs(epochs)
         if later is not None:
             share = later
-        warm = _warm_up(epochs)
+        warm = _warm_up(epochs, stats, floor_ms)
         if warm is not None:
             # The run's first step is not in the epoch's stats.
             warm_up_steps = warm[0].stats.steps + 1
@@ -210,7 +210,7 @@ def _later_epochs(epochs: Sequence) -> Optional[Share]:
     return later
 
 
-def _warm_up(epochs: Sequence):
+def _warm_up(epochs: Sequence, stats: StepStats, floor_ms: Optional[float]):
     """(first epoch, later epochs' share, extra wait in ms) when epoch 1 was a warm-up."""
     train = [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
     if len(train) < 2:
@@ -225,7 +225,7 @@ def _warm_up(epochs: Sequence):
     if first_wait < WARMUP_RATIO * later_wait or first_wait - later_wait < WARMUP_MIN_MS:
         return None
     first_verdict = verdict_for(first.steady.input_fraction)
-    if _SEVERITY[verdict_for(later.input_fraction)] >= _SEVERITY[first_verdict]:
+    if _SEVERITY[verdict_for(_beyond_floor(later, stats, floor_ms))] >= _SEVERITY[first_verdict]:
         return None
     return first, later, (first_wait - later_wait) * first.steady.steps
 

@@ -126,6 +126,21 @@ def test_the_fetch_of_a_ready_batch_is_not_counted_as_waiting():
     assert "beyond the 0.70 ms a fetch of a batch already in memory took" in judgement.line
 
 
+def test_a_cache_filling_epoch_is_said_apart_when_later_waits_are_the_fetch_itself():
+    # Later epochs wait 3 ms a step, highly input-bound by the raw wait as the
+    # first epoch is, but 2.9 ms of it is what fetching a batch already in
+    # memory takes.
+    clock = clock_of([[25.0] * 20, [3.0] * 20, [3.0] * 20])
+    measured = WhatIfResult(
+        replay_step=Distribution(13.0, 13.0, 13.0),
+        replay_input_wait=Distribution(2.9, 2.9, 2.9),
+    )
+    judgement = judged(clock, measured)
+    assert judgement.verdict == NOT
+    warm_up = [cost for cost in judgement.one_off if cost.startswith("Epoch 1 waited")]
+    assert warm_up and "later epochs 0.8 % input" in warm_up[0], judgement.one_off
+
+
 def test_a_profiler_window_inside_a_cache_filling_first_epoch_is_explained():
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 
