@@ -751,7 +751,9 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
 
     Every memory cache in the graph gets a fresh, unshared buffer, so a rebuilt
     dataset starts empty as a new dataset would, and several rebuilds of one
-    graph do not fill each other's caches.
+    graph do not fill each other's caches; every random seed generator (a
+    shuffle's) is fresh too, so the rebuilt dataset draws as a new dataset
+    would and leaves the original's draws alone.
 
     Args:
         graph_def: a dataset `tf.compat.v1.GraphDef` (from `apply_rewrites`).
@@ -766,7 +768,11 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
     tf = tensorflow()
     fresh = tf.compat.v1.GraphDef()
     fresh.CopyFrom(graph_def)
-    _GraphEditor(fresh).renew_caches()
+    editor = _GraphEditor(fresh)
+    editor.renew_caches()
+    # Its own random seeds too: iterating it leaves the original's shuffle
+    # order as it was, and it shuffles as a newly built dataset would.
+    editor.renew_seed_generators()
     variant = tf.raw_ops.DatasetFromGraph(graph_def=fresh.SerializeToString())
     dataset = tf.data.experimental.from_variant(variant, element_spec)
     dataset._kpt_rebuilt_from = keep_alive  # pylint: disable=protected-access

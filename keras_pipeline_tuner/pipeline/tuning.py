@@ -639,8 +639,13 @@ class _TuningSession:
         python = _python_stages(pipeline)
         if python:
             self.epoch_limit = self.max_python_epochs
-        reference, epoch_s = self._epoch_digests(self.dataset, _EPOCH_BUDGET_SHARE * self.budget_s)
-        again, _ = self._epoch_digests(self.dataset, None)
+        # On a copy with seeds of its own: passes over the dataset itself would
+        # move its shuffle seeds on, and the next fit on it would see another
+        # order (rebuilt datasets get fresh seed generators too).
+        source = pipeline_rewrite.independent_copy(self.dataset)
+        source = self.dataset if source is None else source
+        reference, epoch_s = self._epoch_digests(source, _EPOCH_BUDGET_SHARE * self.budget_s)
+        again, _ = self._epoch_digests(source, None)
         self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
         self.reference = reference
         if self.repeatable and pipeline_rewrite.draws_randomly(pipeline) and self._rebuild_problem() is not None:

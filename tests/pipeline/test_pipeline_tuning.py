@@ -211,3 +211,19 @@ def test_not_a_dataset():
 def test_cache_path_that_is_a_directory(tmp_path):
     with pytest.raises(ValueError, match="file prefix"):
         kpt.tune(tf.data.Dataset.range(4), cache_path=tmp_path)
+
+
+def test_tuning_leaves_the_original_datasets_shuffle_order_alone():
+    def shuffled():
+        return tf.data.Dataset.range(24).map(slow_py_function).shuffle(24, seed=3).batch(4)
+
+    untouched = shuffled()
+    expected = [elements(untouched) for _ in range(2)]
+    dataset = shuffled()
+    tuned, _ = kpt.tune(
+        dataset, budget_s=6, allow_unverified=True, max_python_epochs=500, verbose=0
+    )
+    # The next fits on the original see the orders they would have seen...
+    assert [elements(dataset) for _ in range(2)] == expected
+    # ...and the tuned dataset shuffles as a newly built original would.
+    assert elements(tuned) == expected[0]
