@@ -754,7 +754,7 @@ def _shuffle_after_batch(pipeline: Pipeline) -> Iterable[Finding]:
             f"{stage.label} comes after {batch.label}: it shuffles whole batches, so "
             "every epoch the same examples are grouped together, only in another "
             "order.",
-            f"ds = ds.shuffle({_size(stage, 'buffer_size', 'buffer_size')})"
+            f"ds = ds.shuffle({_examples_buffer(stage, batch)})"
             f".batch({_size(batch, 'batch_size', 'batch_size')})"
             + (
                 _in_place_of(batch, stage)
@@ -890,6 +890,14 @@ def _in_place_of(*stages: Stage) -> str:
 def _size(stage: Stage, name: str, placeholder: str) -> str:
     value = stage.params.get(name)
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else placeholder
+
+
+def _examples_buffer(shuffle: Stage, batch: Stage) -> str:
+    """A shuffle buffer of examples as large as the one of batches it replaces."""
+    buffer, size = shuffle.params.get("buffer_size"), batch.params.get("batch_size")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (buffer, size)):
+        return str(buffer * size)
+    return _size(shuffle, "buffer_size", "buffer_size") + " * batch_size"
 
 
 def _direct_input(pipeline: Pipeline, stage: Stage) -> Optional[Stage]:

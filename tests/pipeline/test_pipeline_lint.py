@@ -144,6 +144,8 @@ def test_each_rule_on_its_own():
 
     shuffled_batches = kpt.inspect(numbers.batch(8).shuffle(4).prefetch(tf.data.AUTOTUNE))
     assert severities(shuffled_batches) == {"shuffle-after-batch": "warning"}
+    # A buffer of 4 batches of 8 becomes one of 32 examples, not of 4.
+    assert shuffled_batches[0].fix.startswith("ds = ds.shuffle(32).batch(8)")
 
     fixed = kpt.inspect(numbers.map(double, num_parallel_calls=4).prefetch(2))
     assert [f.id for f in fixed] == ["fixed-parallelism", "fixed-parallelism"]
