@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_fraction,
         default=0.2,
         metavar="F",
-        help="the largest share of step time allowed for input wait, 0-1 (default 0.2)",
+        help="the largest share of step time the input may cost (the verdict's input "
+        "fraction), 0-1 (default 0.2)",
     )
     return parser
 
@@ -99,6 +100,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _compare(args.run_a, args.run_b)
     if args.command == "check":
         return _check(args.log_dir, args.max_input_fraction)
+    if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+        return _failed(
+            ValueError(
+                f"--log-dir {args.log_dir} is a file, not a folder: pass a folder (new or "
+                "existing) for the demo's images and logs."
+            )
+        )
     from keras_pipeline_tuner.demo import run_demo
 
     run_demo(log_dir=args.log_dir, quick=args.quick)
@@ -210,7 +218,9 @@ def _check(log_dir: str, max_fraction: float) -> int:
             f"measured ({report.measurement}). See its notes with "
             f"`keras-pipeline-tuner report {log_dir}`."
         )
-    shown = f"input wait {fraction * 100:.1f} % of training step time ({report.verdict.value})"
+    # The verdict's figure: the wait, or the input's measured cost where the
+    # replay found the pipeline slowing the step beyond its wait.
+    shown = f"input {fraction * 100:.1f} % of training step time ({report.verdict.value})"
     if fraction > max_fraction:
         sys.stdout.write(
             f"FAIL: {shown}, more than the allowed {max_fraction * 100:.1f} %. "

@@ -507,12 +507,14 @@ def _stage_gain(
     if timed is None and profile is not None and profile.bottleneck and profile.iterators:
         # The window timed the pipeline and found no work of this stage's own:
         # it cannot outrank the stage that holds the wait.
+        # A bound, like every gain read off a profiled share: the change itself
+        # was not timed.
         step_ms = bound.step_ms
         return ExpectedGain(
             1.0,
             step_ms,
             step_ms,
-            MEASURED,
+            BOUND,
             f"The profiler timed no work of {stage}'s own in the input pipeline (it "
             f"names {profile.bottleneck} the bottleneck): changing it frees no "
             "measurable input time.",

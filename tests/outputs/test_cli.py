@@ -62,6 +62,14 @@ def test_report_of_a_folder_of_runs_lists_each(tmp_path):
     assert "highly input-bound" in done.stdout
 
 
+def test_demo_refuses_a_log_dir_that_is_a_file(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    done = run("demo", "--quick", "--log-dir", str(taken))
+    assert done.returncode == 2
+    assert "is a file, not a folder" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_report_of_a_corrupt_report(tmp_path):
     (tmp_path / "report.json").write_text('{"verdict": 3}')
     done = run("report", str(tmp_path))

@@ -83,7 +83,7 @@ def test_check_gates_on_the_input_fraction(fits, capsys, run_name, limit, status
     log_dir, report = fits[run_name]
     code, out, err = main(capsys, "check", str(log_dir), "--max-input-fraction", limit)
     assert code == status, err
-    assert out.startswith(f"{word}: input wait {report.input_fraction * 100:.1f} %")
+    assert out.startswith(f"{word}: input {report.input_fraction * 100:.1f} %")
     assert f"allowed {float(limit) * 100:.1f} %" in out
 
 
