@@ -108,7 +108,9 @@ def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
         folded = [e.detail for e in top.evidence if e.detail.startswith("Also at this stage: Parallel")]
         assert folded and "Timed: no clear gain (measured: the change timed" in folded[0]
     else:
-        assert parallel.expected_gain.likely_speedup < 1.3
+        # Threads cannot run it two at a time: far from the 2x two cores give a
+        # map that releases the GIL (generous: a loaded machine moves it).
+        assert parallel.expected_gain.likely_speedup < 1.6
         assert top is not parallel or describe_gain(top.expected_gain).startswith("no clear gain")
 
 
