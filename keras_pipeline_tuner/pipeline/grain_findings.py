@@ -62,42 +62,38 @@ def grain_stage_findings(
     pipeline_stage = Stage(node=node, op=op, kind=f"grain {kind}")
     threads = READ_THREADS if not read_threads else max(READ_THREADS, 2 * read_threads)
     if on_read_threads:
-        finding = Finding(
-            id="grain-read-threads",
-            severity=Severity.WARNING,
-            stage=stage,
-            node=node,
-            op=op,
-            function=function if kind == "map" else None,
-            reason=(
-                f"Grain times {stage} as the slowest stage of the pipeline; it is read on "
-                f"{read_threads} thread(s) (ReadOptions.num_threads). More threads read more "
-                "elements at once while the model trains." + _GIL_NOTE
-            ),
-            fix=(
-                f"ds = ds.to_iter_dataset(grain.ReadOptions(num_threads={threads}, "
-                "prefetch_buffer_size=64))"
-            ),
+        finding_id = "grain-read-threads"
+        reason = (
+            f"Grain times {stage} as the slowest stage of the pipeline; it is read on "
+            f"{read_threads} thread(s) (ReadOptions.num_threads). More threads read more "
+            "elements at once while the model trains."
+        )
+        fix = (
+            f"ds = ds.to_iter_dataset(grain.ReadOptions(num_threads={threads}, "
+            "prefetch_buffer_size=64))"
         )
     else:
-        finding = Finding(
-            id="grain-sequential-stage",
-            severity=Severity.WARNING,
-            stage=stage,
-            node=node,
-            op=op,
-            function=function if kind == "map" else None,
-            reason=(
-                f"Grain times {stage} as the slowest stage of the pipeline, and it comes "
-                "after to_iter_dataset: an IterDataset transformation runs on the thread "
-                "that reads the batches, one element after another, while nothing else "
-                "loads. Before to_iter_dataset, on the MapDataset, it is read on "
-                "ReadOptions.num_threads threads ahead of the step." + _GIL_NOTE
-            ),
-            fix=(
-                f"ds = (ds_before_to_iter_dataset.{kind}({function})\n"
-                f"      .to_iter_dataset(grain.ReadOptions(num_threads={threads}, "
-                "prefetch_buffer_size=64)))  # then the IterDataset stages, e.g. .batch(...)"
-            ),
+        finding_id = "grain-sequential-stage"
+        reason = (
+            f"Grain times {stage} as the slowest stage of the pipeline, and it comes "
+            "after to_iter_dataset: an IterDataset transformation runs on the thread "
+            "that reads the batches, one element after another, while nothing else "
+            "loads. Before to_iter_dataset, on the MapDataset, it is read on "
+            "ReadOptions.num_threads threads ahead of the step."
         )
+        fix = (
+            f"ds = (ds_before_to_iter_dataset.{kind}({function})\n"
+            f"      .to_iter_dataset(grain.ReadOptions(num_threads={threads}, "
+            "prefetch_buffer_size=64)))  # then the IterDataset stages, e.g. .batch(...)"
+        )
+    finding = Finding(
+        id=finding_id,
+        severity=Severity.WARNING,
+        stage=stage,
+        node=node,
+        op=op,
+        function=function if kind == "map" else None,
+        reason=reason + _GIL_NOTE,
+        fix=fix,
+    )
     return Findings([finding], Pipeline(stages=[pipeline_stage]))

@@ -12,6 +12,7 @@ import logging
 import time
 
 import pytest
+import numpy as np
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
@@ -217,26 +218,34 @@ def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
     assert report.recommendations[0].expected_gain.likely_speedup is None
 
 
-def test_a_fix_folded_into_another_recommendation_is_timed_too():
-    # One stage, one recommendation: the parallel map is in the cache's `also`.
+def _cache_advice(dataset, also=()):
+    """The cache advice for the dataset's map, as the advisor writes it."""
     from keras_pipeline_tuner.advice.recommendation import Recommendation
     from keras_pipeline_tuner.pipeline.graph import read_pipeline
-    from keras_pipeline_tuner.timing.step_stats import StepStats
 
-    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
     node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
-    cache = Recommendation(
+    return Recommendation(
         id="cache-missing",
         title="Cache the deterministic work of map(sleep_in_python)",
         severity="warning",
         stage="map(sleep_in_python)",
         stage_node=node,
-        also=["sequential-map", "py-function-in-map"],
+        also=list(also),
     )
-    import numpy as np
 
-    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
-    timings = fix_timing.time_fixes(dataset, [cache], stats, 3.0, allow_unverified=True)
+
+def _stats_40ms():
+    """Steps of 40 ms that wait for input almost all of it."""
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    return StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
+
+
+def test_a_fix_folded_into_another_recommendation_is_timed_too():
+    # One stage, one recommendation: the parallel map is in the cache's `also`.
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    cache = _cache_advice(dataset, also=["sequential-map", "py-function-in-map"])
+    timings = fix_timing.time_fixes(dataset, [cache], _stats_40ms(), 3.0, allow_unverified=True)
     by_id = {timing.recommendation: timing for timing in timings}
     assert set(by_id) == {"cache-missing", "sequential-map"}
     assert by_id["sequential-map"].measured
@@ -247,25 +256,11 @@ def test_a_fix_folded_into_another_recommendation_is_timed_too():
 
 
 def test_a_cache_is_timed_in_steady_state_when_filling_it_fits_the_budget():
-    from keras_pipeline_tuner.advice.recommendation import Recommendation
-    from keras_pipeline_tuner.pipeline.graph import read_pipeline
-    from keras_pipeline_tuner.timing.step_stats import StepStats
-    import numpy as np
-
     # 8 batches of 40 ms: filling a cache takes about a third of a second.
     x = np.linspace(0, 1, 32 * 8, dtype=np.float32).reshape(32, 8)
     source = tf.data.Dataset.from_tensor_slices((x, np.zeros(32, np.float32)))
     dataset = source.map(sleep_in_python).batch(BATCH)
-    node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
-    cache = Recommendation(
-        id="cache-missing",
-        title="Cache the deterministic work of map(sleep_in_python)",
-        severity="warning",
-        stage="map(sleep_in_python)",
-        stage_node=node,
-    )
-    stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
-    timings = fix_timing.time_fixes(dataset, [cache], stats, 6.0)
+    timings = fix_timing.time_fixes(dataset, [_cache_advice(dataset)], _stats_40ms(), 6.0)
     timed = {timing.recommendation: timing for timing in timings}["cache-missing"]
     assert timed.measured, timed.reason
     # Read from memory, a batch costs a small part of the 40 ms it took.
