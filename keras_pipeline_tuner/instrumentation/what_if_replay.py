@@ -232,7 +232,7 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
 
 # The contention check after fit: a replay bounded to about a second.
 CONTENTION_MIN_STEPS = 10
-CONTENTION_STEPS = 10
+CONTENTION_STEPS = 20
 CONTENTION_MAX_STEPS = 200
 CONTENTION_BUDGET_S = 1.0
 CONTENTION_CACHED_BATCHES = 4
@@ -274,7 +274,9 @@ def contention_check(model, train_stats: StepStats) -> WhatIfResult:
     found_steps = CONTENTION_STEPS
     if step_s > 0:
         found_steps = int(CONTENTION_BUDGET_S / (2 * step_s))
-    found_steps = max(1, min(found_steps, CONTENTION_MAX_STEPS))
+    # At least CONTENTION_STEPS a side however slow the steps: fewer would
+    # leave a mean to a few scheduling slices.
+    found_steps = max(CONTENTION_STEPS, min(found_steps, CONTENTION_MAX_STEPS))
     found = fit_input.find_fit_input(model)
     # The real pipeline's steps are timed here too, between two halves of the
     # replay, rather than taken from training: both then run under the same
