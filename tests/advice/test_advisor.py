@@ -321,16 +321,33 @@ def test_a_what_if_replay_measures_the_floor():
     from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 
     replay = WhatIfResult(
-        speedup_if_input_free=40.0 / 12.5,
+        speedup_if_input_free=40.0 / 8.0,
         pipeline_step=Distribution(mean_ms=40.0, median_ms=40.0, p90_ms=41.0),
-        replay_step=Distribution(mean_ms=12.5, median_ms=12.5, p90_ms=13.0),
+        replay_step=Distribution(mean_ms=8.0, median_ms=8.0, p90_ms=9.0),
     )
     ranked = advisor.advise(stats(30.0, 10.0), None, [], what_if=replay)
     gain = ranked[0].expected_gain
-    # Replayed, the step takes 12.5 ms, not the 10 ms of compute the clock saw.
-    assert gain.speedup == pytest.approx(3.2)
-    assert gain.step_ms_after == pytest.approx(12.5)
+    # Replayed, the step takes 8 ms, not the 10 ms of compute the clock saw:
+    # the pipeline's threads also slowed the compute.
+    assert gain.speedup == pytest.approx(5.0)
+    assert gain.step_ms_after == pytest.approx(8.0)
     assert any(e.source == recommendation.REPLAY for e in ranked[0].evidence)
+
+
+def test_no_bound_is_below_what_the_verdicts_input_share_says_free_input_brings():
+    from keras_pipeline_tuner.timing.step_stats import Distribution
+    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+
+    # The replay found little (40 ms against 37 ms), the wait 75 %: the
+    # verdict's share wins, and no ceiling may be lower than it.
+    replay = WhatIfResult(
+        speedup_if_input_free=40.0 / 37.0,
+        pipeline_step=Distribution(mean_ms=40.0, median_ms=40.0, p90_ms=41.0),
+        replay_step=Distribution(mean_ms=37.0, median_ms=37.0, p90_ms=38.0),
+    )
+    ranked = advisor.advise(stats(30.0, 10.0), None, [], what_if=replay)
+    assert ranked[0].expected_gain.speedup == pytest.approx(4.0)
+    assert ranked[0].expected_gain.basis == recommendation.BOUND
 
 
 def test_at_the_bottleneck_a_missing_cache_leads_the_stage():
