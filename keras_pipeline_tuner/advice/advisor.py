@@ -342,6 +342,10 @@ def _at_least_the_verdicts(bound: Optional[ExpectedGain], judgement: Judgement):
     fraction = judgement.input_fraction
     if bound is None or bound.speedup is None or bound.step_ms is None or fraction is None:
         return bound
+    if bound.speedup <= 1.0:
+        # A replay that ran no faster with input free: it measured that input
+        # changes bring nothing, which the wait alone does not overrule.
+        return bound
     ceiling = 1.0 / (1.0 - min(fraction, 0.99))
     if ceiling <= bound.speedup:
         return bound

@@ -87,7 +87,10 @@ def test_demo_quick(tmp_path):
     # Tuned, the pipeline keeps ahead of the model once the first epoch has
     # filled its cache: no speed advice is left for the steady state.
     if re.search(r"^  cache: kept ", done.stdout, re.MULTILINE):
-        assert "Tuned pipeline: not input-bound" in done.stdout
+        tuned_line = re.search(r"^Tuned pipeline: .*$", done.stdout, re.MULTILINE)
+        assert tuned_line and tuned_line.group().startswith(
+            "Tuned pipeline: not input-bound"
+        ), (tuned_line and tuned_line.group(), done.stdout[-4000:])
         tuned = json.loads((log_dir / "tuned" / "report.json").read_text())
         assert tuned["verdict"] == "not input-bound"
         assert [r["id"] for r in tuned["recommendations"]] == ["input-not-bottleneck"]
