@@ -109,11 +109,11 @@ def load_image(path):
 SHUFFLE_BUFFER = 32
 
 
-def random_flip(image, label):
-    """A random augmentation: it must never be cached."""
+def random_flip(images, labels):
+    """A random augmentation of a batch, each image flipped or not: never to be cached."""
     import tensorflow as tf
 
-    return tf.image.random_flip_left_right(image, seed=0), label
+    return tf.image.random_flip_left_right(images, seed=0), labels
 
 
 def naive_pipeline(pattern: str, batch_size: int):
@@ -132,8 +132,9 @@ def naive_pipeline(pattern: str, batch_size: int):
     # batch. Listed in order the files alternate between the classes, and the
     # shuffle mixes them further.
     files = tf.data.Dataset.list_files(pattern, shuffle=False)
+    # The flip runs on whole batches: one op a batch, not one an image.
     images = files.map(load_image).shuffle(SHUFFLE_BUFFER, seed=0)
-    return images.map(random_flip).batch(batch_size)
+    return images.batch(batch_size).map(random_flip)
 
 
 def small_cnn():
@@ -150,7 +151,7 @@ def small_cnn():
         [
             keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3)),
             keras.layers.Rescaling(1 / 255),
-            keras.layers.Conv2D(32, 5, activation="relu"),
+            keras.layers.Conv2D(64, 5, activation="relu"),
             keras.layers.MaxPooling2D(2),
             keras.layers.Conv2D(32, 3, activation="relu"),
             keras.layers.GlobalMaxPooling2D(),
