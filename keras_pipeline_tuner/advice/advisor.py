@@ -332,6 +332,12 @@ class _Run:
         self.bound = _at_least_the_verdicts(self.bound, judgement)
 
 
+def _free_input_ceiling(fraction: float) -> float:
+    # Steps that spend `fraction` of their time on input are at most this much
+    # faster with input free (capped: a share of 1 would be no finite bound).
+    return 1.0 / (1.0 - min(fraction, 0.99))
+
+
 def _at_least_the_verdicts(bound: Optional[ExpectedGain], judgement: Judgement):
     """The bound, raised to what the verdict's input share says free input would bring.
 
@@ -346,7 +352,7 @@ def _at_least_the_verdicts(bound: Optional[ExpectedGain], judgement: Judgement):
         # A replay that ran no faster with input free: it measured that input
         # changes bring nothing, which the wait alone does not overrule.
         return bound
-    ceiling = 1.0 / (1.0 - min(fraction, 0.99))
+    ceiling = _free_input_ceiling(fraction)
     if ceiling <= bound.speedup:
         return bound
     return ExpectedGain(
@@ -397,7 +403,7 @@ def _steady_ceiling(run: _Run, fraction: float) -> ExpectedGain:
     # the whole run's ceiling would count one-off costs (a first epoch filling
     # a cache) that no change to the pipeline's steady state removes.
     step_ms = run.bound.step_ms if run.bound is not None else run.stats.step.mean_ms
-    speedup = 1.0 / (1.0 - min(fraction, 0.99))
+    speedup = _free_input_ceiling(fraction)
     return ExpectedGain(
         speedup,
         step_ms,
@@ -563,11 +569,11 @@ def _stage_gain(
     # measured the step with input free (a pipeline that competes for the
     # cores slows the compute too).
     steady = run.judgement.input_fraction
-    if steady is not None:
-        wait_ms = min(wait_ms, (run.judgement.wait_fraction or 0.0) * step_ms)
-    cost_ms = max(wait_ms, steady * step_ms if steady is not None else 0.0)
     if steady is None:
         cost_ms = max(wait_ms, step_ms - (bound.step_ms_after or step_ms))
+    else:
+        wait_ms = min(wait_ms, (run.judgement.wait_fraction or 0.0) * step_ms)
+        cost_ms = max(wait_ms, steady * step_ms)
     stage_ms = timed.self_share * cost_ms
     # Making the stage free removes at most its share of that cost, and a step
     # never gets faster than it does with input free.
