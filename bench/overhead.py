@@ -1,22 +1,31 @@
-"""Overhead of PipelineTuner's step clock: fit with the tuner over plain fit.
+"""Overhead of PipelineTuner: fit with the tuner over plain fit, per step and per fit.
 
 Runs plain fits, fits with an empty callback (Keras' own cost of one more
 callback, the floor under the tuner's) and fits with the tuner alternately in
 one process on the same model and in-memory data (so only the tuner's cost
-differs), with Python's GC off
-during each fit, and prints the median ratio of wall times, for a model of about
-1 ms per step and one of about 10 ms per step; the tuner with its defaults, and
-with a log_dir (TensorBoard outputs and report files written as well). A last row
-runs a long fit of a tiny model (about 0.1 ms a step on an idle machine), where
-per-step output costs show most, and prints how much the log dir's event files
-grew per fit (scalars of long runs are summarised, so they stay small).
+differs), in a new order each round, with Python's GC off during each fit.
+
+A fit's wall time mixes two costs: the tuner's work on every step, and its work
+once per fit (reading the pipeline before the first step; the report, the
+replay and the files after the last), which a fit of a few seconds would count
+as per-step cost. So each fit runs several epochs of about half a second, an
+epoch-only callback stamps when each epoch begins, and the per-step ratio is
+the median of all the middle epochs over plain fit's (epoch-end work, such as
+the outputs a `log_dir` gets, is in it), with each round's ratio for its
+spread; the per-fit cost is what is left of the whole fit's difference, in
+milliseconds, a median over rounds.
+
+Cases: a model of about 1 ms per step (less on JAX), one of about 10 ms, and a
+tiny model (about 0.1 ms a step on an idle machine), where per-step costs show
+most, which also prints how much the log dir's event files grew per fit
+(scalars of long runs are summarised, so they stay small).
 
 Every Keras backend is measured, each in a process of its own (the backend is
 fixed when Keras is imported): TensorFlow on a cached tf.data dataset, JAX and
 torch on NumPy arrays (torch on one thread, as the tests run it).
 
-    python bench/overhead.py [--rounds 7] [--backend tensorflow|jax|torch|all]
-                             [--cases small large tiny] [--tiny-steps 100000]
+    python bench/overhead.py [--rounds 7] [--epochs 6] [--epoch-s 0.5]
+                             [--backend tensorflow|jax|torch|all] [--cases small large tiny]
 """
 
 import argparse
@@ -58,15 +67,42 @@ def make_case(width: int, batch: int, steps: int, features: int = 64):
     return model, dataset
 
 
-def timed_fit(model, dataset, callbacks):
+def timed_fit(model, dataset, callbacks, epochs: int = 1):
+    """Wall seconds of one fit, with Python's GC off during it."""
     gc.collect()
     gc.disable()
     try:
         began = time.perf_counter()
-        model.fit(epochs=1, callbacks=callbacks, verbose=0, shuffle=False, **dataset)
+        model.fit(epochs=epochs, callbacks=callbacks, verbose=0, shuffle=False, **dataset)
         return time.perf_counter() - began
     finally:
         gc.enable()
+
+
+def epoch_clock():
+    """A callback that only stamps when each epoch begins: no batch hooks, no per-step cost."""
+    import keras
+
+    class EpochClock(keras.callbacks.Callback):
+        async_safe = True
+
+        def __init__(self):
+            super().__init__()
+            self.begins = []
+
+        def on_train_begin(self, logs=None):
+            self.begins = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.begins.append(time.perf_counter())
+
+        def middle_epochs_s(self) -> list:
+            # Epoch k runs from its begin to the next one's (its end hooks
+            # included); the first epoch (tracing) and the last (the fit's
+            # end follows it) are left out.
+            return [b - a for a, b in zip(self.begins[1:], self.begins[2:])]
+
+    return EpochClock()
 
 
 def empty_callback():
@@ -98,57 +134,69 @@ def event_bytes(log_dir: str) -> int:
     )
 
 
-def measure(name, width, batch, steps, rounds, log_dir, features=64):
+def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
     import keras_pipeline_tuner as kpt
 
-    model, dataset = make_case(width, batch, steps, features)
-    tuners = {
-        # The always-on part: the step clock, the lint and the advice.
-        "clock": kpt.PipelineTuner(verbose=0, profile="off"),
-        # Everything on: TensorBoard scalars, text, timeline image, report files,
-        # and the "auto" profiler window, which opens (once per fit) when the
-        # clock finds the job input-bound.
-        "defaults+log_dir": kpt.PipelineTuner(log_dir=log_dir, verbose=0),
-    }
-    empty = empty_callback()
-    # Warm up every path: tracing is reported apart, not part of the overhead.
+    # An epoch of about `epoch_s` seconds: probe the plain step first.
+    model, dataset = make_case(width, batch, 200, features)
     timed_fit(model, dataset, [])
-    timed_fit(model, dataset, [empty])
-    for tuner in tuners.values():
-        timed_fit(model, dataset, [tuner])
-    plain, tuned, floor = [], {key: [] for key in tuners}, []
+    probe = timed_fit(model, dataset, []) / 200
+    steps = int(min(max(epoch_s / probe, 100), 50_000))
+    model, dataset = make_case(width, batch, steps, features)
+    configurations = {
+        "plain": [],
+        "empty callback": [empty_callback()],
+        # The always-on part: the step clock, the lint and the advice.
+        "tuner, profile off": [kpt.PipelineTuner(verbose=0, profile="off")],
+        # As a user adds it (but the printed summary): the "auto" profiler
+        # window, which opens when the clock finds the job input-bound.
+        "tuner, defaults": [kpt.PipelineTuner(verbose=0)],
+        # Everything on: TensorBoard scalars, text, timeline image, report files.
+        "tuner, log_dir": [kpt.PipelineTuner(log_dir=log_dir, verbose=0)],
+    }
+    clock = epoch_clock()
+    # Warm up every path: tracing is reported apart, not part of the overhead.
+    for callbacks in configurations.values():
+        timed_fit(model, dataset, callbacks + [clock], epochs=2)
+    # Per configuration: each round's median step, every middle epoch's step,
+    # and each fit's wall time.
+    step, epoch_steps, fit = ({key: [] for key in configurations} for _ in range(3))
     grown = []
-    for _ in range(rounds):
-        plain.append(timed_fit(model, dataset, []))
-        floor.append(timed_fit(model, dataset, [empty]))
-        for key, tuner in tuners.items():
+    order = list(configurations)
+    for round_index in range(rounds):
+        # A new order each round: whatever runs first in a round is not always the same.
+        shift = round_index % len(order)
+        for key in order[shift:] + order[:shift]:
             before = event_bytes(log_dir)
-            tuned[key].append(timed_fit(model, dataset, [tuner]))
-            if key == "defaults+log_dir":
+            fit[key].append(timed_fit(model, dataset, configurations[key] + [clock], epochs))
+            epochs_s = clock.middle_epochs_s()
+            step[key].append(statistics.median(epochs_s) / steps)
+            epoch_steps[key].extend(seconds / steps for seconds in epochs_s)
+            if key == "tuner, log_dir":
                 grown.append(event_bytes(log_dir) - before)
-    step_ms = statistics.median(plain) / steps * 1e3
-    print(f"{name}: {step_ms:.2f} ms/step plain, {steps} steps x {rounds} rounds", flush=True)
-    ratios = [t / p for p, t in zip(plain, floor)]
+    step_ms = statistics.median(step["plain"]) * 1e3
     print(
-        f"  empty callback         / plain: median {statistics.median(ratios):.4f} "
-        f"(min {min(ratios):.4f}, max {max(ratios):.4f}); Keras' own cost of one more "
-        "callback",
+        f"{name}: {step_ms:.3f} ms/step plain; {epochs} epochs of {steps} steps x {rounds} rounds",
         flush=True,
     )
-    for key, times in tuned.items():
-        ratios = [t / p for p, t in zip(plain, times)]
-        over_empty = [t / e for e, t in zip(floor, times)]
-        report = tuners[key].report
-        window = "a profiler window" if report.profile is not None else "no profiler window"
+    for key in order[1:]:
+        ratios = [t / p for p, t in zip(step["plain"], step[key])]
+        # What the whole fit took beyond plain fit and beyond its per-step share.
+        per_fit_ms = [
+            (ft - fp - (st - sp) * steps * epochs) * 1e3
+            for fp, ft, sp, st in zip(fit["plain"], fit[key], step["plain"], step[key])
+        ]
+        pooled = statistics.median(epoch_steps[key]) / statistics.median(epoch_steps["plain"])
         print(
-            f"  tuner ({key:<16}) / plain: median {statistics.median(ratios):.4f} "
-            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); over the empty callback "
-            f"{statistics.median(over_empty):.4f}; {report.verdict.value}, {window}",
+            f"  {key:<20} per step / plain: {pooled:.4f} over all {len(epoch_steps[key])} "
+            f"middle epochs; per round median {statistics.median(ratios):.4f} "
+            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); per fit "
+            f"{statistics.median(per_fit_ms):+.0f} ms",
             flush=True,
         )
     print(
-        f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of {steps} steps "
-        f"({statistics.median(grown) / steps:.1f} bytes a step)",
+        f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of "
+        f"{steps * epochs} steps ({statistics.median(grown) / (steps * epochs):.1f} bytes a step)",
         flush=True,
     )
 
@@ -157,7 +205,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backend", choices=BACKENDS + ("all",), default="all")
-    parser.add_argument("--tiny-steps", type=int, default=100_000)
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epoch-s", type=float, default=0.5)
     parser.add_argument(
         "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
     )
@@ -168,7 +217,8 @@ def main():
             subprocess.run(
                 [
                     sys.executable, __file__, "--rounds", str(args.rounds), "--backend", backend,
-                    "--tiny-steps", str(args.tiny_steps), "--cases", *args.cases,
+                    "--epochs", str(args.epochs), "--epoch-s", str(args.epoch_s),
+                    "--cases", *args.cases,
                 ],
                 env=dict(os.environ, KERAS_BACKEND=backend),
                 check=True,
@@ -184,18 +234,17 @@ def main():
         flush=True,
     )
     with tempfile.TemporaryDirectory() as log_dir:
-        # Fits of a few seconds: the tuner's per-fit work (the lint before the first
-        # step, the report, image and files after the last) is a fixed cost of
-        # tens of milliseconds, which a sub-second fit would count as per-step cost.
-        if "small" in args.cases:
-            measure("~1 ms model", 128, 64, 2000, args.rounds, os.path.join(log_dir, "small"))
-        if "large" in args.cases:
-            measure("~10 ms model", 1024, 256, 300, args.rounds, os.path.join(log_dir, "large"))
-        if "tiny" in args.cases:
+        cases = {
+            "small": ("~1 ms model", 128, 64, 64),
+            "large": ("~10 ms model", 1024, 256, 64),
             # Where per-step costs show most: Keras' own loop is nearly all of the step.
+            "tiny": ("tiny model", 4, 1, 8),
+        }
+        for case in args.cases:
+            name, width, batch, features = cases[case]
             measure(
-                "tiny model, long fit", 4, 1, args.tiny_steps, args.rounds,
-                os.path.join(log_dir, "tiny"), features=8,
+                name, width, batch, args.rounds, os.path.join(log_dir, case), args.epoch_s,
+                max(args.epochs, 3), features=features,
             )
 
 

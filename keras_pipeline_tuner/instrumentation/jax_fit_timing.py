@@ -21,17 +21,22 @@ step is done (asynchronous dispatch, even on CPU), so:
   (`timing.device_stall`), not the time inside `next()`, much of which overlaps
   the previous step.
 
-To see each step's outputs also with `steps_per_execution > 1`, Keras itself
-builds the timed function (`make_train_function(force=True)`) around a step that
-hands its outputs to the background thread: same jitted step, same shardings,
-same weights. It is built once per model and kind and reused by later fits, so
-a second fit compiles nothing extra; Keras' own function is put back at the end.
+With one step per call, Keras' own function runs as is, handed the stamping
+iterator. To see each step's outputs with `steps_per_execution > 1`, Keras
+itself builds the timed function (`make_train_function(force=True)`) around a
+step that hands its outputs to the background thread: same jitted step, same
+shardings, same weights. It is built once per model and kind and reused by later
+fits, so a second fit compiles nothing extra; Keras' own function is put back
+at the end.
 
-Rows are handed to the run in batches of calls (`DELIVER_EVERY` calls or
-`DELIVER_AFTER_S` seconds, and whenever the run asks for them): recording them
-is NumPy work with a fixed cost per hand-over of some hundred microseconds on
-the training thread, which handed over every few steps would cost each step of
-a fraction of a millisecond several per cent.
+On every step the tuner does no more than take three time stamps and append
+them to lists (`_StepStamps`). The rows are made from them with NumPy, the
+steps that have ended at a time, when the caller asks for them (`flush_rows`,
+about once a second and at the end of each epoch): each hand-over to the run
+has a fixed cost of some hundred microseconds on the training thread, which
+handed over every few steps would cost steps of a fraction of a millisecond
+several per cent. The first call of each kind is timed whole and handed over on its own:
+it traces the step.
 
 When fit is given a tf.data dataset, the TF Profiler window can mark each
 training call (`trace_step`): the marker spans the whole call, that is the
@@ -39,7 +44,6 @@ batch fetch and the step's dispatch, on the training thread.
 """
 
 import collections
-import dataclasses
 import logging
 import math
 import threading
@@ -51,9 +55,10 @@ import numpy as np
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.instrumentation import fit_input
-from keras_pipeline_tuner.timing.device_stall import stall_row
+from keras_pipeline_tuner.timing.device_stall import stall_rows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 
@@ -64,13 +69,8 @@ _MAKE = {TRAIN: "make_train_function", VALIDATION: "make_test_function"}
 _CACHE_ATTRIBUTE = "_pipeline_tuner_jax_functions"
 # The longest the end of a fit waits for the last step's outputs to be stamped.
 _FLUSH_TIMEOUT_S = 300.0
-# Rows are handed to the run once this many calls have ended, or this long after
-# the last hand-over, whichever comes first (and at every flush): each hand-over
-# is NumPy work of a few hundred microseconds on the training thread, whatever
-# its size, so on sub-millisecond steps it must be rare; on slow steps the
-# time bound keeps the live outputs current.
-DELIVER_EVERY = 1024
-DELIVER_AFTER_S = 1.0
+# Stamps are taken on every step: looked up once.
+_now = time.time
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -100,49 +100,73 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
-@dataclasses.dataclass(slots=True)
-class _Call:
-    """One call of the train (or test) function: its steps and their stamps."""
-
-    kind: str
-    called_at: float
-    wall_s: float = 0.0
-    returned: bool = False
-    dispatched: int = 0
-    fetch: tuple = (math.nan, math.nan)
-    # Its step's end comes from Keras' batch-end hook (one step per call).
-    hooked: bool = False
-    # (start, ready, end) rows in step order, or None for a step whose outputs
-    # could not be waited for; appended by the background thread.
-    rows: List[Optional[tuple]] = dataclasses.field(default_factory=list)
-
-
 class _StampedIterator:
-    """Keras' batch iterator, with each `next()` stamped into the running call.
+    """Keras' batch iterator, with the start and end of each `next()` recorded.
 
-    One per iterator Keras hands the train function (one an epoch), reused by
-    its calls: `call` is set to the running call before each.
+    One per iterator Keras hands a kind's function (one an epoch), reused by
+    its calls. It runs on every step: a tuple appended, nothing more.
     """
 
-    __slots__ = ("iterator", "call", "_on_fetch")
+    __slots__ = ("iterator", "_record")
 
-    def __init__(self, iterator, on_fetch: Callable[[str, float], None]):
+    def __init__(self, iterator, record: Callable[[tuple], None]):
         self.iterator = iterator
-        self.call: Optional[_Call] = None
-        self._on_fetch = on_fetch
+        self._record = record
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        start = time.time()
+        start = _now()
         # StopIteration (the end of the data) goes through to Keras untouched.
         item = next(self.iterator)
-        ready = time.time()
-        call = self.call
-        call.fetch = (start, ready)
-        self._on_fetch(call.kind, ready - start)
+        self._record((start, _now()))
         return item
+
+
+class _StepStamps:
+    """One kind's raw stamps in one fit, in step order, until handed to the run.
+
+    `fetches` gets a `(start, ready)` pair per batch, on the training thread;
+    `ends` each step's end, from Keras' batch-end hook or the waiter thread.
+    A list append holds the GIL, so the training thread sees whole entries;
+    it counts the ends first and reads no further.
+    """
+
+    __slots__ = ("fetches", "ends", "previous_end", "first_call", "fetch_s", "fetched")
+
+    def __init__(self):
+        self.fetches: List[tuple] = []
+        self.ends: List[float] = []
+        self.previous_end = math.nan
+        # (seconds the call took, called at, steps, seconds in its fetches) of
+        # the kind's first call, which the run keeps apart (it traces and
+        # compiles the step), until it is handed over.
+        self.first_call: Optional[tuple] = None
+        # The fetch time of the steps handed over, for the report's note.
+        self.fetch_s = 0.0
+        self.fetched = 0
+
+    def take_ended(self, limit: Optional[int] = None):
+        """Removes and returns the stamps of the steps that have ended.
+
+        Args:
+            limit: take at most this many steps.
+
+        Returns:
+            `(fetches, ends)` as arrays, the fetches as (n, 2).
+        """
+        count = len(self.ends)
+        if limit is not None:
+            count = min(count, limit)
+        fetches = np.array(self.fetches[:count], dtype=np.float64).reshape(-1, 2)
+        ends = np.array(self.ends[:count], dtype=np.float64)
+        # Entries appended meanwhile (by the other thread) stay, after these.
+        del self.fetches[:count]
+        del self.ends[:count]
+        self.fetch_s += float(np.sum(fetches[:, 1] - fetches[:, 0]))
+        self.fetched += count
+        return fetches, ends
 
 
 class _TimedJaxFunction:
@@ -162,8 +186,26 @@ class _TimedJaxFunction:
         # Set by the profiler window while it is open: called with the fit's
         # tf.data dataset, returns a step marker to enter around the call.
         self.trace_step: Optional[Callable[[object], object]] = None
+        # What the running fit calls: Keras' own, or the rebuilt one below.
+        self.function: Callable = original
         self._model = weakref.ref(model)
-        self.function = self._build(model, kind)
+        self._handing_outputs: Optional[Callable] = None
+
+    def use(self, step_ends_from_hook: bool) -> None:
+        """Chooses the function the fit calls.
+
+        Args:
+            step_ends_from_hook: whether each step's end is stamped by the
+                batch-end hook (one step per call). Then Keras' own function
+                runs as is; else one rebuilt by Keras around a step that hands
+                its outputs to the waiter thread, made once per model and kind.
+        """
+        if step_ends_from_hook:
+            self.function = self.original
+            return
+        if self._handing_outputs is None:
+            self._handing_outputs = self._build(self._model(), self.kind)
+        self.function = self._handing_outputs
 
     def _build(self, model, kind: str) -> Callable:
         attribute = ATTRIBUTE[kind]
@@ -174,7 +216,7 @@ class _TimedJaxFunction:
                 outputs, state = step_function(state, data)
                 timing = self.timing
                 if timing is not None:
-                    timing.step_dispatched(outputs)
+                    timing.step_dispatched(kind, outputs)
                 return outputs, state
 
             return keras_make(timed_step, concatenate_outputs)
@@ -212,33 +254,31 @@ class _FunctionCache:
 class JaxFitTiming(FitTiming):
     """Times `model.fit` / `evaluate` steps on the JAX backend.
 
-    One object per fit. Batch-begin hooks run on the training thread; Keras may
-    run batch-end hooks on its callback thread on this backend, so `after_step`
-    does nothing and rows are handed over in `before_step` and `end`, on the
-    training thread, once each step's outputs are ready.
+    One object per fit. Keras may run batch-end hooks on its callback thread on
+    this backend, so `after_step` does nothing; the steps' rows are kept back
+    and handed over in `flush_rows` and `end`, on the training thread, once
+    each step's outputs are ready.
 
     Args:
         model: the compiled `keras.Model`.
         on_rows: called with (kind, rows of (start, ready, end) seconds, wall
-            time of the first call in seconds, when it began) for one or more
-            consecutive train or test function calls whose steps have all ended.
+            time in seconds up to the last step's end, when the first call
+            began) for the steps of a kind that have ended; a kind's first call
+            comes alone, with its tracing as a fifth argument (the call's time
+            beyond its fetches: it traces, compiles and dispatches the step).
         on_error: called with the exception when the user's step raises.
         on_fallback: called with a reason when the steps cannot be split.
         first_batch_end_hook: whether `logs_ready` is called before any other
             callback's batch-end hook. If not, another callback's work would
             delay the stamps, so a thread of the tuner's own stamps each step.
 
-    Attributes:
-        fetch_s: per kind, total seconds spent inside `next()`.
-        fetches: per kind, how many batches were fetched.
-
     Example:
 
     ```python
     timing = JaxFitTiming(model, on_rows, on_error, on_fallback)
-    timing.begin("train")       # on_train_begin
-    timing.before_step("train")  # on_train_batch_begin
-    timing.end("train")         # on_train_end
+    timing.begin("train")      # on_train_begin
+    timing.flush_rows()        # about once a second, between steps
+    timing.end("train")        # on_train_end
     ```
     """
 
@@ -247,7 +287,7 @@ class JaxFitTiming(FitTiming):
     def __init__(
         self,
         model,
-        on_rows: Callable[[str, np.ndarray, float, float], None],
+        on_rows: OnRows,
         on_error: Callable[[Optional[BaseException]], None],
         on_fallback: Callable[[str], None],
         first_batch_end_hook: bool = True,
@@ -256,26 +296,22 @@ class JaxFitTiming(FitTiming):
         self._first_batch_end_hook = first_batch_end_hook
         super().__init__(model, on_rows, on_error, on_fallback)
         self._timed: Dict[str, _TimedJaxFunction] = {}
-        self._calls = collections.deque()
-        self._current: Optional[_Call] = None
+        self._stamps = {TRAIN: _StepStamps(), VALIDATION: _StepStamps()}
+        # The kinds whose first call has run (it is timed whole, apart).
+        self._past_first = set()
         # Dispatched steps (and control items) for the waiter thread; it is
         # woken through `_wakeup` only when it has said it is idle.
         self._pending = collections.deque()
         self._wakeup = threading.Event()
         self._idle = False
         self._thread: Optional[threading.Thread] = None
-        self._previous_end: Optional[float] = None
-        # One step per call: ends stamped by the batch-end hooks, per kind.
+        # One step per call: ends stamped by the batch-end hooks.
         self._hooked = False
-        self._hook_ends = {TRAIN: collections.deque(), VALIDATION: collections.deque()}
         # The tf.data dataset fit was given, for the profiler's step markers.
         self._dataset = None
         self._marked_calls = 0
         # Per kind, the stamping wrapper of the iterator Keras hands the calls.
         self._stamped: Dict[str, _StampedIterator] = {}
-        self._deliver_at = time.monotonic() + DELIVER_AFTER_S
-        self.fetch_s = {TRAIN: 0.0, VALIDATION: 0.0}
-        self.fetches = {TRAIN: 0, VALIDATION: 0}
 
     # The FitTiming interface (see `instrumentation.fit_timing`).
 
@@ -296,21 +332,19 @@ class JaxFitTiming(FitTiming):
         timed = cache.functions.get(kind)
         if timed is None or timed.original is not current:
             timed = cache.functions[kind] = _TimedJaxFunction(model, kind, current)
+        self._hooked = self._first_batch_end_hook and _steps_per_execution(model) == 1
+        timed.use(step_ends_from_hook=self._hooked)
         timed.timing = self
         timed.trace_step = None
         self._timed[kind] = timed
         if kind == TRAIN:
             self._dataset = _fit_dataset(model)
-        self._hooked = self._first_batch_end_hook and _steps_per_execution(model) == 1
         if not self._hooked:
             self._start_waiter()
         setattr(model, ATTRIBUTE[kind], timed)
 
     def before_step(self, kind: str) -> None:
-        """Hands over the rows of steps that have ended, a batch of calls at a time."""
-        calls = self._calls
-        if len(calls) >= DELIVER_EVERY or (calls and time.monotonic() >= self._deliver_at):
-            self._deliver()
+        """Nothing: rows are kept back until `flush_rows` (see the module's docstring)."""
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on JAX."""
@@ -322,7 +356,7 @@ class JaxFitTiming(FitTiming):
         callback thread, or on the training thread when a callback is not
         `async_safe`), so the step has ended. Hooks of consecutive calls may
         run on different threads; the stamps are given to the calls in the
-        order they come, each no earlier than its call's end.
+        order they come, each no earlier than the one before.
 
         Args:
             kind: "train" or "validation".
@@ -330,7 +364,7 @@ class JaxFitTiming(FitTiming):
                 for nothing and the step's end is not known.
         """
         if self._hooked:
-            self._hook_ends[kind].append(time.time() if logs else None)
+            self._stamps[kind].ends.append(_now() if logs else math.nan)
 
     def end(self, kind: str) -> None:
         """Waits for the last steps' outputs, hands over their rows, restores Keras'."""
@@ -379,11 +413,12 @@ class JaxFitTiming(FitTiming):
         """Sentences for the report: the fetch time, apart from the input wait."""
         notes = []
         for kind in (TRAIN, VALIDATION):
-            if self.fetches[kind]:
-                mean_ms = self.fetch_s[kind] / self.fetches[kind] * 1e3
+            stamps = self._stamps[kind]
+            if stamps.fetched:
+                mean_ms = stamps.fetch_s / stamps.fetched * 1e3
                 notes.append(
                     f"JAX backend, {kind} steps: fetch time (inside next()) {mean_ms:.2f} ms "
-                    f"per batch on average over {self.fetches[kind]} batches. JAX "
+                    f"per batch on average over {stamps.fetched} batches. JAX "
                     "dispatches steps asynchronously, so a fetch overlaps the previous "
                     "step: only the time the device sat idle waiting for the batch is "
                     "counted as input wait."
@@ -404,7 +439,7 @@ class JaxFitTiming(FitTiming):
 
         Args:
             kind: "train" or "validation".
-            function: the timed function Keras built.
+            function: the function to call: Keras' own or the one it rebuilt.
             state: the JAX state Keras passes.
             iterator: Keras' batch iterator.
             trace_step: the profiler window's marker maker, or `None`.
@@ -412,14 +447,32 @@ class JaxFitTiming(FitTiming):
         Returns:
             What Keras' function returns: `(logs, state)`.
         """
-        call = _Call(kind=kind, called_at=time.time())
-        self._current = call
-        self._calls.append(call)
         stamped = self._stamped.get(kind)
         if stamped is None or stamped.iterator is not iterator:
-            stamped = self._stamped[kind] = _StampedIterator(iterator, self._count_fetch)
-        stamped.call = call
-        began = time.perf_counter()
+            stamped = self._stamped[kind] = _StampedIterator(
+                iterator, self._stamps[kind].fetches.append
+            )
+        try:
+            if trace_step is None and kind in self._past_first:
+                # Every step but the first: as little as can be.
+                return function(state, stamped)
+            return self._run_apart(kind, function, state, stamped, trace_step)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            self._on_error(error)
+            raise
+
+    def _run_apart(self, kind: str, function: Callable, state, stamped, trace_step):
+        # The first call of a kind (timed whole: it traces the step), and calls
+        # the profiler window marks.
+        stamps = self._stamps[kind]
+        first = kind not in self._past_first
+        if first:
+            self._past_first.add(kind)
+            steps_before = len(stamps.fetches)
+            called_at = _now()
+            began = time.perf_counter()
         try:
             marker = None
             if trace_step is not None and self._dataset is not None:
@@ -429,30 +482,20 @@ class JaxFitTiming(FitTiming):
             self._marked_calls += 1
             with marker:
                 return function(state, stamped)
-        except StopIteration:
-            raise
-        except BaseException as error:
-            self._on_error(error)
-            raise
         finally:
-            call.wall_s = time.perf_counter() - began
-            call.returned = True
-            self._current = None
+            if first:
+                call_s = time.perf_counter() - began
+                fetches = stamps.fetches[steps_before:]
+                if fetches:
+                    fetch_s = sum(ready - start for start, ready in fetches)
+                    stamps.first_call = (call_s, called_at, len(fetches), fetch_s)
+                else:
+                    # No batch (the data had ended): the next call is the first.
+                    self._past_first.discard(kind)
 
-    def step_dispatched(self, outputs) -> None:
+    def step_dispatched(self, kind: str, outputs) -> None:
         """Hands a dispatched step's outputs to the thread that stamps its end."""
-        call = self._current
-        if call is None:
-            return
-        call.dispatched += 1
-        if self._hooked:
-            call.hooked = True
-            return
-        self._hand_over((call, call.fetch, outputs))
-
-    def _count_fetch(self, kind: str, seconds: float) -> None:
-        self.fetch_s[kind] += seconds
-        self.fetches[kind] += 1
+        self._hand_over((self._stamps[kind].ends, outputs))
 
     # The background thread that stamps the end of each step.
 
@@ -494,19 +537,15 @@ class JaxFitTiming(FitTiming):
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            call, (start, ready), outputs = item
+            ends, outputs = item
             del item
             try:
                 self._jax.block_until_ready(outputs)
-                end = time.time()
+                end = _now()
             except Exception:  # noqa: BLE001 - the step's error reaches the user in fit.
-                row = None
-            else:
-                row = self._stall_row((start, ready), end)
+                end = math.nan
             del outputs
-            # Appending to a list holds the GIL: the training thread sees the
-            # row whole, and counts rows before reading them.
-            call.rows.append(row)
+            ends.append(end)
 
     def _flush(self) -> None:
         if self._thread is None:
@@ -521,57 +560,37 @@ class JaxFitTiming(FitTiming):
             )
 
     def _deliver(self) -> None:
-        self._deliver_at = time.monotonic() + DELIVER_AFTER_S
-        # Consecutive complete calls of one kind go to the run as one batch:
-        # the first call's wall time and start travel with it (the run keeps a
-        # kind's first call apart by its first row).
-        batch_kind, batch_rows, first = None, [], None
-        calls, hook_ends = self._calls, self._hook_ends
-        while calls:
-            call = calls[0]
-            if call.hooked and not call.rows:
-                # One step per call, ended by its batch-end hook: the common case,
-                # taken in as few steps as can be (it runs once per training step).
-                if not call.returned:
-                    break
-                ends = hook_ends[call.kind]
-                if not ends:
-                    break
-                end = ends.popleft()
-                calls.popleft()
-                if batch_kind is not None and call.kind != batch_kind:
-                    self._hand_rows(batch_kind, batch_rows, first)
-                    batch_kind, batch_rows, first = None, [], None
-                if end is None:
+        # Each kind's ended steps go to the run as one batch of rows (NumPy work
+        # with a fixed cost per hand-over), the kind's first call on its own.
+        for kind, stamps in self._stamps.items():
+            first_call = stamps.first_call
+            if first_call is not None:
+                call_s, called_at, steps, fetch_s = first_call
+                if len(stamps.ends) < steps:
                     continue
-                if batch_kind is None:
-                    batch_kind, first = call.kind, call
-                batch_rows.append(self._stall_row(call.fetch, end))
-                continue
-            # Steps ended by the waiter thread (several per call, or hooks not first).
-            count = len(call.rows)
-            if not (call.returned and count >= call.dispatched):
-                break
-            if batch_kind is not None and call.kind != batch_kind:
-                self._hand_rows(batch_kind, batch_rows, first)
-                batch_kind, batch_rows, first = None, [], None
-            calls.popleft()
-            rows = [row for row in call.rows[:count] if row is not None]
-            if rows:
-                if batch_kind is None:
-                    batch_kind, first = call.kind, call
-                batch_rows.extend(rows)
-        if batch_kind is not None:
-            self._hand_rows(batch_kind, batch_rows, first)
+                stamps.first_call = None
+                # The call returns once the step is traced, compiled and
+                # dispatched: its time beyond the fetches is the tracing.
+                self._hand_rows(
+                    kind, stamps, stamps.take_ended(steps), called_at, max(call_s - fetch_s, 0.0)
+                )
+            if stamps.ends:
+                self._hand_rows(kind, stamps, stamps.take_ended())
 
-    def _stall_row(self, fetch: tuple, end: float) -> tuple:
-        # Steps end in order, stamped by one thread at a time.
-        row = stall_row(fetch[0], fetch[1], end, self._previous_end)
-        self._previous_end = end
-        return row
-
-    def _hand_rows(self, kind: str, rows: list, first: _Call) -> None:
-        self._on_rows(kind, np.array(rows, dtype=np.float64), first.wall_s, first.called_at)
+    def _hand_rows(self, kind, stamps, taken, called_at=None, tracing_s=None) -> None:
+        fetches, ends = taken
+        rows, stamps.previous_end = stall_rows(fetches, ends, stamps.previous_end)
+        if not rows.size:
+            return
+        if called_at is None:
+            # Later calls: from the first fetch, which begins the call.
+            called_at = float(fetches[0, 0])
+        # Up to the end of the last step: the call itself returns before it.
+        wall_s = float(rows[-1, 2]) - called_at
+        if tracing_s is None:
+            self._on_rows(kind, rows, wall_s, called_at)
+        else:
+            self._on_rows(kind, rows, wall_s, called_at, tracing_s)
 
 
 def _fit_dataset(model):

@@ -19,7 +19,8 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 # The model attribute Keras calls for each kind of step.
 ATTRIBUTE = {TRAIN: "train_function", VALIDATION: "test_function"}
 
-OnRows = Callable[[str, np.ndarray, float, float], None]
+# (kind, rows, wall_s, called_at[, tracing_s]): see `FitTiming`.
+OnRows = Callable[..., None]
 OnError = Callable[[Optional[BaseException]], None]
 OnFallback = Callable[[str], None]
 
@@ -35,7 +36,9 @@ class FitTiming:
         on_rows: called with `(kind, rows, wall_s, called_at)` after each call of
             Keras' function: `rows` is an (n, 3) array of (start, ready, end)
             seconds, `ready` NaN when not observed; `wall_s` the call's wall
-            time; `called_at` when it began (`time.time()`).
+            time; `called_at` when it began (`time.time()`). A source that
+            measures a first call's tracing apart passes it as a fifth
+            argument, `tracing_s`.
         on_error: called with the exception when the user's step raises (or
             `None` when a call comes from a fit that no longer uses the tuner).
         on_fallback: called with a sentence when only whole steps can be timed.

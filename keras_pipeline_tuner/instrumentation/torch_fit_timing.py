@@ -17,6 +17,7 @@ kept (`loader`) so its settings (`num_workers`, `pin_memory`, ...) can be read
 for advice.
 """
 
+import functools
 import logging
 import math
 import sys
@@ -38,6 +39,8 @@ logger = logging.getLogger("keras_pipeline_tuner")
 _LOOP_METHOD = {TRAIN: "fit", VALIDATION: "evaluate"}
 # How far up the stack a callback hook may sit below `fit` / `evaluate`.
 _MAX_FRAMES = 30
+# Stamps are taken on every step: looked up once.
+_now = time.time
 
 
 def running_data_adapter(model, method: str) -> Any:
@@ -67,16 +70,18 @@ def running_data_adapter(model, method: str) -> Any:
 class _StampedIterator:
     """A `DataLoader` iterator whose every `next()` is stamped."""
 
-    def __init__(self, iterator, on_fetch: Callable[[float, float], None], on_error):
+    __slots__ = ("_iterator", "_record", "_on_error")
+
+    def __init__(self, iterator, record: Callable[[tuple], None], on_error):
         self._iterator = iterator
-        self._on_fetch = on_fetch
+        self._record = record
         self._on_error = on_error
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        start = time.time()
+        start = _now()
         try:
             item = next(self._iterator)
         except StopIteration:
@@ -85,20 +90,20 @@ class _StampedIterator:
             # The user's data raised: fit ends without its end hooks on torch.
             self._on_error(error)
             raise
-        self._on_fetch(start, time.time())
+        self._record((start, _now()))
         return item
 
 
 class _StampedLoader:
     """Stands in for the adapter's `DataLoader`: same batches, stamped fetches."""
 
-    def __init__(self, loader, on_fetch: Callable[[float, float], None], on_error):
+    def __init__(self, loader, record: Callable[[tuple], None], on_error):
         self.loader = loader
-        self._on_fetch = on_fetch
+        self._record = record
         self._on_error = on_error
 
     def __iter__(self):
-        return _StampedIterator(iter(self.loader), self._on_fetch, self._on_error)
+        return _StampedIterator(iter(self.loader), self._record, self._on_error)
 
     def __len__(self):
         return len(self.loader)
@@ -132,13 +137,15 @@ class TorchFitTiming(FitTiming):
     """Times `model.fit` / `evaluate` steps on the torch backend.
 
     One object per fit. Keras may run batch-end hooks on its callback thread on
-    this backend, so rows are handed over from the timed train function itself,
-    on the training thread, and `after_step` does nothing.
+    this backend, so `after_step` does nothing: the timed train function keeps
+    each step's row, on the training thread, and `flush_rows` (about once a
+    second, between steps) and `end` hand them to the run.
 
     Args:
         model: the compiled `keras.Model`.
         on_rows: called with (kind, rows of (start, ready, end) seconds, wall
-            time of the call in seconds, when the call began) after each step.
+            time in seconds, when the first step began) for the steps kept
+            back; a kind's first step comes alone, with its call's wall time.
         on_error: called with the exception when the user's step raises.
         on_fallback: called with a reason when the steps cannot be split.
 
@@ -151,6 +158,7 @@ class TorchFitTiming(FitTiming):
     ```python
     timing = TorchFitTiming(model, on_rows, on_error, on_fallback)
     timing.begin("train")  # on_train_begin
+    timing.flush_rows()    # about once a second, between steps
     timing.end("train")    # on_train_end
     ```
     """
@@ -169,6 +177,12 @@ class TorchFitTiming(FitTiming):
         self._timed: Dict[str, _TimedTorchFunction] = {}
         self._adapters: Dict[str, Any] = {}
         self._fetch: Dict[str, tuple] = {}
+        # Each step's (start, ready, end), kept until `flush_rows`: making the
+        # run's rows is NumPy work with a fixed cost, too much for every step.
+        self._held: Dict[str, list] = {TRAIN: [], VALIDATION: []}
+        # Per kind, (wall seconds, called at) of its first step, until handed over.
+        self._first_call: Dict[str, tuple] = {}
+        self._past_first = set()
         self.loader: Dict[str, Any] = {}
 
     def begin(self, kind: str) -> None:
@@ -202,11 +216,30 @@ class TorchFitTiming(FitTiming):
         """Nothing: on the CPU the step has ended when its function returns."""
 
     def end(self, kind: str) -> None:
-        """Restores Keras' own function and the adapter's loader for `kind`."""
+        """Hands over the rows kept back, restores Keras' function and loader for `kind`."""
+        self.flush_rows()
         self.restore(kind)
 
     def flush_rows(self, wait: bool = False) -> None:
-        """Nothing kept back: each step's row is handed over when it returns."""
+        """Hands the run the rows kept back, a kind's first step on its own.
+
+        Args:
+            wait: unused: on the CPU a step has ended when its function returns.
+        """
+        for kind, held in self._held.items():
+            count = len(held)
+            if not count:
+                continue
+            rows = np.array(held[:count], dtype=np.float64)
+            del held[:count]
+            first_call = self._first_call.pop(kind, None)
+            if first_call is not None:
+                wall_s, called_at = first_call
+                self._on_rows(kind, rows[:1], wall_s, called_at)
+                rows = rows[1:]
+            if len(rows):
+                called_at = float(rows[0, 0])
+                self._on_rows(kind, rows, float(rows[-1, 2]) - called_at, called_at)
 
     def step_marker_target(self, kind: str):
         """None: the TF Profiler window is not opened on this backend."""
@@ -232,7 +265,7 @@ class TorchFitTiming(FitTiming):
     # Called on the training thread.
 
     def run(self, kind: str, function: Callable, data):
-        """Runs one step with Keras' function and hands over its row.
+        """Runs one step with Keras' function and keeps its row.
 
         Args:
             kind: "train" or "validation".
@@ -242,18 +275,33 @@ class TorchFitTiming(FitTiming):
         Returns:
             Keras' logs.
         """
-        called_at = time.time()
-        began = time.perf_counter()
-        start, ready = self._fetch.pop(kind, (called_at, math.nan))
+        # The fetch of this step's batch; none when the loader is not stamped.
+        fetch = self._fetch.pop(kind, None)
+        if kind not in self._past_first:
+            return self._run_first(kind, function, data, fetch)
+        if fetch is None:
+            fetch = (_now(), math.nan)
         try:
             logs = function(data)
         except BaseException as error:
             self._on_error(error)
             raise
-        end = time.time()
-        self._on_rows(
-            kind, np.array([[start, ready, end]]), time.perf_counter() - began, called_at
-        )
+        self._held[kind].append(fetch + (_now(),))
+        return logs
+
+    def _run_first(self, kind: str, function: Callable, data, fetch):
+        # The kind's first step, timed whole: it traces the step.
+        self._past_first.add(kind)
+        called_at = _now()
+        began = time.perf_counter()
+        try:
+            logs = function(data)
+        except BaseException as error:
+            self._on_error(error)
+            raise
+        end = _now()
+        self._first_call[kind] = (time.perf_counter() - began, called_at)
+        self._held[kind].append((fetch or (called_at, math.nan)) + (end,))
         return logs
 
     def _wrap_loader(self, model, kind: str) -> None:
@@ -269,13 +317,10 @@ class TorchFitTiming(FitTiming):
         def stamped_loader():
             loader = keras_loader()
             self.loader[kind] = loader
-            return _StampedLoader(
-                loader, lambda start, ready: self._stamp(kind, start, ready), self._on_error
-            )
+            # Called on every fetch: a C-level call, no Python frame.
+            record = functools.partial(self._fetch.__setitem__, kind)
+            return _StampedLoader(loader, record, self._on_error)
 
         # An instance attribute: this adapter only, for this fit (see `restore`).
         adapter.get_torch_dataloader = stamped_loader
         self._adapters[kind] = adapter
-
-    def _stamp(self, kind: str, start: float, ready: float) -> None:
-        self._fetch[kind] = (start, ready)

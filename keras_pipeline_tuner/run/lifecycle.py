@@ -172,7 +172,14 @@ class Run:
         """Whether this run exchanges summaries with other workers."""
         return self._workers is not None
 
-    def record_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+    def record_rows(
+        self,
+        kind: str,
+        rows,
+        wall_s: float,
+        called_at: float,
+        tracing_s: Optional[float] = None,
+    ) -> None:
         """Adds one call's steps: an (n, 3) array of (start, ready, end) seconds.
 
         The first call of each kind is kept apart (it traces the step).
@@ -182,6 +189,8 @@ class Run:
             rows: the call's rows.
             wall_s: the call's wall time, seen from Python.
             called_at: when the call began (`time.time()`).
+            tracing_s: for a first call, its tracing when the timing source
+                measured it apart (see `StepClock.record_first_step`).
         """
         if not self.guard.enabled(features.STEP_CLOCK):
             return
@@ -189,7 +198,7 @@ class Run:
             rows = np.asarray(rows)
             if self._first_call.get(kind, False):
                 self._first_call[kind] = False
-                self.clock.record_first_step(kind, wall_s, rows, called_at)
+                self.clock.record_first_step(kind, wall_s, rows, called_at, tracing_s)
                 if kind == TRAIN:
                     # CPU use is judged over the steps, as the input wait is:
                     # tracing the first one keeps a single core busy.

@@ -3,6 +3,7 @@
 import copy
 import functools
 import os
+import time
 from typing import Callable, Iterable, Optional, Tuple, Union
 
 import keras
@@ -34,6 +35,9 @@ from keras_pipeline_tuner.workers import exchange as worker_reports
 _PROFILE_MODES = ("auto", "off")
 # Keras backends whose fit loop may dispatch batch-end hooks asynchronously.
 ASYNC_BACKENDS = ("jax", "torch")
+# On those, how often the run is handed the timing source's rows and told how
+# many steps ended: the outputs and checks that read them are that current.
+ASYNC_HAND_OVER_S = 1.0
 
 
 class PipelineTuner(keras.callbacks.Callback):
@@ -189,6 +193,12 @@ class PipelineTuner(keras.callbacks.Callback):
         # On JAX: the first batch of the train call the profiler window last
         # saw begin, until its steps are counted.
         self._window_call: Optional[int] = None
+        # On JAX and torch: steps ended since the run last heard, when it next
+        # hears (`time.monotonic()`), and what the profiler window marks steps
+        # through in this fit, if anything.
+        self._async_steps = 0
+        self._async_due = 0.0
+        self._marker = None
         # On JAX and torch Keras may run batch-end hooks on a callback thread,
         # unless a callback that overrides them is not `async_safe`: then it
         # runs every callback on the training thread, which slows those fits.
@@ -223,7 +233,10 @@ class PipelineTuner(keras.callbacks.Callback):
             with self.guard(features.STEP_CLOCK):
                 self._timing = self._new_timing(model)
                 self._timing.begin(TRAIN)
-        if self.async_safe and self.profile != "off" and self._async_marker() is None:
+        self._async_steps = 0
+        self._async_due = time.monotonic() + ASYNC_HAND_OVER_S
+        self._marker = self._async_marker() if self.async_safe else None
+        if self.async_safe and self.profile != "off" and self._marker is None:
             # The window is not opened on this fit (see on_train_batch_begin).
             run.notes.append(
                 f"No profiler window: it is captured on the TensorFlow backend, and on "
@@ -258,31 +271,43 @@ class PipelineTuner(keras.callbacks.Callback):
         self._run.epoch_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
-        timing = self._timing
         if self.async_safe:
             # Here, on the training thread, rather than in the batch-end hook.
-            if timing is not None:
-                with self.guard(features.STEP_CLOCK):
-                    timing.before_step(TRAIN)
-            marker = self._async_marker()
-            if marker is not None:
-                # The previous call ended before this one begins; its batch-end
-                # hook may run on Keras' callback thread, so it is counted here.
-                self._end_window_call(batch - 1)
-                if self._window.consults_clock:
-                    # Rows are handed over in batches: the check needs them all.
-                    self._flush_timing_rows()
-                self._window.before_step(
-                    batch, marker, self._run.clock, self._steps_left(batch)
-                )
-                self._window_call = batch
+            # On every step only a count and a clock reading: the timing source
+            # keeps its rows back, so what reads them runs about once a second.
             if batch:
-                self._run.steps_ended(self._run.steps_per_execution)
+                self._async_steps += self._run.steps_per_execution
+            if time.monotonic() >= self._async_due:
+                self._between_async_steps()
+            if self._marker is not None:
+                self._mark_async_call(batch)
             return
+        timing = self._timing
         marker = timing.step_marker_target(TRAIN) if timing is not None else None
         self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
             timing.before_step(TRAIN)
+
+    def _between_async_steps(self) -> None:
+        # Rows to the run, then the steps to what counts them (TensorBoard's
+        # scalars, the early verdict, checkpoints).
+        self._async_due = time.monotonic() + ASYNC_HAND_OVER_S
+        self._flush_timing_rows()
+        steps, self._async_steps = self._async_steps, 0
+        self._run.steps_ended(steps)
+
+    def _mark_async_call(self, batch: int) -> None:
+        marker = self._async_marker()
+        if marker is None:
+            return
+        # The previous call ended before this one begins; its batch-end hook
+        # may run on Keras' callback thread, so it is counted here.
+        self._end_window_call(batch - 1)
+        if self._window.consults_clock:
+            # Rows are handed over in batches: the check needs them all.
+            self._flush_timing_rows()
+        self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
+        self._window_call = batch
 
     def _async_marker(self):
         # What the profiler window marks steps through on JAX and torch: the
@@ -344,6 +369,10 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._timing.begin(VALIDATION)
 
     def on_test_batch_begin(self, batch, logs=None):
+        if self.async_safe:
+            if time.monotonic() >= self._async_due:
+                self._between_async_steps()
+            return
         if self._timing is not None:
             with self.guard(features.STEP_CLOCK):
                 self._timing.before_step(VALIDATION)
@@ -633,9 +662,11 @@ class PipelineTuner(keras.callbacks.Callback):
                     return False
         return True
 
-    def _on_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+    def _on_rows(
+        self, kind: str, rows, wall_s: float, called_at: float, tracing_s: Optional[float] = None
+    ) -> None:
         run = self._run
-        run.record_rows(kind, rows, wall_s, called_at)
+        run.record_rows(kind, rows, wall_s, called_at, tracing_s)
         if not self.guard.enabled(features.STEP_CLOCK) and not run.multi_worker:
             # Under MultiWorkerMirroredStrategy the timed function stays: Keras'
             # own, traced on this worker only, would wait in all-reduces that the

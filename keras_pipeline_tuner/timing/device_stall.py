@@ -12,35 +12,49 @@ into the step clock's (start, ready, end) rows so that `ready - start` is
 that stall.
 """
 
-import math
-from typing import Optional, Tuple
+from typing import Tuple
+
+import numpy as np
 
 
-def stall_row(
-    start: float, ready: float, end: float, previous_end: Optional[float]
-) -> Tuple[float, float, float]:
-    """A step clock row whose input wait is the device's idle wait for the batch.
+def stall_rows(
+    fetches: np.ndarray, ends: np.ndarray, previous_end: float = float("nan")
+) -> Tuple[np.ndarray, float]:
+    """Step clock rows whose input wait is the device's idle wait for each batch.
 
     Args:
-        start: when the fetch of the step's batch began (seconds).
-        ready: when the batch was there.
-        end: when the step's outputs were ready.
-        previous_end: when the previous step's outputs were ready, or `None`
-            for the first step (then the whole fetch is wait).
+        fetches: (n, 2) array of when each step's batch fetch began and when
+            the batch was there (seconds), in step order.
+        ends: the n steps' ends: when their outputs were ready, NaN for a step
+            whose end is unknown (that step is left out).
+        previous_end: when the step before the first one ended; NaN when
+            there was none (then the first fetch is all wait).
 
     Returns:
-        `(start, ready, end)` with `start` moved to the previous step's end when
-        the fetch began while that step still computed, and `ready` no earlier
-        than `start`.
+        `(rows, last_end)`: an (m, 3) array of `(start, ready, end)` with
+        `start` moved to the previous step's end when the fetch began while
+        that step still computed, and `ready` no earlier than `start`; and the
+        last step's end, to pass as `previous_end` with the steps that follow.
+        Steps end in order, so an end stamped earlier than the previous one
+        (stamps taken on several threads) is read as that previous one.
 
     Example:
 
-    >>> stall_row(0.0, 0.08, 0.11, previous_end=0.03)  # 50 ms of idle device
-    (0.03, 0.08, 0.11)
-    >>> stall_row(0.0, 0.02, 0.06, previous_end=0.03)  # fetch hidden by the step
-    (0.03, 0.03, 0.06)
+    >>> fetches = np.array([[0.0, 0.08], [0.09, 0.10]])
+    >>> rows, last_end = stall_rows(fetches, np.array([0.11, 0.14]), previous_end=0.03)
+    >>> rows.round(2).tolist()  # 50 ms of idle device, then a fetch the step hid
+    [[0.03, 0.08, 0.11], [0.11, 0.11, 0.14]]
+    >>> round(last_end, 2)
+    0.14
     """
-    begin = start
-    if previous_end is not None and not math.isnan(previous_end):
-        begin = max(start, previous_end)
-    return (begin, max(ready, begin), end)
+    fetches = np.asarray(fetches, dtype=np.float64).reshape(-1, 2)
+    ends = np.asarray(ends, dtype=np.float64).reshape(-1)
+    known = ~np.isnan(ends)
+    fetches, ends = fetches[known], ends[known]
+    if not ends.size:
+        return np.empty((0, 3)), previous_end
+    ends = np.fmax.accumulate(np.concatenate([[previous_end], ends]))
+    # fmax: a NaN previous end (the first step) leaves the fetch's start.
+    start = np.fmax(fetches[:, 0], ends[:-1])
+    ready = np.maximum(fetches[:, 1], start)
+    return np.column_stack([start, ready, ends[1:]]), float(ends[-1])

@@ -242,7 +242,12 @@ class StepClock:
         self._append(_KINDS.index(kind), start, wait, compute, gap)
 
     def record_first_step(
-        self, kind: str, wall_s: float, rows: np.ndarray, called_at: Optional[float] = None
+        self,
+        kind: str,
+        wall_s: float,
+        rows: np.ndarray,
+        called_at: Optional[float] = None,
+        tracing_s: Optional[float] = None,
     ) -> None:
         """Keeps a run's first step of `kind` apart: it includes tracing.
 
@@ -252,16 +257,27 @@ class StepClock:
             rows: its (start, ready, end) rows, as for `record`; with
                 `steps_per_execution > 1` the rows after the first are ordinary steps.
             called_at: as for `record`.
+            tracing_s: the tracing, when the timing source measured it apart.
+                Without it, tracing is the wall time beyond the step's own
+                rows (a step that computes inside its call). With it (JAX:
+                the call returns once the step is compiled and dispatched,
+                and the step computes after), the first step's compute is
+                its time from the batch to its end less the tracing.
         """
         rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
         self.recorded += 1
         start, ready, end = rows[0]
         measured = not math.isnan(ready)
+        compute_s = float(end - (ready if measured else start))
+        if tracing_s is None:
+            tracing_s = max(wall_s - float(rows[-1, 2] - start), 0.0)
+        else:
+            compute_s = max(compute_s - tracing_s, 0.0)
         self.first_steps[kind] = FirstStep(
             wall_ms=wall_s * 1e3,
             input_wait_ms=float(max(ready - start, 0.0) * 1e3) if measured else None,
-            compute_ms=float((end - (ready if measured else start)) * 1e3),
-            tracing_ms=float(max(wall_s - float(rows[-1, 2] - start), 0.0) * 1e3),
+            compute_ms=compute_s * 1e3,
+            tracing_ms=float(tracing_s * 1e3),
         )
         self._note_setup(kind, rows, called_at)
         self._last_end[kind] = float(end)

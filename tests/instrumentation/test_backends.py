@@ -97,6 +97,22 @@ def test_source_with_no_delay_is_not_input_bound(measured):
     assert fast["verdict"] == "not input-bound"
 
 
+def test_first_step_is_reported_apart_with_its_tracing(measured):
+    first = measured["fast"]["first_step"]
+    steady_ms = measured["fast"]["compute_ms"]
+    # Its parts add up to no more than its wall time.
+    assert first["compute_ms"] + first["tracing_ms"] <= first["wall_ms"] * 1.05 + 1, first
+    if measured["backend"] == "torch":
+        # Eager: nothing to trace, the first step computes as the others do.
+        assert first["tracing_ms"] < first["wall_ms"] / 2, first
+        return
+    # TensorFlow traces the step function, JAX traces and compiles it (on JAX
+    # inside a call that returns before the step computes): either takes
+    # longer than a step of this small model computes, and is not compute.
+    assert first["tracing_ms"] > steady_ms, (first, steady_ms)
+    assert first["compute_ms"] < first["tracing_ms"], first
+
+
 def test_jax_fetch_time_is_reported_apart_from_the_wait(measured):
     if measured["backend"] != "jax":
         pytest.skip("fetch time is reported on the JAX backend only")

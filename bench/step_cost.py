@@ -1,4 +1,4 @@
-"""The tuner's own work per training step on JAX, timed around it, against the step.
+"""The tuner's own work per training step on JAX or torch, timed around it, against the step.
 
 On sub-millisecond steps the wall-time ratio of `bench/overhead.py` moves by
 several per cent from run to run on a shared machine, more than the tuner's
@@ -6,40 +6,48 @@ cost. This bench times the tuner's code itself instead: its batch-begin and
 batch-end hooks, and its timed train function minus the Keras function inside
 it, summed with `time.perf_counter` over a fit and divided by the steps; the
 plain step time comes from plain fits alternated with those. The timers add a
-few tenths of a microsecond per hook of their own. Not counted: the stamps
-around `next()` inside Keras' function (two `time.time()` calls). Keras' own
-cost of dispatching one more callback is printed apart: `CallbackList`'s
-batch hooks timed with and without an empty `async_safe` callback.
+few tenths of a microsecond per hook of their own. The stamps around each
+`next()` are timed apart, on a bare iterator (a stamped `next()` against a
+plain one), because they run inside Keras' own code. Keras' own cost of
+dispatching one more callback is printed apart: `CallbackList`'s batch hooks
+timed with and without an empty `async_safe` callback.
 
-    KERAS_BACKEND=jax python bench/jax_step_cost.py [--rounds 5] [--steps 2000]
+    python bench/step_cost.py --backend jax|torch [--rounds 5] [--steps 2000]
 """
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["KERAS_BACKEND"] = "jax"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from overhead import make_case  # noqa: E402
-from overhead import timed_fit  # noqa: E402
 
 _PARTS = ("batch-begin hook", "batch-end hook", "timed call, Keras' function excluded")
 
 
-def instrument(totals):
+def _timing_module(backend: str):
+    if backend == "jax":
+        from keras_pipeline_tuner.instrumentation import jax_fit_timing as module
+
+        return module, module.JaxFitTiming
+    from keras_pipeline_tuner.instrumentation import torch_fit_timing as module
+
+    return module, module.TorchFitTiming
+
+
+def instrument(backend: str, totals):
     """Wraps the tuner's per-step entry points with timers adding into `totals`."""
     import keras_pipeline_tuner as kpt
-    from keras_pipeline_tuner.instrumentation.jax_fit_timing import JaxFitTiming
 
+    _, timing_class = _timing_module(backend)
     clock = time.perf_counter
     begin, end, run = (
         kpt.PipelineTuner.on_train_batch_begin,
         kpt.PipelineTuner.on_train_batch_end,
-        JaxFitTiming.run,
+        timing_class.run,
     )
     keras_inside = {}
 
@@ -53,27 +61,64 @@ def instrument(totals):
         end(self, batch, logs)
         totals[_PARTS[1]] += clock() - began
 
-    def timed_run(self, kind, function, state, iterator, trace_step=None):
-        inner = keras_inside.get(id(function))
-        if inner is None:
+    def keras_function(function):
+        # Keras' function, timed: the time inside it is not the tuner's.
+        if backend == "jax":
 
-            def inner(state, stamped, function=function):
+            def inner(state, iterator):
                 began = clock()
                 try:
-                    return function(state, stamped)
+                    return function(state, iterator)
                 finally:
                     totals["keras"] += clock() - began
 
-            keras_inside[id(function)] = inner
+        else:
+
+            def inner(data):
+                began = clock()
+                try:
+                    return function(data)
+                finally:
+                    totals["keras"] += clock() - began
+
+        return inner
+
+    def timed_run(self, kind, function, *args):
         began = clock()
+        inner = keras_inside.get(function)
+        if inner is None:
+            inner = keras_inside[function] = keras_function(function)
         try:
-            return run(self, kind, inner, state, iterator, trace_step)
+            return run(self, kind, inner, *args)
         finally:
             totals[_PARTS[2]] += clock() - began
 
     kpt.PipelineTuner.on_train_batch_begin = timed_begin
     kpt.PipelineTuner.on_train_batch_end = timed_end
-    JaxFitTiming.run = timed_run
+    timing_class.run = timed_run
+
+
+def stamp_us(backend: str, calls: int = 200_000) -> float:
+    """The stamps around one `next()`: a stamped iterator against a bare one."""
+    module, _ = _timing_module(backend)
+    held = []
+    if backend == "jax":
+        stamped = module._StampedIterator(itertools.repeat(0), held.append)
+    else:
+        stamped = module._StampedIterator(itertools.repeat(0), held.append, None)
+    bare = itertools.repeat(0)
+    differences = []
+    for _ in range(5):
+        held.clear()
+        began = time.perf_counter()
+        for _ in range(calls):
+            next(bare)
+        plain = time.perf_counter() - began
+        began = time.perf_counter()
+        for _ in range(calls):
+            next(stamped)
+        differences.append((time.perf_counter() - began - plain) / calls)
+    return statistics.median(differences) * 1e6
 
 
 def callback_dispatch_us(calls: int = 20000) -> float:
@@ -107,13 +152,21 @@ def callback_dispatch_us(calls: int = 20000) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("jax", "torch"), default="jax")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
+    os.environ["KERAS_BACKEND"] = args.backend
+    if args.backend == "torch":
+        import torch
+
+        torch.set_num_threads(1)
     import keras_pipeline_tuner as kpt
+    from overhead import make_case
+    from overhead import timed_fit
 
     totals = dict.fromkeys(_PARTS + ("keras",), 0.0)
-    instrument(totals)
+    instrument(args.backend, totals)
     model, dataset = make_case(128, 64, args.steps)
     tuner = kpt.PipelineTuner(verbose=0, profile="off")
     timed_fit(model, dataset, [])
@@ -131,13 +184,14 @@ def main():
             parts[part].append(seconds / args.steps)
     step_us = statistics.median(plain) * 1e6
     print(
-        f"[jax] the tuner's own work per step, {args.steps} steps x {args.rounds} rounds; "
-        f"plain step {step_us:.1f} us (median)"
+        f"[{args.backend}] the tuner's own work per step, {args.steps} steps x {args.rounds} "
+        f"rounds; plain step {step_us:.1f} us (median)"
     )
-    ours = [sum(values) for values in zip(*parts.values())]
     for part, values in parts.items():
         print(f"  {part:<40} {statistics.median(values) * 1e6:6.2f} us")
-    ours_us = statistics.median(ours) * 1e6
+    stamps = stamp_us(args.backend)
+    print(f"  {'stamps around next() (timed apart)':<40} {stamps:6.2f} us")
+    ours_us = statistics.median([sum(values) for values in zip(*parts.values())]) * 1e6 + stamps
     print(f"  {'all of it':<40} {ours_us:6.2f} us = {ours_us / step_us * 100:.1f} % of the step")
     keras_us = callback_dispatch_us()
     print(
