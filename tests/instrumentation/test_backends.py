@@ -235,8 +235,11 @@ def test_custom_loop_step_is_timed_to_outputs_ready(measured):
     # timed directly (generous bounds: a shared machine).
     assert 0.4 * loop["direct_ms"] <= loop["compute_ms"] <= 2.5 * loop["direct_ms"], loop
     if measured["backend"] == "jax":
-        # Not the dispatch, which returns long before the outputs are ready.
-        assert loop["compute_ms"] > 10 * loop["dispatch_ms"], loop
+        # Not the dispatch, which returns long before the outputs are ready
+        # (0.3-2 ms here, against some 17 ms to the outputs): nearer the step
+        # timed directly than the dispatch.
+        to_direct = abs(loop["compute_ms"] - loop["direct_ms"])
+        assert to_direct < abs(loop["compute_ms"] - loop["dispatch_ms"]), loop
 
 
 def test_keras_functions_are_restored_after_an_error(measured):
