@@ -1,4 +1,4 @@
-"""The tuner's own work per training step on JAX or torch, timed around it, against the step.
+"""The tuner's own work per training step, timed around it, against the step.
 
 On sub-millisecond steps the wall-time ratio of `bench/overhead.py` moves by
 several per cent from run to run on a shared machine, more than the tuner's
@@ -12,7 +12,10 @@ plain one), because they run inside Keras' own code. Keras' own cost of
 dispatching one more callback is printed apart: `CallbackList`'s batch hooks
 timed with and without an empty `async_safe` callback.
 
-    python bench/step_cost.py --backend jax|torch [--rounds 5] [--steps 2000]
+On TensorFlow only the hooks are timed: the timestamps of the timed call run
+inside the compiled step, which `bench/overhead.py` measures with the rest.
+
+    python bench/step_cost.py --backend tensorflow|jax|torch [--rounds 5] [--steps 2000]
 """
 
 import argparse
@@ -29,6 +32,8 @@ _PARTS = ("batch-begin hook", "batch-end hook", "timed call, Keras' function exc
 
 
 def _timing_module(backend: str):
+    if backend == "tensorflow":
+        return None, None
     if backend == "jax":
         from keras_pipeline_tuner.instrumentation import jax_fit_timing as module
 
@@ -44,11 +49,8 @@ def instrument(backend: str, totals):
 
     _, timing_class = _timing_module(backend)
     clock = time.perf_counter
-    begin, end, run = (
-        kpt.PipelineTuner.on_train_batch_begin,
-        kpt.PipelineTuner.on_train_batch_end,
-        timing_class.run,
-    )
+    begin, end = kpt.PipelineTuner.on_train_batch_begin, kpt.PipelineTuner.on_train_batch_end
+    run = getattr(timing_class, "run", None)
     keras_inside = {}
 
     def timed_begin(self, batch, logs=None):
@@ -95,7 +97,8 @@ def instrument(backend: str, totals):
 
     kpt.PipelineTuner.on_train_batch_begin = timed_begin
     kpt.PipelineTuner.on_train_batch_end = timed_end
-    timing_class.run = timed_run
+    if timing_class is not None:
+        timing_class.run = timed_run
 
 
 def stamp_us(backend: str, calls: int = 200_000) -> float:
@@ -152,7 +155,7 @@ def callback_dispatch_us(calls: int = 20000) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("jax", "torch"), default="jax")
+    parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="jax")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
@@ -187,10 +190,15 @@ def main():
         f"[{args.backend}] the tuner's own work per step, {args.steps} steps x {args.rounds} "
         f"rounds; plain step {step_us:.1f} us (median)"
     )
+    if args.backend == "tensorflow":
+        del parts[_PARTS[2]]
     for part, values in parts.items():
         print(f"  {part:<40} {statistics.median(values) * 1e6:6.2f} us")
-    stamps = stamp_us(args.backend)
-    print(f"  {'stamps around next() (timed apart)':<40} {stamps:6.2f} us")
+    if args.backend == "tensorflow":
+        stamps = 0.0
+    else:
+        stamps = stamp_us(args.backend)
+        print(f"  {'stamps around next() (timed apart)':<40} {stamps:6.2f} us")
     ours_us = statistics.median([sum(values) for values in zip(*parts.values())]) * 1e6 + stamps
     print(f"  {'all of it':<40} {ours_us:6.2f} us = {ours_us / step_us * 100:.1f} % of the step")
     keras_us = callback_dispatch_us()

@@ -19,10 +19,10 @@ sources of their own, imported only on their backend.
 
 from typing import Dict, Optional
 
-import numpy as np
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.instrumentation.timing_source import HeldRows
 from keras_pipeline_tuner.instrumentation.timing_source import OnError
 from keras_pipeline_tuner.instrumentation.timing_source import OnFallback
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
@@ -34,6 +34,9 @@ from keras_pipeline_tuner.timing import timed_step_function
 class TensorFlowFitTiming(FitTiming):
     """Times the fetch and the step inside the compiled function (TensorFlow backend).
 
+    Each call's rows are kept back (`HeldRows`) and handed to the run in
+    `flush_rows` and `end`.
+
     Args: as `FitTiming`.
     """
 
@@ -41,6 +44,7 @@ class TensorFlowFitTiming(FitTiming):
         super().__init__(model, on_rows, on_error, on_fallback)
         self._swapped: Dict[str, timed_step_function.TimedFunction] = {}
         self._whole_step = False
+        self._held = HeldRows(on_rows)
 
     def begin(self, kind: str) -> None:
         model = self.model
@@ -66,8 +70,8 @@ class TensorFlowFitTiming(FitTiming):
             model,
             model.train_step if kind == TRAIN else model.test_step,
             current,
-            on_rows=lambda rows, wall, called_at: self._on_rows(
-                kind, np.asarray(rows), wall, called_at
+            on_rows=lambda rows, wall, called_at: self._held.add(
+                kind, rows.numpy(), wall, called_at
             ),
             on_error=self._failed,
         )
@@ -81,8 +85,10 @@ class TensorFlowFitTiming(FitTiming):
         timed.armed = True
         # In place from here to the end of the step only: fit interrupted
         # between steps (Ctrl-C, another callback raising) leaves Keras' own
-        # function on the model. About 1 us a step.
-        setattr(self.model, ATTRIBUTE[kind], timed)
+        # function on the model. Set past Keras' and TensorFlow's attribute
+        # tracking (some 10 us a step each way, with nothing to track: the
+        # model keeps tracking Keras' own function, which comes back after).
+        object.__setattr__(self.model, ATTRIBUTE[kind], timed)
 
     def after_step(self, kind: str) -> None:
         timed = self._swapped.get(kind)
@@ -92,9 +98,13 @@ class TensorFlowFitTiming(FitTiming):
             return
         model = self.model
         if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-            setattr(model, ATTRIBUTE[kind], timed.original)
+            object.__setattr__(model, ATTRIBUTE[kind], timed.original)
+
+    def flush_rows(self, wait: bool = False) -> None:
+        self._held.flush()
 
     def end(self, kind: str) -> None:
+        self._held.flush()
         timed = self._swapped.pop(kind, None)
         model = self.model
         if timed is not None and model is not None:

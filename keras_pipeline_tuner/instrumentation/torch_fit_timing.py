@@ -25,10 +25,11 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
-import numpy as np
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.instrumentation.timing_source import HeldRows
+from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
@@ -168,7 +169,7 @@ class TorchFitTiming(FitTiming):
     def __init__(
         self,
         model,
-        on_rows: Callable[[str, np.ndarray, float, float], None],
+        on_rows: OnRows,
         on_error: Callable[[Optional[BaseException]], None],
         on_fallback: Callable[[str], None],
     ):
@@ -177,12 +178,7 @@ class TorchFitTiming(FitTiming):
         self._timed: Dict[str, _TimedTorchFunction] = {}
         self._adapters: Dict[str, Any] = {}
         self._fetch: Dict[str, tuple] = {}
-        # Each step's (start, ready, end), kept until `flush_rows`: making the
-        # run's rows is NumPy work with a fixed cost, too much for every step.
-        self._held: Dict[str, list] = {TRAIN: [], VALIDATION: []}
-        # Per kind, (wall seconds, called at) of its first step, until handed over.
-        self._first_call: Dict[str, tuple] = {}
-        self._past_first = set()
+        self._held = HeldRows(on_rows)
         self.loader: Dict[str, Any] = {}
 
     def begin(self, kind: str) -> None:
@@ -221,25 +217,12 @@ class TorchFitTiming(FitTiming):
         self.restore(kind)
 
     def flush_rows(self, wait: bool = False) -> None:
-        """Hands the run the rows kept back, a kind's first step on its own.
+        """Hands the run the rows kept back (`HeldRows`).
 
         Args:
             wait: unused: on the CPU a step has ended when its function returns.
         """
-        for kind, held in self._held.items():
-            count = len(held)
-            if not count:
-                continue
-            rows = np.array(held[:count], dtype=np.float64)
-            del held[:count]
-            first_call = self._first_call.pop(kind, None)
-            if first_call is not None:
-                wall_s, called_at = first_call
-                self._on_rows(kind, rows[:1], wall_s, called_at)
-                rows = rows[1:]
-            if len(rows):
-                called_at = float(rows[0, 0])
-                self._on_rows(kind, rows, float(rows[-1, 2]) - called_at, called_at)
+        self._held.flush()
 
     def step_marker_target(self, kind: str):
         """None: the TF Profiler window is not opened on this backend."""
@@ -275,33 +258,16 @@ class TorchFitTiming(FitTiming):
         Returns:
             Keras' logs.
         """
-        # The fetch of this step's batch; none when the loader is not stamped.
-        fetch = self._fetch.pop(kind, None)
-        if kind not in self._past_first:
-            return self._run_first(kind, function, data, fetch)
-        if fetch is None:
-            fetch = (_now(), math.nan)
-        try:
-            logs = function(data)
-        except BaseException as error:
-            self._on_error(error)
-            raise
-        self._held[kind].append(fetch + (_now(),))
-        return logs
-
-    def _run_first(self, kind: str, function: Callable, data, fetch):
-        # The kind's first step, timed whole: it traces the step.
-        self._past_first.add(kind)
         called_at = _now()
         began = time.perf_counter()
+        # The fetch of this step's batch; none when the loader is not stamped.
+        fetch = self._fetch.pop(kind, None) or (called_at, math.nan)
         try:
             logs = function(data)
         except BaseException as error:
             self._on_error(error)
             raise
-        end = _now()
-        self._first_call[kind] = (time.perf_counter() - began, called_at)
-        self._held[kind].append((fetch or (called_at, math.nan)) + (end,))
+        self._held.add(kind, fetch + (_now(),), time.perf_counter() - began, called_at)
         return logs
 
     def _wrap_loader(self, model, kind: str) -> None:

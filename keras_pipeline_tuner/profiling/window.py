@@ -219,6 +219,9 @@ class ProfilerWindow:
         """
         self._call_begin = batch
         self._calls += 1
+        if self._capture is None and self._taken:
+            # Off, or this fit's window has been: nothing to do on this step.
+            return
         if not self._usable():
             return
         with self._guard(FEATURE), self._cleanup_on_failure():
@@ -240,7 +243,8 @@ class ProfilerWindow:
                 `steps_per_execution > 1`, the call's last step).
         """
         self._steps_done += max(batch - self._call_begin + 1, 1)
-        if not self._usable():
+        if self._capture is None or not self._usable():
+            # No window open: nothing to close.
             return
         with self._guard(FEATURE), self._cleanup_on_failure():
             if self._capture is not None:

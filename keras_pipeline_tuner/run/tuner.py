@@ -20,6 +20,7 @@ from keras_pipeline_tuner.instrumentation.custom_loop import LoopHooks
 from keras_pipeline_tuner.instrumentation.custom_loop import LoopTimer
 from keras_pipeline_tuner.instrumentation.custom_loop import TimedIterator
 from keras_pipeline_tuner.instrumentation.custom_loop import checked_kind
+from keras_pipeline_tuner.instrumentation.timing_source import HAND_OVER_S
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.fit_timing import fit_timing_for
 from keras_pipeline_tuner.outputs.report import Report
@@ -35,9 +36,6 @@ from keras_pipeline_tuner.workers import exchange as worker_reports
 _PROFILE_MODES = ("auto", "off")
 # Keras backends whose fit loop may dispatch batch-end hooks asynchronously.
 ASYNC_BACKENDS = ("jax", "torch")
-# On those, how often the run is handed the timing source's rows and told how
-# many steps ended: the outputs and checks that read them are that current.
-ASYNC_HAND_OVER_S = 1.0
 
 
 class PipelineTuner(keras.callbacks.Callback):
@@ -193,11 +191,11 @@ class PipelineTuner(keras.callbacks.Callback):
         # On JAX: the first batch of the train call the profiler window last
         # saw begin, until its steps are counted.
         self._window_call: Optional[int] = None
-        # On JAX and torch: steps ended since the run last heard, when it next
-        # hears (`time.monotonic()`), and what the profiler window marks steps
-        # through in this fit, if anything.
+        # When the timing source next hands its rows over (`time.monotonic()`);
+        # on JAX and torch, the steps ended since the run last heard, and what
+        # the profiler window marks steps through in this fit, if anything.
+        self._hand_over_due = 0.0
         self._async_steps = 0
-        self._async_due = 0.0
         self._marker = None
         # On JAX and torch Keras may run batch-end hooks on a callback thread,
         # unless a callback that overrides them is not `async_safe`: then it
@@ -234,7 +232,7 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._timing = self._new_timing(model)
                 self._timing.begin(TRAIN)
         self._async_steps = 0
-        self._async_due = time.monotonic() + ASYNC_HAND_OVER_S
+        self._hand_over_due = time.monotonic() + HAND_OVER_S
         self._marker = self._async_marker() if self.async_safe else None
         if self.async_safe and self.profile != "off" and self._marker is None:
             # The window is not opened on this fit (see on_train_batch_begin).
@@ -277,12 +275,17 @@ class PipelineTuner(keras.callbacks.Callback):
             # keeps its rows back, so what reads them runs about once a second.
             if batch:
                 self._async_steps += self._run.steps_per_execution
-            if time.monotonic() >= self._async_due:
+            if time.monotonic() >= self._hand_over_due:
                 self._between_async_steps()
             if self._marker is not None:
                 self._mark_async_call(batch)
             return
         timing = self._timing
+        if time.monotonic() >= self._hand_over_due or self._window.consults_clock:
+            # The timing source keeps its rows back: to the run about once a
+            # second, and before the window's check reads them.
+            self._hand_over_due = time.monotonic() + HAND_OVER_S
+            self._flush_timing_rows()
         marker = timing.step_marker_target(TRAIN) if timing is not None else None
         self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
@@ -291,7 +294,7 @@ class PipelineTuner(keras.callbacks.Callback):
     def _between_async_steps(self) -> None:
         # Rows to the run, then the steps to what counts them (TensorBoard's
         # scalars, the early verdict, checkpoints).
-        self._async_due = time.monotonic() + ASYNC_HAND_OVER_S
+        self._hand_over_due = time.monotonic() + HAND_OVER_S
         self._flush_timing_rows()
         steps, self._async_steps = self._async_steps, 0
         self._run.steps_ended(steps)
@@ -370,9 +373,12 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_test_batch_begin(self, batch, logs=None):
         if self.async_safe:
-            if time.monotonic() >= self._async_due:
+            if time.monotonic() >= self._hand_over_due:
                 self._between_async_steps()
             return
+        if time.monotonic() >= self._hand_over_due:
+            self._hand_over_due = time.monotonic() + HAND_OVER_S
+            self._flush_timing_rows()
         if self._timing is not None:
             with self.guard(features.STEP_CLOCK):
                 self._timing.before_step(VALIDATION)
