@@ -19,7 +19,6 @@ sources of their own, imported only on their backend.
 
 from typing import Dict, Optional
 
-
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import HeldRows

@@ -35,8 +35,8 @@ steps that have ended at a time, when the caller asks for them (`flush_rows`,
 about once a second and at the end of each epoch): each hand-over to the run
 has a fixed cost of some hundred microseconds on the training thread, which
 handed over every few steps would cost steps of a fraction of a millisecond
-several per cent. The first call of each kind is timed whole and handed over on its own:
-it traces the step.
+several per cent. The first call of each kind is timed whole and handed over
+on its own: it traces the step.
 
 When fit is given a tf.data dataset, the TF Profiler window can mark each
 training call (`trace_step`): the marker spans the whole call, that is the

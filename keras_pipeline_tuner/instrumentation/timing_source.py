@@ -66,7 +66,8 @@ class HeldRows:
         """Keeps one call's rows: one `(start, ready, end)` row, or an (n, 3) array."""
         if kind not in self._seen:
             self._seen.add(kind)
-            self._on_rows(kind, np.asarray(rows, dtype=np.float64).reshape(-1, 3), wall_s, called_at)
+            rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+            self._on_rows(kind, rows, wall_s, called_at)
             return
         held = self._held[kind]
         if not held:

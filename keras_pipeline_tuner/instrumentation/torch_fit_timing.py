@@ -25,7 +25,6 @@ import time
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
-
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import HeldRows

@@ -282,20 +282,22 @@ class PipelineTuner(keras.callbacks.Callback):
             return
         timing = self._timing
         if time.monotonic() >= self._hand_over_due or self._window.consults_clock:
-            # The timing source keeps its rows back: to the run about once a
-            # second, and before the window's check reads them.
-            self._hand_over_due = time.monotonic() + HAND_OVER_S
-            self._flush_timing_rows()
+            # Also before the window's check reads the rows.
+            self._hand_over_rows()
         marker = timing.step_marker_target(TRAIN) if timing is not None else None
         self._window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
         if timing is not None:
             timing.before_step(TRAIN)
 
+    def _hand_over_rows(self) -> None:
+        # The timing source keeps its rows back: to the run about once a second.
+        self._hand_over_due = time.monotonic() + HAND_OVER_S
+        self._flush_timing_rows()
+
     def _between_async_steps(self) -> None:
         # Rows to the run, then the steps to what counts them (TensorBoard's
         # scalars, the early verdict, checkpoints).
-        self._hand_over_due = time.monotonic() + HAND_OVER_S
-        self._flush_timing_rows()
+        self._hand_over_rows()
         steps, self._async_steps = self._async_steps, 0
         self._run.steps_ended(steps)
 
@@ -377,8 +379,7 @@ class PipelineTuner(keras.callbacks.Callback):
                 self._between_async_steps()
             return
         if time.monotonic() >= self._hand_over_due:
-            self._hand_over_due = time.monotonic() + HAND_OVER_S
-            self._flush_timing_rows()
+            self._hand_over_rows()
         if self._timing is not None:
             with self.guard(features.STEP_CLOCK):
                 self._timing.before_step(VALIDATION)

@@ -316,15 +316,20 @@ def test_unmeasured_wait_gives_advice_without_a_number():
     assert speed and all(recommendation.describe_gain(r.expected_gain) == "gain not measured" for r in speed)
 
 
-def test_a_what_if_replay_measures_the_floor():
+def replayed(pipeline_ms: float, replay_ms: float):
+    """A what-if replay that timed the real pipeline's step and the replayed one."""
     from keras_pipeline_tuner.timing.step_stats import Distribution
     from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 
-    replay = WhatIfResult(
-        speedup_if_input_free=40.0 / 8.0,
-        pipeline_step=Distribution(mean_ms=40.0, median_ms=40.0, p90_ms=41.0),
-        replay_step=Distribution(mean_ms=8.0, median_ms=8.0, p90_ms=9.0),
+    return WhatIfResult(
+        speedup_if_input_free=pipeline_ms / replay_ms,
+        pipeline_step=Distribution(pipeline_ms, pipeline_ms, p90_ms=pipeline_ms + 1),
+        replay_step=Distribution(replay_ms, replay_ms, p90_ms=replay_ms + 1),
     )
+
+
+def test_a_what_if_replay_measures_the_floor():
+    replay = replayed(40.0, 8.0)
     ranked = advisor.advise(stats(30.0, 10.0), None, [], what_if=replay)
     gain = ranked[0].expected_gain
     # Replayed, the step takes 8 ms, not the 10 ms of compute the clock saw:
@@ -335,16 +340,9 @@ def test_a_what_if_replay_measures_the_floor():
 
 
 def test_no_bound_is_below_what_the_verdicts_input_share_says_free_input_brings():
-    from keras_pipeline_tuner.timing.step_stats import Distribution
-    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
-
     # The replay found little (40 ms against 37 ms), the wait 75 %: the
     # verdict's share wins, and no ceiling may be lower than it.
-    replay = WhatIfResult(
-        speedup_if_input_free=40.0 / 37.0,
-        pipeline_step=Distribution(mean_ms=40.0, median_ms=40.0, p90_ms=41.0),
-        replay_step=Distribution(mean_ms=37.0, median_ms=37.0, p90_ms=38.0),
-    )
+    replay = replayed(40.0, 37.0)
     ranked = advisor.advise(stats(30.0, 10.0), None, [], what_if=replay)
     assert ranked[0].expected_gain.speedup == pytest.approx(4.0)
     assert ranked[0].expected_gain.basis == recommendation.BOUND
