@@ -59,6 +59,28 @@ class ReplayUnsupported(ValueError):
 
 
 @dataclasses.dataclass
+class ReplayRound:
+    """One round of a replay timed around the real pipeline: its steps, and the replay's beside them.
+
+    Attributes:
+        pipeline_ms: mean step time on the real pipeline in this round.
+        replay_ms: mean step time of the replayed steps just before and just
+            after them, under the same load.
+
+    Example:
+
+    ```python
+    result = kpt.what_if(model, train_ds)
+    for round in result.rounds:
+        print(round.pipeline_ms / round.replay_ms)
+    ```
+    """
+
+    pipeline_ms: float = 0.0
+    replay_ms: float = 0.0
+
+
+@dataclasses.dataclass
 class WhatIfResult:
     """The training step with free input, against the real pipeline, same run.
 
@@ -72,9 +94,14 @@ class WhatIfResult:
         replay_input_wait: input wait on replayed batches (near zero).
         pipeline_source: where `pipeline_step` comes from: "training" (the
             fit's steady-state steps) or "measured" (steps run on a fresh
-            iterator between the two halves of the replay).
+            iterator between parts of the replay).
         replay_steps: replayed steps timed.
         cached_batches: distinct batches replayed.
+        rounds: when the real pipeline's steps were measured here, each
+            round of them against the replayed steps either side
+            (`ReplayRound`). The contention check runs a second round when
+            the first shows the pipeline slowing the step, so that one burst
+            of another load on the machine cannot decide alone.
         method: when and on what the replay ran, and how training was kept
             unchanged.
         notes: caveats.
@@ -97,6 +124,7 @@ class WhatIfResult:
     cached_batches: int = 0
     method: str = ON_REQUEST
     notes: List[str] = dataclasses.field(default_factory=list)
+    rounds: List[ReplayRound] = dataclasses.field(default_factory=list)
 
 
 def what_if(
@@ -113,7 +141,7 @@ def what_if(
     would have; see `independent_copy`), caches them and replays
     them for `steps` steps of the model's compiled training step, timed inside
     the step. Unless `pipeline_stats` gives the real steps' times, as many
-    steps run on `dataset` itself, between the two halves of the replay, so
+    steps run on `dataset` itself, between two halves of the replay, so
     both are timed under the same conditions. Every variable the step touches
     (weights, optimizer, metrics, seeds, and state kept outside the model) is
     restored afterwards: the model ends as it began.
@@ -147,6 +175,11 @@ def what_if(
     positive_int(cached_batches, "cached_batches")
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
         raise ValueError("The model is not compiled: call model.compile(...) first.")
+    return _what_if(model, dataset, steps, cached_batches, pipeline_stats)
+
+
+def _what_if(model, dataset, steps, cached_batches, pipeline_stats, another_round=None):
+    """`what_if` on checked arguments; `another_round(round)` asks for a second round."""
     run_steps, variables_touched = _timed_steps_of(model)
     # Passes over the dataset itself would move its shuffle seeds on, and a
     # later fit on it would see another order: the replay reads a copy with
@@ -162,8 +195,15 @@ def what_if(
     # The user's Python functions in the pipeline may draw from Python's and
     # NumPy's global generators: their next draws stay what they would have been.
     with preserved_random_state():
-        found, replay_rows, pipeline_rows = _replay(
-            model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats
+        found, replay_rows, pipeline_rows, rounds = _replay(
+            model,
+            run_steps,
+            variables_touched,
+            dataset,
+            steps,
+            cached_batches,
+            pipeline_stats,
+            another_round,
         )
     replay = _stats(replay_rows)
     notes = []
@@ -172,8 +212,9 @@ def what_if(
     else:
         pipeline_step, source = _stats(pipeline_rows).step, "measured"
         notes.append(
-            "The real pipeline's steps were timed on a fresh iterator, between the two "
-            "halves of the replay."
+            "The real pipeline's steps were timed on a fresh iterator, between two parts "
+            "of the replay"
+            + (f", in {len(rounds)} rounds." if len(rounds) > 1 else ".")
         )
     if found < cached_batches:
         notes.append(f"The dataset has only {found} batches; they were all replayed.")
@@ -199,6 +240,7 @@ def what_if(
         cached_batches=found,
         method=ON_REQUEST if pipeline_stats is None else AFTER_TRAINING,
         notes=notes,
+        rounds=rounds,
     )
 
 
@@ -236,6 +278,8 @@ CONTENTION_STEPS = 20
 CONTENTION_MAX_STEPS = 200
 CONTENTION_BUDGET_S = 1.0
 CONTENTION_CACHED_BATCHES = 4
+# Rounds of pipeline steps in a contention check, at most.
+MAX_ROUNDS = 2
 CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
     "which the input pipeline shares), on the trained model, with its weights, "
@@ -257,12 +301,19 @@ def can_replay(model) -> bool:
     return found is not None and found.kind == fit_input.TF_DATASET and found.source is not None
 
 
-def contention_check(model, train_stats: StepStats) -> WhatIfResult:
+def contention_check(
+    model, train_stats: StepStats, shows_contention: Callable[[float, float], bool]
+) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
     Args:
         model: the model `fit` trained (TensorFlow backend, tf.data input).
         train_stats: the step clock's statistics of the training steps.
+        shows_contention: `shows_contention(pipeline_ms, replay_ms)`, whether
+            a round's steps show the pipeline slowing the step (the verdict's
+            rule). When the first round does, a second one runs: one burst of
+            another load on the machine during the first round's pipeline
+            steps would look the same, and seldom falls on both.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
@@ -278,16 +329,18 @@ def contention_check(model, train_stats: StepStats) -> WhatIfResult:
     # leave a mean to a few scheduling slices.
     found_steps = max(CONTENTION_STEPS, min(found_steps, CONTENTION_MAX_STEPS))
     found = fit_input.find_fit_input(model)
-    # The real pipeline's steps are timed here too, between two halves of the
+    # The real pipeline's steps are timed here too, between parts of the
     # replay, rather than taken from training: both then run under the same
     # load, which on a shared machine changes between training and the check.
     # Training's iterators are gone; a new one over the same dataset reads the
     # same caches, which training filled.
-    result = what_if(
+    result = _what_if(
         model,
         found.source,
-        steps=found_steps,
-        cached_batches=CONTENTION_CACHED_BATCHES,
+        found_steps,
+        CONTENTION_CACHED_BATCHES,
+        None,
+        lambda last: shows_contention(last.pipeline_ms, last.replay_ms),
     )
     result.method = CONTENTION_METHOD
     return result
@@ -315,7 +368,9 @@ def checked_steps(what_if) -> int:
     )
 
 
-def _replay(model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats):
+def _replay(
+    model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats, another_round
+):
     """Caches a few batches and times the replay (and the pipeline); restores the model."""
     cached = dataset.take(cached_batches).cache()
     # One full pass completes the cache; the repeats then read only memory.
@@ -331,38 +386,70 @@ def _replay(model, run_steps, variables_touched, dataset, steps, cached_batches,
         touched += variables_touched(iter(dataset))
     saved = _State(model, touched)
     try:
-        replay_rows, pipeline_rows = _run(run_steps, replayed, dataset, steps, pipeline_stats is None)
+        if pipeline_stats is None:
+            replay_rows, pipeline_rows, rounds = _run_rounds(
+                run_steps, replayed, dataset, steps, another_round
+            )
+        else:
+            replay_rows, pipeline_rows, rounds = _run_replay(run_steps, replayed, steps), None, []
     finally:
         saved.restore()
-    return found, replay_rows, pipeline_rows
+    return found, replay_rows, pipeline_rows, rounds
 
 
-def _run(run_steps, replayed, dataset, steps, measure_pipeline):
-    """Times `steps` replayed steps, and as many on the real pipeline if asked.
+def _run_replay(run_steps, replayed, steps) -> np.ndarray:
+    """Times `steps` replayed steps, after the warm-up calls."""
+    replay_iterator = iter(replayed)
+    for _ in range(_WARMUP_CALLS):
+        run_steps(replay_iterator)
+    return np.concatenate(_calls(run_steps, replay_iterator, steps))[:steps]
 
-    The real pipeline's steps run between two halves of the replay (A-B-A):
-    drift in the machine's load between the two sides cancels out, and no
-    iterator of the real pipeline lives while the replay runs (its threads
-    would keep working, and slow the replayed steps they should not touch).
+
+def _run_rounds(run_steps, replayed, dataset, steps, another_round):
+    """Times the replay and the real pipeline in turn: A-B-A, then B-A per more round.
+
+    The real pipeline's steps run between two parts of the replay: drift in
+    the machine's load between the two sides cancels out, and no iterator of
+    the real pipeline lives while the replay runs (its threads would keep
+    working, and slow the replayed steps they should not touch). Each round
+    compares its pipeline steps with the replayed steps just before and after;
+    `another_round(round)` decides whether one more runs, up to `MAX_ROUNDS`.
     """
     replay_iterator = iter(replayed)
     for _ in range(_WARMUP_CALLS):
         run_steps(replay_iterator)
-    first_half = (steps + 1) // 2 if measure_pipeline else steps
-    replay_rows = _calls(run_steps, replay_iterator, first_half)
-    pipeline_rows: List[np.ndarray] = []
-    if measure_pipeline:
-        pipeline_iterator = iter(dataset)
-        for _ in range(_WARMUP_CALLS):
-            pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, [])
-        while sum(rows.shape[0] for rows in pipeline_rows) < steps:
-            pipeline_iterator = _pipeline_call(run_steps, pipeline_iterator, dataset, pipeline_rows)
-        del pipeline_iterator
-        replay_rows += _calls(run_steps, replay_iterator, steps - first_half)
-    return (
-        np.concatenate(replay_rows)[:steps],
-        np.concatenate(pipeline_rows)[:steps] if pipeline_rows else np.zeros((0, 3)),
-    )
+    first_part = (steps + 1) // 2
+    replay_parts = [_block(run_steps, replay_iterator, first_part)]
+    pipeline_parts: List[np.ndarray] = []
+    rounds: List[ReplayRound] = []
+    while True:
+        pipeline_parts.append(_pipeline_block(run_steps, dataset, steps))
+        replay_parts.append(_block(run_steps, replay_iterator, steps - first_part))
+        around = np.concatenate(replay_parts[-2:])
+        rounds.append(
+            ReplayRound(
+                pipeline_ms=_stats(pipeline_parts[-1]).step.mean_ms,
+                replay_ms=_stats(around).step.mean_ms,
+            )
+        )
+        if len(rounds) >= MAX_ROUNDS or another_round is None or not another_round(rounds[-1]):
+            break
+    return np.concatenate(replay_parts), np.concatenate(pipeline_parts), rounds
+
+
+def _block(run_steps, iterator, steps) -> np.ndarray:
+    return np.concatenate(_calls(run_steps, iterator, steps))[:steps] if steps else np.zeros((0, 3))
+
+
+def _pipeline_block(run_steps, dataset, steps) -> np.ndarray:
+    """Times `steps` steps on a fresh iterator of the real pipeline, then drops it."""
+    found: List[np.ndarray] = []
+    iterator = iter(dataset)
+    for _ in range(_WARMUP_CALLS):
+        iterator = _pipeline_call(run_steps, iterator, dataset, [])
+    while sum(rows.shape[0] for rows in found) < steps:
+        iterator = _pipeline_call(run_steps, iterator, dataset, found)
+    return np.concatenate(found)[:steps]
 
 
 def _calls(run_steps, iterator, steps) -> List[np.ndarray]:
@@ -398,6 +485,7 @@ def _stats(rows: np.ndarray) -> StepStats:
         return StepStats()
     start, ready, end = rows[:, 0], rows[:, 1], rows[:, 2]
     return StepStats.from_arrays(np.maximum(ready - start, 0.0), np.maximum(end - ready, 0.0))
+
 
 
 def _timed_steps_of(model) -> Callable:

@@ -14,6 +14,7 @@ from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.instrumentation.custom_loop import LoopHooks
@@ -439,7 +440,7 @@ class PipelineTuner(keras.callbacks.Callback):
             with self.guard(features.CONTENTION_CHECK):
                 try:
                     run.what_if = what_if_replay.contention_check(
-                        self.model, run.clock.stats(TRAIN)
+                        self.model, run.clock.stats(TRAIN), verdict.shows_contention
                     )
                 except what_if_replay.ReplayUnsupported:
                     # Automatic, so an expected limit needs no note: the wait decides.

@@ -9,6 +9,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice import advisor
 from keras_pipeline_tuner.advice import recommendation
 from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.instrumentation.what_if_replay import ReplayRound
 from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -107,6 +108,38 @@ def test_a_replay_within_the_noise_changes_nothing():
     assert judgement.verdict == NOT
     assert judgement.source == recommendation.STEP_CLOCK
     assert judgement.contention_fraction == 0.0
+
+
+def measured_rounds(*rounds):
+    """A contention check's result: (pipeline ms, replay ms) per round, pooled alike."""
+    pipeline = float(np.mean([real for real, _ in rounds]))
+    replayed = float(np.mean([free for _, free in rounds]))
+    return WhatIfResult(
+        pipeline_step=Distribution(pipeline, pipeline, pipeline),
+        replay_step=Distribution(replayed, replayed, replayed),
+        rounds=[ReplayRound(real, free) for real, free in rounds],
+    )
+
+
+def test_contention_in_one_round_only_is_noise():
+    # The first round's pipeline steps ran 1.3x the replay's (a burst of another
+    # load), the second's 1.02x: the pooled means (1.16x) would have counted.
+    clock = clock_of([[0.1] * 30])
+    judgement = judged(clock, measured_rounds((13.0, 10.0), (10.2, 10.0)))
+    assert judgement.verdict == NOT
+    assert judgement.source == recommendation.STEP_CLOCK
+    assert judgement.contention_fraction == 0.0
+    assert "10.20 ms with the pipeline" in judgement.line
+
+
+def test_contention_in_both_rounds_counts_the_smaller():
+    clock = clock_of([[0.1] * 30])
+    judgement = judged(clock, measured_rounds((13.0, 10.0), (15.0, 10.0)))
+    assert judgement.verdict == HIGH
+    assert judgement.source == recommendation.REPLAY
+    assert judgement.contention_fraction == pytest.approx(1 - 10.0 / 13.0, rel=1e-6)
+    assert "10.00 ms (mean) on replayed cached batches against 13.00 ms" in judgement.line
+    assert "in 2 rounds; the round with the least difference" in judgement.line
 
 
 def test_the_fetch_of_a_ready_batch_is_not_counted_as_waiting():

@@ -10,6 +10,8 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.timing.step_stats import StepStats
 
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
@@ -82,6 +84,40 @@ def test_standalone_replay_measures_the_pipeline_too():
     assert result.cached_batches == 3 and result.replay_steps == 10
     assert result.speedup_if_input_free > 3
     for value, now in zip(before, state(model)):
+        np.testing.assert_array_equal(value, now)
+
+
+@pytest.mark.parametrize("shown, rounds", [(False, 1), (True, what_if_replay.MAX_ROUNDS)])
+def test_contention_check_runs_another_round_when_one_shows_contention(shown, rounds):
+    asked, checked = [], {}
+
+    def shows_contention(pipeline_ms, replay_ms):
+        asked.append((pipeline_ms, replay_ms))
+        return shown
+
+    class CheckAtTheEnd(keras.callbacks.Callback):
+        # As the tuner runs it: from on_train_end, while fit's data is at hand.
+        def on_train_end(self, logs=None):
+            checked["before"] = state(self.model)
+            checked["result"] = what_if_replay.contention_check(
+                self.model, StepStats(), shows_contention
+            )
+            checked["after"] = state(self.model)
+
+    model = tiny_model()
+    model.fit(slow_source(12, 0.0).batch(2), epochs=1, verbose=0, callbacks=[CheckAtTheEnd()])
+    result = checked["result"]
+    assert len(result.rounds) == rounds
+    # Asked after each round but the last one possible.
+    assert asked == [(found.pipeline_ms, found.replay_ms) for found in result.rounds[:1]]
+    steps = what_if_replay.CONTENTION_STEPS
+    assert result.replay_steps == steps + (rounds - 1) * (steps // 2)
+    # Each round's figures are means of its own steps: equal blocks pool to the whole.
+    assert result.pipeline_step.mean_ms == pytest.approx(
+        np.mean([found.pipeline_ms for found in result.rounds]), rel=1e-6
+    )
+    assert all(found.pipeline_ms > 0 and found.replay_ms > 0 for found in result.rounds)
+    for value, now in zip(checked["before"], checked["after"]):
         np.testing.assert_array_equal(value, now)
 
 
