@@ -53,11 +53,16 @@ class FitInput:
             `tf.data.Dataset` (or distributed dataset), the `PyDataset`, the
             torch `DataLoader`, or the Grain `MapDataset` / `IterDataset`.
         adapter: the Keras data adapter's class name.
+        replay_dataset: the `tf.data.Dataset` the fit iterates, which a replay
+            can time (TensorFlow backend): the user's own, or the one Keras
+            built from NumPy arrays; `None` for other inputs, other backends
+            and datasets distributed by a strategy.
     """
 
     kind: str
     source: Any = None
     adapter: str = ""
+    replay_dataset: Any = None
 
 
 def find_fit_input(model) -> Optional[FitInput]:
@@ -80,7 +85,9 @@ def find_fit_input(model) -> Optional[FitInput]:
             epoch_iterator = frame.f_locals.get("epoch_iterator")
             adapter = getattr(epoch_iterator, "data_adapter", None)
             if adapter is not None:
-                return _classify(adapter)
+                found = _classify(adapter)
+                found.replay_dataset = _replay_dataset(found, epoch_iterator)
+                return found
         frame = frame.f_back
     return None
 
@@ -159,6 +166,21 @@ def _classify(adapter) -> FitInput:
     elif kind == GRAIN:
         source = _grain_source(adapter)
     return FitInput(kind=kind, source=source, adapter=name)
+
+
+def _replay_dataset(found: FitInput, epoch_iterator):
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return None
+    dataset = found.source
+    if found.kind == ARRAYS:
+        # Keras' TensorFlow epoch iterator keeps the dataset it built from the
+        # arrays (a gather of each batch's rows, prefetched): the fit's own
+        # input, so the replay times what training iterated.
+        dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    elif found.kind != TF_DATASET:
+        return None
+    return dataset if isinstance(dataset, tf.data.Dataset) else None
 
 
 def _grain_source(adapter):

@@ -296,9 +296,9 @@ def computes_on_cpu() -> bool:
 
 
 def can_replay(model) -> bool:
-    """Whether fit was given a tf.data dataset the replay can cache batches of."""
+    """Whether fit iterates a tf.data dataset (the user's, or Keras' over arrays) to replay."""
     found = fit_input.find_fit_input(model)
-    return found is not None and found.kind == fit_input.TF_DATASET and found.source is not None
+    return found is not None and found.replay_dataset is not None
 
 
 def contention_check(
@@ -336,7 +336,7 @@ def contention_check(
     # same caches, which training filled.
     result = _what_if(
         model,
-        found.source,
+        found.replay_dataset,
         found_steps,
         CONTENTION_CACHED_BATCHES,
         None,
