@@ -5,12 +5,20 @@ several per cent from run to run on a shared machine, more than the tuner's
 cost. This bench times the tuner's code itself instead: its batch-begin and
 batch-end hooks, and its timed train function minus the Keras function inside
 it, summed with `time.perf_counter` over a fit and divided by the steps; the
-plain step time comes from plain fits alternated with those. The timers add a
-few tenths of a microsecond per hook of their own. The stamps around each
-`next()` are timed apart, on a bare iterator (a stamped `next()` against a
-plain one), because they run inside Keras' own code. Keras' own cost of
-dispatching one more callback is printed apart: `CallbackList`'s batch hooks
-timed with and without an empty `async_safe` callback.
+plain step time comes from plain fits alternated with those.
+
+The timers read more than the code they time: their own clock calls and
+frames, and the empty calls any callback costs (which Keras' dispatch of one
+more callback, printed apart, already counts). So a stand-in is timed the same
+way in the same rounds: a callback whose hooks do nothing, and which passes
+Keras' train function through a call of the same shape as the tuner's, doing
+nothing else. The tuner's own cost is its readings minus the stand-in's; what
+that leaves out is one empty Python call around Keras' function (some 0.1 us).
+
+The stamps around each `next()` are timed apart, on a bare iterator (a stamped
+`next()` against a plain one), because they run inside Keras' own code. Keras'
+own cost of dispatching one more callback is printed apart: `CallbackList`'s
+batch hooks timed with and without an empty `async_safe` callback.
 
 On TensorFlow only the hooks are timed: the timestamps of the timed call run
 inside the compiled step, which `bench/overhead.py` measures with the rest.
@@ -43,13 +51,10 @@ def _timing_module(backend: str):
     return module, module.TorchFitTiming
 
 
-def instrument(backend: str, totals):
-    """Wraps the tuner's per-step entry points with timers adding into `totals`."""
-    import keras_pipeline_tuner as kpt
-
-    _, timing_class = _timing_module(backend)
+def _wrap(hooks, timing_class, backend: str, totals) -> None:
+    """Wraps the batch hooks of `hooks` and `timing_class.run` with timers adding into `totals`."""
     clock = time.perf_counter
-    begin, end = kpt.PipelineTuner.on_train_batch_begin, kpt.PipelineTuner.on_train_batch_end
+    begin, end = hooks.on_train_batch_begin, hooks.on_train_batch_end
     run = getattr(timing_class, "run", None)
     keras_inside = {}
 
@@ -95,10 +100,56 @@ def instrument(backend: str, totals):
         finally:
             totals[_PARTS[2]] += clock() - began
 
-    kpt.PipelineTuner.on_train_batch_begin = timed_begin
-    kpt.PipelineTuner.on_train_batch_end = timed_end
-    if timing_class is not None:
+    hooks.on_train_batch_begin = timed_begin
+    hooks.on_train_batch_end = timed_end
+    if run is not None:
         timing_class.run = timed_run
+
+
+def instrument(backend: str, totals) -> None:
+    """Wraps the tuner's per-step entry points with timers adding into `totals`."""
+    import keras_pipeline_tuner as kpt
+
+    _, timing_class = _timing_module(backend)
+    _wrap(kpt.PipelineTuner, timing_class, backend, totals)
+
+
+def stand_in(backend: str, totals):
+    """A callback doing nothing where the tuner works, timed as `instrument` times the tuner."""
+    import keras
+
+    class PassOn:
+        """Keras' train function, called through a `run` shaped as the tuner's."""
+
+        def __init__(self, function):
+            self.function = function
+
+        def __call__(self, *args):
+            return self.run("train", self.function, *args)
+
+        def run(self, kind, function, *args):
+            return function(*args)
+
+    class StandIn(keras.callbacks.Callback):
+        async_safe = backend != "tensorflow"
+
+        def on_train_begin(self, logs=None):
+            # As the tuner on these backends: its call around Keras' function.
+            self.keras = self.model.train_function
+            if backend != "tensorflow":
+                self.model.train_function = PassOn(self.keras)
+
+        def on_train_end(self, logs=None):
+            self.model.train_function = self.keras
+
+        def on_train_batch_begin(self, batch, logs=None):
+            pass
+
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    _wrap(StandIn, PassOn if backend != "tensorflow" else None, backend, totals)
+    return StandIn()
 
 
 def stamp_us(backend: str, calls: int = 200_000) -> float:
@@ -170,37 +221,51 @@ def main():
 
     totals = dict.fromkeys(_PARTS + ("keras",), 0.0)
     instrument(args.backend, totals)
+    baseline_totals = dict.fromkeys(_PARTS + ("keras",), 0.0)
+    baseline = stand_in(args.backend, baseline_totals)
     model, dataset = make_case(128, 64, args.steps)
     tuner = kpt.PipelineTuner(verbose=0, profile="off")
     timed_fit(model, dataset, [])
     timed_fit(model, dataset, [tuner])
-    plain, parts = [], {part: [] for part in _PARTS}
-    for _ in range(args.rounds):
+    timed_fit(model, dataset, [baseline])
+    plain = []
+    parts = {"tuner": {part: [] for part in _PARTS}, "stand-in": {part: [] for part in _PARTS}}
+    for round_index in range(args.rounds):
         plain.append(timed_fit(model, dataset, []) / args.steps)
-        for key in totals:
-            totals[key] = 0.0
-        timed_fit(model, dataset, [tuner])
-        for part in _PARTS:
-            seconds = totals[part]
-            if part == _PARTS[2]:
-                seconds -= totals["keras"]
-            parts[part].append(seconds / args.steps)
+        order = [("tuner", tuner, totals), ("stand-in", baseline, baseline_totals)]
+        for name, callback, found in order[round_index % 2 :] + order[: round_index % 2]:
+            for key in found:
+                found[key] = 0.0
+            timed_fit(model, dataset, [callback])
+            for part in _PARTS:
+                seconds = found[part]
+                if part == _PARTS[2]:
+                    seconds -= found["keras"]
+                parts[name][part].append(seconds / args.steps)
     step_us = statistics.median(plain) * 1e6
     print(
         f"[{args.backend}] the tuner's own work per step, {args.steps} steps x {args.rounds} "
         f"rounds; plain step {step_us:.1f} us (median)"
     )
-    if args.backend == "tensorflow":
-        del parts[_PARTS[2]]
-    for part, values in parts.items():
-        print(f"  {part:<40} {statistics.median(values) * 1e6:6.2f} us")
+    shown = _PARTS if args.backend != "tensorflow" else _PARTS[:2]
+    print(f"  {'us per step (medians)':<40} {'tuner':>7} {'stand-in':>9} {'own':>7}")
+    own = []
+    for part in shown:
+        tuner_us = statistics.median(parts["tuner"][part]) * 1e6
+        stand_in_us = statistics.median(parts["stand-in"][part]) * 1e6
+        own.append(
+            [(a - b) * 1e6 for a, b in zip(parts["tuner"][part], parts["stand-in"][part])]
+        )
+        print(
+            f"  {part:<40} {tuner_us:7.2f} {stand_in_us:9.2f} {statistics.median(own[-1]):7.2f}"
+        )
     if args.backend == "tensorflow":
         stamps = 0.0
     else:
         stamps = stamp_us(args.backend)
-        print(f"  {'stamps around next() (timed apart)':<40} {stamps:6.2f} us")
-    ours_us = statistics.median([sum(values) for values in zip(*parts.values())]) * 1e6 + stamps
-    print(f"  {'all of it':<40} {ours_us:6.2f} us = {ours_us / step_us * 100:.1f} % of the step")
+        print(f"  {'stamps around next() (timed apart)':<40} {'':7} {'':9} {stamps:7.2f}")
+    ours_us = statistics.median([sum(values) for values in zip(*own)]) + stamps
+    print(f"  {'all of it':<40} {ours_us:6.2f} us = {ours_us / step_us * 100:.2f} % of the step")
     keras_us = callback_dispatch_us()
     print(
         f"  Keras' own dispatch of one more callback {keras_us:6.2f} us = "
