@@ -256,20 +256,22 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         A `WhatIfResult` whose real-pipeline figures are the training's.
 
     Raises:
-        ReplayUnsupported: when fit was not given a tf.data dataset, or the
-            step cannot be replayed here (says which).
+        ReplayUnsupported: when fit was given neither a tf.data dataset nor
+            NumPy arrays (which Keras turns into one), or the step cannot be
+            replayed here (says which).
         ValueError: when the real steps' times are unknown.
     """
     found = fit_input.find_fit_input(model)
-    if found is None or found.kind != fit_input.TF_DATASET or found.source is None:
+    if found is None or found.replay_dataset is None:
         kind = "no data it could find" if found is None else f"{found.kind} data"
         raise ReplayUnsupported(
-            f"The replay needs fit's training data as a tf.data.Dataset, and fit got "
-            f"{kind}: call kpt.what_if(model, dataset) with a tf.data version of it."
+            f"The replay needs fit's training data as a tf.data.Dataset or NumPy arrays, "
+            f"and fit got {kind}: call kpt.what_if(model, dataset) with a tf.data version "
+            "of it."
         )
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
-    return what_if(model, found.source, steps=steps, pipeline_stats=train_stats)
+    return what_if(model, found.replay_dataset, steps=steps, pipeline_stats=train_stats)
 
 
 # The contention check after fit: a replay bounded to about a second.

@@ -121,14 +121,31 @@ def test_contention_check_runs_another_round_when_one_shows_contention(shown, ro
         np.testing.assert_array_equal(value, now)
 
 
-def test_fit_on_arrays_keeps_training_and_says_why_there_is_no_replay():
+def test_fit_on_arrays_replays_the_dataset_keras_built_from_them():
     tuner = kpt.PipelineTuner(what_if=True, verbose=0, profile="off")
     model = tiny_model()
-    x = np.zeros((16, FEATURES), np.float32)
+    x = np.linspace(0, 1, 16 * FEATURES, dtype=np.float32).reshape(16, FEATURES)
     history = model.fit(x, x[:, 0], batch_size=4, epochs=1, verbose=0, callbacks=[tuner])
     assert len(history.history["loss"]) == 1
+    result = tuner.report.what_if
+    assert result is not None, tuner.report.notes
+    assert result.pipeline_source == "training" and result.replay_steps == 20
+    assert result.cached_batches == 4
+
+
+def test_fit_on_a_generator_keeps_training_and_says_why_there_is_no_replay():
+    def batches():
+        for _ in range(4):
+            yield np.zeros((4, FEATURES), np.float32), np.zeros((4,), np.float32)
+
+    tuner = kpt.PipelineTuner(what_if=True, verbose=0, profile="off")
+    history = tiny_model().fit(batches(), epochs=1, verbose=0, callbacks=[tuner])
+    assert len(history.history["loss"]) == 1
     assert tuner.report.what_if is None
-    assert any("what-if replay" in note and "tf.data" in note for note in tuner.report.notes)
+    assert any(
+        "what-if replay" in note and "tf.data" in note and "generator data" in note
+        for note in tuner.report.notes
+    ), tuner.report.notes
 
 
 @pytest.mark.parametrize("what_if", [0, -3, 2.5, "yes", None])
