@@ -16,9 +16,12 @@ holds the profiler window's captures for the Profile tab), so it sits beside
   stay: they are what a TensorBoard without the dashboard's plugin shows.
 
 Nothing is written inside a step. Per-step scalars are taken from the step
-clock's retained rows and written in bulk, by a compiled function that costs
-about 20 us per point, at the end of each epoch and every `flush_every` steps
-within long epochs (so rows are written before the clock's ring drops them).
+clock's retained rows and written in bulk, at the end of each epoch and every
+`flush_every` steps within long epochs (so rows are written before the clock's
+ring drops them): with TensorFlow, by a compiled function that costs about
+50 us per point (the first `_EAGER_POINTS` points one by one, 0.7 ms each,
+which costs about as much as tracing it); without, by TensorBoard's own writer,
+about 120 us per point.
 Like Keras' `update_freq`, long runs are summarised so that neither the cost
 nor the event file grows with every step: each of the first `full_steps`
 (1000) steps of a fit is a point of its own; after that a point is the mean of
@@ -72,7 +75,11 @@ FULL_RESOLUTION_STEPS = 1000
 
 # Below this many rows, writing eagerly (about 0.45 ms a step) beats tracing the
 # compiled writer (0.2-0.3 s once; then about 20 us a step).
-_EAGER_ROWS = 400
+# Tracing the compiled scalar writer takes about 170 ms; it then writes a point
+# in about 50 us, where `tf.summary.write` one by one takes about 0.7 ms (four
+# tags): a sink's first points, up to as many as the tracing is worth, are
+# written one by one, and the rest compiled.
+_EAGER_POINTS = 250
 _IMAGE_BUDGET = 0.02
 
 
@@ -152,7 +159,10 @@ class TensorBoardSink:
         self._scalar_blocks = BlockMeans(full_steps)
         self._row_blocks = BlockMeans(full_steps)
         self._writer = None
+        self._with_tensorflow: Optional[bool] = None
         self._compiled = {}
+        # Points written one by one so far, per tag set, before compiling.
+        self._eager_points = {}
         self._clock: Optional[StepClock] = None
         self._written = 0
         self._pending = 0
@@ -309,7 +319,7 @@ class TensorBoardSink:
                 return 0
             means[:, 0] = np.floor(means[:, 0])
             rows = np.concatenate([points[:, None].astype(np.float64), means], axis=1)
-            events = self._events() if _without_tensorflow() else None
+            events = self._events() if self._without_tensorflow() else None
             with self._summaries_if(events is None):
                 for block, block_rows in self._step_blocks.add(rows):
                     dashboard.write_step_block(block, block_rows, events)
@@ -330,7 +340,7 @@ class TensorBoardSink:
             if (text, step) == self._last_dashboard:
                 return
             rows, title = self._profile(report)
-            events = self._events() if _without_tensorflow() else None
+            events = self._events() if self._without_tensorflow() else None
             with self._summaries_if(events is None):
                 dashboard.write_json(dashboard.REPORT_TAG, text, step, events)
                 if rows:
@@ -354,7 +364,7 @@ class TensorBoardSink:
             text = render_markdown(report, heading=_heading(report))
             if text == self._last_text and step == self._last_text_step:
                 return
-            if _without_tensorflow():
+            if self._without_tensorflow():
                 self._events().text(REPORT_TAG, text, step=step)
             else:
                 tf = tensorflow()
@@ -387,7 +397,7 @@ class TensorBoardSink:
                 timeline_image.step_rows(steps), title, profiled, profile_title
             )
             description = "Input wait and compute of the latest training steps."
-            if _without_tensorflow():
+            if self._without_tensorflow():
                 # Also a plain file, for a look without TensorBoard (and for docs).
                 os.makedirs(self.run_dir, exist_ok=True)
                 with open(os.path.join(self.run_dir, TIMELINE_FILENAME), "wb") as file:
@@ -427,6 +437,17 @@ class TensorBoardSink:
         # TensorFlow's writer as default only where TensorFlow writes.
         return self._summaries() if wanted else contextlib.nullcontext()
 
+    def _without_tensorflow(self) -> bool:
+        # TensorFlow's writer when the process has TensorFlow already (its
+        # compiled scalar writer is the fastest); TensorBoard's own otherwise,
+        # so that JAX and torch users need not install, or import, TensorFlow.
+        # Decided at the first write and kept: TensorBoard's writer imports
+        # TensorFlow when it is installed, and a run's summaries must stay in
+        # one event file (TensorBoard reads a directory's files one at a time).
+        if self._with_tensorflow is None:
+            self._with_tensorflow = sys.modules.get("tensorflow") is not None
+        return not self._with_tensorflow
+
     def _events(self):
         if self._event_writer is None:
             from keras_pipeline_tuner.outputs.event_writer import EventWriter
@@ -435,12 +456,14 @@ class TensorBoardSink:
         return self._event_writer
 
     def _write_scalar_rows(self, tags, numbers: np.ndarray, values: np.ndarray) -> None:
-        if _without_tensorflow():
+        if self._without_tensorflow():
             self._events().scalars(tags, numbers, values)
             return
         tf = tensorflow()
         with self._summaries():
-            if numbers.size < _EAGER_ROWS and tags not in self._compiled:
+            eager = self._eager_points.get(tags, 0)
+            if tags not in self._compiled and eager + numbers.size <= _EAGER_POINTS:
+                self._eager_points[tags] = eager + numbers.size
                 scalar = _scalar_metadata()
                 for column, number in enumerate(numbers):
                     for row, tag in enumerate(tags):
@@ -533,13 +556,6 @@ def _compiled_scalar_writer(tf, tags):
         return tf.constant(True)
 
     return write
-
-
-def _without_tensorflow() -> bool:
-    # TensorFlow's writer when the process has TensorFlow already (its
-    # compiled scalar writer is the fastest); TensorBoard's own otherwise, so
-    # that JAX and torch users need not install, or import, TensorFlow.
-    return sys.modules.get("tensorflow") is None
 
 
 def _training_seconds(clock: StepClock) -> float:

@@ -1,6 +1,7 @@
 """What a fit writes to log_dir, read back with TensorBoard's own event reader."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -185,6 +186,24 @@ def test_scalars_are_written_before_the_ring_drops_them(tmp_path):
     rows = values(events, "input_pipeline/input_wait_ms")
     assert [step for step, _ in rows] == list(range(1, 131))
     assert all(float(value) == pytest.approx(3.0, abs=1e-3) for _, value in rows)
+    assert sink.guard.failures == {}
+
+
+def test_scalars_written_a_few_at_a_time_reach_tensorboard_once_each_in_one_file(tmp_path):
+    # 400 steps, written 40 at a time: the first 250 one by one, then (past
+    # what tracing the compiled writer costs) compiled; every step once, in one file.
+    clock = StepClock()
+    sink = tensorboard_sink.TensorBoardSink(str(tmp_path), FeatureGuard(), flush_every=40)
+    clock.begin_epoch(0)
+    waits = np.arange(1, 401) * 1e-5
+    _record_steps(clock, sink, waits, np.full(waits.size, 2e-3), chunk=1)
+    sink.finish(clock, kpt.Report())
+    run_dir = tmp_path / tensorboard_sink.RUN
+    events = accumulator(run_dir)
+    rows = values(events, "input_pipeline/input_wait_ms")
+    assert [step for step, _ in rows] == list(range(1, 401))
+    np.testing.assert_allclose([float(value) for _, value in rows], waits * 1e3, rtol=1e-5)
+    assert len([name for name in os.listdir(run_dir) if "tfevents" in name]) == 1
     assert sink.guard.failures == {}
 
 
