@@ -71,8 +71,8 @@ class ReplayRound:
 
     ```python
     result = kpt.what_if(model, train_ds)
-    for round in result.rounds:
-        print(round.pipeline_ms / round.replay_ms)
+    for each in result.rounds:
+        print(each.pipeline_ms / each.replay_ms)
     ```
     """
 
@@ -309,7 +309,8 @@ def contention_check(
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
     Args:
-        model: the model `fit` trained (TensorFlow backend, tf.data input).
+        model: the model `fit` trained (TensorFlow backend; a tf.data
+            dataset, or NumPy arrays, which Keras turns into one).
         train_stats: the step clock's statistics of the training steps.
         shows_contention: `shows_contention(pipeline_ms, replay_ms)`, whether
             a round's steps show the pipeline slowing the step (the verdict's
