@@ -33,17 +33,22 @@ class FailAt(keras.layers.Layer):
     model or data would fail.
     """
 
-    def __init__(self, step, action, **kwargs):
+    def __init__(self, step, action, again=False, **kwargs):
         super().__init__(**kwargs)
         self.step = step
         self.action = action
+        # Whether every later step runs `action()` again (a user pressing Ctrl-C
+        # again), and how many times it ran.
+        self.again = again
+        self.sent = 0
         self.calls = 0
 
     def call(self, inputs, training=False):
         def count():
             if training:
                 self.calls += 1
-                if self.calls == self.step + 1:
+                if self.calls == self.step + 1 or (self.again and self.calls > self.step + 1):
+                    self.sent += 1
                     self.action()
             return np.float32(0.0)
 
@@ -52,9 +57,14 @@ class FailAt(keras.layers.Layer):
         return inputs + tf.stop_gradient(zero)
 
 
-def model_failing_at(step, action):
+def model_failing_at(step, action, again=False):
     model = keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(4), FailAt(step, action), keras.layers.Dense(1)]
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(4),
+            FailAt(step, action, again),
+            keras.layers.Dense(1),
+        ]
     )
     model.compile("sgd", "mse")
     return model
@@ -85,13 +95,24 @@ def stored_report(log_dir):
     return kpt.Report.from_json((log_dir / "report.json").read_text())
 
 
-def check_interrupted_fit(action, raised, log_dir):
-    """Fits a model whose step runs `action()` mid-epoch; checks what is left after it."""
+@pytest.mark.parametrize(
+    "action, raised",
+    [
+        (send_ctrl_c, KeyboardInterrupt),
+        (raise_value_error, tf.errors.InvalidArgumentError),
+        (raise_keyboard_interrupt, tf.errors.UnknownError),
+    ],
+    ids=["ctrl-c", "value-error", "keyboard-interrupt-in-py-function"],
+)
+def test_interrupted_inside_the_users_step(action, raised, tmp_path):
     dataset = cached_source(4 * STEPS_PER_EPOCH).batch(4)
-    # Steps the failing layer sees: the build fit's one, then 6 of epoch 0.
-    model = model_failing_at(1 + STEPS_PER_EPOCH + AT_STEP, action)
+    # Steps the failing layer sees: the build fit's one, then 6 of epoch 0. A
+    # SIGINT sent from inside a py_function was now and then lost on a loaded
+    # machine (the fit ran to its end, with no trace of where Python dropped
+    # it): each later step sends one more, as a user presses Ctrl-C again.
+    model = model_failing_at(1 + STEPS_PER_EPOCH + AT_STEP, action, again=action is send_ctrl_c)
     keras_train, keras_test = keras_functions(model, dataset)
-    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile="off")
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off")
     # A signal handled while the garbage collector runs a finalizer (after a
     # long test session there is much to collect) raises inside it, where
     # Python prints and drops the KeyboardInterrupt: collected beforehand,
@@ -105,11 +126,15 @@ def check_interrupted_fit(action, raised, log_dir):
             )
     finally:
         gc.enable()
+        # Landed: no more signals in the fit below.
+        model.layers[1].again = False
     assert model.train_function is keras_train
     assert model.test_function is keras_test
-    stored = stored_report(log_dir)
-    # Epoch 0 (its first step reported apart) and the steps of epoch 1 before the failure.
-    assert stored.train.steps == STEPS_PER_EPOCH - 1 + AT_STEP
+    stored = stored_report(tmp_path)
+    # Epoch 0 (its first step reported apart) and the steps of epoch 1 before the failure
+    # (with a lost SIGINT, the steps up to the one whose signal landed).
+    lost = model.layers[1].sent - 1
+    assert stored.train.steps == STEPS_PER_EPOCH - 1 + AT_STEP + lost
     assert stored.train.steps == tuner.report.train.steps
     assert stored.validation.steps == 1
     assert sorted((e.kind, e.epoch) for e in stored.epochs) == [("train", 0), ("validation", 0)]
@@ -118,36 +143,6 @@ def check_interrupted_fit(action, raised, log_dir):
     assert len(history.history["loss"]) == 1
     assert model.train_function is keras_train
     assert tuner.report.train.steps == STEPS_PER_EPOCH - 1
-
-
-@pytest.mark.parametrize(
-    "action, raised",
-    [
-        (raise_value_error, tf.errors.InvalidArgumentError),
-        (raise_keyboard_interrupt, tf.errors.UnknownError),
-    ],
-    ids=["value-error", "keyboard-interrupt-in-py-function"],
-)
-def test_interrupted_inside_the_users_step(action, raised, tmp_path):
-    check_interrupted_fit(action, raised, tmp_path)
-
-
-@pytest.mark.multiprocess
-def test_ctrl_c_inside_the_users_step(tmp_path):
-    # A real SIGINT, in a process of its own as a user's training runs: late in
-    # a long test session one was seen lost now and then (the fit ran to its
-    # end), with no sign of where Python dropped it.
-    done = run_script(
-        """
-        import pathlib
-        from tests.instrumentation.test_interruption import check_interrupted_fit, send_ctrl_c
-        check_interrupted_fit(send_ctrl_c, KeyboardInterrupt, pathlib.Path(sys.argv[1]))
-        print("checked")
-        """,
-        tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "checked" in done.stdout
 
 
 class RaiseFromCallback(keras.callbacks.Callback):

