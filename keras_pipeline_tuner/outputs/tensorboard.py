@@ -73,8 +73,6 @@ DASHBOARD = features.TENSORBOARD_DASHBOARD
 # Steps of a fit written one point each; then blocks of 10, 100... steps a point.
 FULL_RESOLUTION_STEPS = 1000
 
-# Below this many rows, writing eagerly (about 0.45 ms a step) beats tracing the
-# compiled writer (0.2-0.3 s once; then about 20 us a step).
 # Tracing the compiled scalar writer takes about 170 ms; it then writes a point
 # in about 50 us, where `tf.summary.write` one by one takes about 0.7 ms (four
 # tags): a sink's first points, up to as many as the tracing is worth, are
