@@ -29,8 +29,9 @@ from tests.helpers.training_data import tiny_model
 ELEMENTS = 96
 BATCH = 4
 SLEEP_S = 0.01
-# About twenty milliseconds of pure Python per element, holding the GIL.
-COUNT = 80_000
+# A few milliseconds of pure Python per element, holding the GIL (some 20 ms on
+# a busy machine: small enough that its timed passes fit the budget there too).
+COUNT = 20_000
 MEASURE_S = 8.0
 
 _fits = {}
@@ -95,6 +96,8 @@ def test_a_map_that_sleeps_gets_a_measured_gain_and_ranks_first():
     assert describe_gain(gain) == f"{gain.likely_speedup:.2f}x faster (measured: the change timed)"
 
 
+# A fit and some 10 s of fix timing of its own: CI's slow pass.
+@pytest.mark.slow
 def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
     report = _fit("count", count_in_python, allow_unverified=True)
     assert report.verdict == "highly input-bound"
@@ -111,7 +114,9 @@ def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
     else:
         # Threads cannot run it two at a time: far from the 2x two cores give a
         # map that releases the GIL (generous: a loaded machine moves it).
-        assert parallel.expected_gain.likely_speedup < 1.6
+        gain = parallel.expected_gain
+        assert gain.likely_speedup is not None, gain.statement
+        assert gain.likely_speedup < 1.6
         assert top is not parallel or describe_gain(top.expected_gain).startswith("no clear gain")
 
 

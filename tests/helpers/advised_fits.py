@@ -22,8 +22,12 @@ from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
 
-MAP_DELAY_S = 0.015
-COMPUTE_DELAY_S = 0.02
+# The input-bound fit's map sleeps this long an element (a batch): a step of the
+# tiny model, even stretched by a busy machine, is far shorter.
+MAP_DELAY_S = 0.03
+# The compute-bound fit's step sleeps this long: a fetch of cached batches that
+# a busy machine stretches to a few milliseconds stays far under 5 % of it.
+COMPUTE_DELAY_S = 0.1
 INPUT_BOUND_STEPS = 40
 COMPUTE_BOUND_STEPS = 16
 

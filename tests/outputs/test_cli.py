@@ -77,6 +77,8 @@ def test_report_of_a_corrupt_report(tmp_path):
     assert "report.verdict" in done.stderr
 
 
+# The whole demo, about a minute: CI's slow pass.
+@pytest.mark.slow
 def test_demo_quick(tmp_path):
     log_dir = tmp_path / "demo"
     # As a user runs it: TensorFlow's native logging at its default level.

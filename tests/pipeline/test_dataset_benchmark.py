@@ -12,14 +12,16 @@ from tests.helpers.training_data import slow_source
 ELEMENT_S = 0.02
 
 
-def test_reports_the_rate_of_a_known_rate_source_within_ten_percent():
+def test_reports_the_rate_of_a_known_rate_source():
     # 2 elements per batch, each made in ELEMENT_S: 25 batches/s, 50 examples/s.
+    # A sleep is never shorter than asked, and a busy machine makes it later:
+    # the figures are at the source's pace, never faster, and not far slower.
     batch_s = 2 * ELEMENT_S
     result = kpt.benchmark(slow_source(34, ELEMENT_S).batch(2), verbose=0)
     assert result.batches == 16 and result.examples == 32 and result.complete
-    assert result.batch_ms.median_ms == pytest.approx(batch_s * 1e3, rel=0.10)
-    assert result.batches_per_s == pytest.approx(1 / batch_s, rel=0.10)
-    assert result.examples_per_s == pytest.approx(2 / batch_s, rel=0.10)
+    assert batch_s * 1e3 * 0.95 <= result.batch_ms.median_ms <= batch_s * 1e3 * 1.5
+    assert 1 / (1.5 * batch_s) <= result.batches_per_s <= 1.05 / batch_s
+    assert result.examples_per_s == pytest.approx(2 * result.batches_per_s)
     # The first batch also opens the iterator; it is reported apart.
     assert result.first_batch_ms >= batch_s * 1e3 * 0.9
     assert result.warmup_batches == 1

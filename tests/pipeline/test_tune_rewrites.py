@@ -82,6 +82,8 @@ def test_maps_that_are_not_element_wise_are_left_alone_with_the_reason(function,
     assert kinds.index("map") < kinds.index("batch")
 
 
+# Two tunings, some 20 s (more on a busy machine): CI's slow pass.
+@pytest.mark.slow
 def test_reordering_rewrites_only_with_allow_reordering():
     def slow(x):
         time.sleep(0.001)
@@ -104,9 +106,11 @@ def test_reordering_rewrites_only_with_allow_reordering():
     )
     assert elements(tuned) == elements(dataset)
 
+    # A budget that leaves room for every rewrite on a busy machine too: tuning
+    # ends when all are measured (about 10 s here when quiet).
     tuned, result = kpt.tune(
         dataset,
-        budget_s=20,
+        budget_s=60,
         allow_reordering=True,
         allow_unverified=True,
         max_python_epochs=200,
@@ -132,9 +136,13 @@ def test_a_rewrite_is_measured_when_the_budget_allows_its_own_passes():
     # Measured (how many rounds fit before the deadline depends on the machine's load).
     assert tried[0].status != "not measured" and tried[0].ratio is not None, tried[0]
     assert tried[0].rounds >= 1
+    # The later ones are not: the budget is spent, or (passes stretched by a
+    # busy machine) a whole measurement no longer fits it.
     for later in tried[1:]:
         assert later.status == "not measured"
-        assert "time budget was spent" in later.reason and "of 5.6 s used" in later.reason
+        assert ("time budget was spent" in later.reason and "of 5.6 s used" in later.reason) or (
+            "too slow to measure within budget_s=5.6" in later.reason
+        ), later.reason
 
 
 def test_a_rewrite_too_slow_for_the_whole_budget_says_so():
@@ -250,6 +258,8 @@ def test_code_of_every_planned_rewrite_pasted_in_place_of_the_guide_lines(case):
     assert elements(namespace["ds"]) == elements(naive()) == elements(tuned)
 
 
+# About 20 s of tuning: CI's slow pass.
+@pytest.mark.slow
 def test_result_code_of_the_vectorised_guide_pipeline_builds_the_same_elements():
     naive, prefix, prefix_label, functions, step_s = GUIDE_CODE["scalar map"]
     # Budget enough to measure the slow scalar pipeline on a busy machine.

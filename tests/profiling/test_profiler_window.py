@@ -27,6 +27,9 @@ from tests.helpers.training_data import tiny_model
 
 GENERATOR_DELAY_S = 0.015
 MAP_DELAY_S = 0.02
+# The compute-bound jobs' step sleeps this long: a fetch of cached batches that
+# a busy machine stretches to a few milliseconds stays far under 5 % of it.
+COMPUTE_DELAY_S = 0.1
 
 
 def load_image(x, y):
@@ -171,7 +174,7 @@ def test_parallel_map_running_a_slow_function_is_the_bottleneck(tmp_path):
 def test_auto_leaves_a_compute_bound_job_alone(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0)
     report, _ = fit(tuner, cached_source(64).batch(4).repeat(), steps=24,
-                    model=tiny_model(compute_delay_s=0.02))
+                    model=tiny_model(compute_delay_s=COMPUTE_DELAY_S))
     assert report.verdict == kpt.Verdict.NOT_INPUT_BOUND
     assert report.profile is None
     assert captures_under(tmp_path) == []
@@ -180,7 +183,7 @@ def test_auto_leaves_a_compute_bound_job_alone(tmp_path):
 def test_compute_bound_model_has_a_small_input_share(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 12))
     report, _ = fit(tuner, cached_source(64).batch(4).repeat(), steps=14,
-                    model=tiny_model(compute_delay_s=0.02))
+                    model=tiny_model(compute_delay_s=COMPUTE_DELAY_S))
     evidence = report.profile
     assert evidence.source == profile_evidence.ANALYZER
     assert evidence.input_fraction < 0.05
@@ -297,15 +300,15 @@ def test_without_log_dir_the_capture_goes_to_a_temporary_directory(tmp_path):
 
 def test_whole_step_mode_marks_steps_from_the_batch_hooks(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
-    # An eager step costs tens of ms of Python on a busy machine: a slower source
-    # keeps the expected input share clear of that noise.
-    report, _ = fit(tuner, slow_source(40, 0.05).batch(2), steps=10,
+    # An eager step costs tens of ms of Python on a busy machine, more while
+    # profiled: a source of 200 ms a batch keeps the input share clear of it.
+    report, _ = fit(tuner, slow_source(40, 0.1).batch(2), steps=10,
                     model=tiny_model(run_eagerly=True))
     assert report.measurement == "whole-step"
     evidence = report.profile
     assert evidence.source == profile_evidence.ANALYZER  # it found our step markers
     assert len(evidence.steps) >= 4
-    assert evidence.input_fraction > 0.5
+    assert evidence.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND, evidence.input_fraction
 
 
 def test_a_window_does_not_span_an_epoch_end(tmp_path):
@@ -374,7 +377,7 @@ def test_a_window_opened_at_the_last_step_names_no_bottleneck(tmp_path):
 def test_a_window_that_measured_no_input_wait_puts_no_stage_first(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 12))
     report, _ = fit(tuner, cached_source(64).batch(4).repeat(), steps=14,
-                    model=tiny_model(compute_delay_s=0.02))
+                    model=tiny_model(compute_delay_s=COMPUTE_DELAY_S))
     assert report.profile.verdict == kpt.Verdict.NOT_INPUT_BOUND
     assert report.profile.bottleneck is None
     assert report.recommendations[0].id == advisor.NOT_THE_BOTTLENECK

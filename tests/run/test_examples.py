@@ -10,7 +10,8 @@ from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from tests.helpers.paths import EXAMPLES
 
-pytestmark = pytest.mark.multiprocess
+# Each example trains for seconds to tens of seconds: CI's slow pass.
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
 

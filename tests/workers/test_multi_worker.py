@@ -15,7 +15,8 @@ from keras_pipeline_tuner.outputs.report import Report
 from tests.helpers import private_network
 from tests.helpers.paths import HELPERS
 
-pytestmark = pytest.mark.multiprocess
+# Clusters of worker processes, some 15 s each: CI's slow pass.
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 SCRIPT = HELPERS / "multi_worker_training.py"
 
 
@@ -44,9 +45,10 @@ def namespace():
 
 
 def test_the_chief_names_the_worker_with_slow_input(tmp_path):
-    # worker:1 sleeps 80 ms per batch; worker:0's input is in memory.
+    # worker:1 sleeps 200 ms per batch (far longer than a step, however busy the
+    # machine); worker:0's input is in memory.
     log_dir, chief, other, _ = run_cluster(
-        tmp_path, "--slow-task", "1", "--delay", "0.08", "--tensorboard-workers", "all"
+        tmp_path, "--slow-task", "1", "--delay", "0.2", "--tensorboard-workers", "all"
     )
     # Synchronous training: both ran every step and trained the same model.
     assert chief["steps"] == other["steps"] == 23
@@ -97,7 +99,7 @@ def test_custom_training_loops_are_compared_too(tmp_path):
     # The same training as a custom loop: `tuner.instrument` on a step that
     # runs `strategy.run`, the cluster found from TF_CONFIG.
     log_dir, chief, other, _ = run_cluster(
-        tmp_path, "--slow-task", "1", "--delay", "0.08", "--loop", "custom"
+        tmp_path, "--slow-task", "1", "--delay", "0.2", "--loop", "custom"
     )
     assert chief["steps"] == other["steps"] == 23
     assert chief["loss"] == pytest.approx(other["loss"])
