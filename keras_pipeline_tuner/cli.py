@@ -6,6 +6,25 @@ import sys
 from typing import List, Optional
 
 
+# Exit statuses, one per cause (listed in `--help`).
+OK = 0
+CHECK_FAILED = 1
+USAGE = 2  # argparse's own
+NO_REPORT = 3
+UNREADABLE = 4
+NOTHING_MEASURED = 5
+OUT_OF_RANGE = 6
+EXIT_STATUSES = (
+    (OK, "done; for check, the input share is within the limit"),
+    (CHECK_FAILED, "check: the input share of step time is above --max-input-fraction"),
+    (USAGE, "the command line is wrong (argparse's message says how)"),
+    (NO_REPORT, "no report.json where the path points"),
+    (UNREADABLE, "a report.json that is not a report this version reads (the field at fault is named)"),
+    (NOTHING_MEASURED, "the report holds no measured training step, or no input share to judge"),
+    (OUT_OF_RANGE, "check: the report's figures are out of range (an edited or corrupt file)"),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keras-pipeline-tuner",
@@ -13,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
             "Find out whether a Keras model waits for its tf.data input pipeline, why, "
             "and what to change."
         ),
+        epilog="exit statuses:\n"
+        + "\n".join(f"  {status}  {meaning}" for status, meaning in EXIT_STATUSES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
@@ -53,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Reads LOGDIR/report.json and exits with status 1 when the share of training "
             "step time spent waiting for input exceeds --max-input-fraction, 0 when it does "
-            "not, and 2 when there is no readable report."
+            "not; 3-6 when there is no report to judge (see keras-pipeline-tuner --help)."
         ),
     )
     check.add_argument("log_dir", metavar="LOGDIR", help="a log dir or report.json")
@@ -81,7 +103,16 @@ def _fraction(text: str) -> float:
 
 
 class _NoReport(Exception):
-    """The path given holds no readable report; the message says what to pass."""
+    """The path given holds no readable report; the message says what to pass.
+
+    Args:
+        message: what is wrong and what to pass instead.
+        status: `NO_REPORT` (nothing there) or `UNREADABLE` (not a report).
+    """
+
+    def __init__(self, message: str, status: int = NO_REPORT):
+        super().__init__(message)
+        self.status = status
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -105,12 +136,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             ValueError(
                 f"--log-dir {args.log_dir} is a file, not a folder: pass a folder (new or "
                 "existing) for the demo's images and logs."
-            )
+            ),
+            USAGE,
         )
     from keras_pipeline_tuner.demo import run_demo
 
     run_demo(log_dir=args.log_dir, quick=args.quick)
-    return 0
+    return OK
 
 
 def _load_report(path: str):
@@ -133,14 +165,18 @@ def _load_report(path: str):
             raise _NoReport(
                 f"{path!r} does not exist. Pass a log dir holding {REPORT_FILENAME}, or the file."
             )
-        return Report.from_json(files.read_text(file_path))
-    except (ImportError, OSError, UnicodeDecodeError, ValueError) as error:
-        raise _NoReport(f"cannot read {path}: {error}") from error
+        text = files.read_text(file_path)
+    except (ImportError, OSError, UnicodeDecodeError) as error:
+        raise _NoReport(f"cannot read {path}: {error}", UNREADABLE) from error
+    try:
+        return Report.from_json(text)
+    except ValueError as error:
+        raise _NoReport(f"cannot read {path}: {error}", UNREADABLE) from error
 
 
-def _failed(error: Exception) -> int:
+def _failed(error: Exception, status: int = NO_REPORT) -> int:
     sys.stderr.write(f"keras-pipeline-tuner: {error}\n")
-    return 2
+    return getattr(error, "status", status)
 
 
 def _report(log_dir: str) -> int:
@@ -155,7 +191,7 @@ def _report(log_dir: str) -> int:
             "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
         )
     # A folder of runs (e.g. the demo's naive/ and tuned/): each one in turn.
-    status = 0
+    status = OK
     for run in runs:
         sys.stdout.write(f"\n== {os.path.relpath(os.path.dirname(run), log_dir)} ==\n")
         sys.stdout.flush()
@@ -164,12 +200,16 @@ def _report(log_dir: str) -> int:
 
 
 def _runs_below(log_dir: str, filename: str, depth: int = 3) -> List[str]:
+    from keras_pipeline_tuner.outputs.log_dir_runs import RUN
+
     found = []
     for root, folders, names in os.walk(log_dir):
         if os.path.relpath(root, log_dir).count(os.sep) >= depth:
             folders[:] = []
-        # A profile capture holds no report; skip its large folders.
-        folders[:] = sorted(name for name in folders if name != "plugins")
+        # A profile capture holds no report; skip its large folders. A log dir's
+        # runs keep their own reports in its pipeline_tuner folder: the log
+        # dir's own report (its latest training run) stands for them.
+        folders[:] = sorted(name for name in folders if name not in ("plugins", RUN))
         if filename in names and root != log_dir:
             found.append(os.path.join(root, filename))
     return sorted(found)
@@ -190,8 +230,8 @@ def _print_report(path: str) -> int:
             "step, so it has no verdict: the fit ended (or failed) before its first "
             "timed step. See the notes above.\n"
         )
-        return 1
-    return 0
+        return NOTHING_MEASURED
+    return OK
 
 
 def _compare(run_a: str, run_b: str) -> int:
@@ -203,7 +243,7 @@ def _compare(run_a: str, run_b: str) -> int:
     except _NoReport as error:
         return _failed(error)
     sys.stdout.write(format_comparison(compare_reports(report_a, report_b), run_a, run_b))
-    return 0
+    return OK
 
 
 def _check(log_dir: str, max_fraction: float) -> int:
@@ -216,7 +256,15 @@ def _check(log_dir: str, max_fraction: float) -> int:
         return _failed(
             f"the report in {log_dir!r} has no input fraction: the input wait was not "
             f"measured ({report.measurement}). See its notes with "
-            f"`keras-pipeline-tuner report {log_dir}`."
+            f"`keras-pipeline-tuner report {log_dir}`.",
+            NOTHING_MEASURED,
+        )
+    if not 0.0 <= fraction <= 1.0:
+        return _failed(
+            f"the report in {log_dir!r} gives an input share of {fraction!r}, outside 0-1: "
+            "no fit writes that; the file was edited or is corrupt. Train again to write "
+            "a new one.",
+            OUT_OF_RANGE,
         )
     # The verdict's figure: the wait, or the input's measured cost where the
     # replay found the pipeline slowing the step beyond its wait.
@@ -226,9 +274,9 @@ def _check(log_dir: str, max_fraction: float) -> int:
             f"FAIL: {shown}, more than the allowed {max_fraction * 100:.1f} %. "
             f"See what to change with `keras-pipeline-tuner report {log_dir}`.\n"
         )
-        return 1
+        return CHECK_FAILED
     sys.stdout.write(f"OK: {shown}, within the allowed {max_fraction * 100:.1f} %.\n")
-    return 0
+    return OK
 
 
 if __name__ == "__main__":

@@ -152,6 +152,60 @@ def list_dir(path: str) -> List[str]:
     return sorted(name.rstrip("/") for name in names)
 
 
+def modified_time(path: str) -> float:
+    """When file `path` was last written, in seconds since the epoch (`time.time()`).
+
+    Args:
+        path: the file.
+
+    Raises:
+        FileNotFoundError: if it does not exist.
+    """
+    gfile = _gfile(path)
+    with _os_errors(path):
+        if gfile is None:
+            return os.path.getmtime(path)
+        return gfile.stat(path).mtime_nsec / 1e9
+
+
+def create_exclusively(path: str, text: str) -> bool:
+    """Creates file `path` holding `text`, unless it exists: a claim on a name.
+
+    Locally the check and the creation are one operation, so of two processes
+    claiming the same name one wins. A remote file system is checked, then
+    written: two writers at the same instant may both win there.
+
+    Args:
+        path: the file; its directory is created if missing.
+        text: the contents.
+
+    Returns:
+        True if this call created the file, False if it existed.
+
+    Example:
+
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "claim")
+    >>> create_exclusively(path, "mine"), create_exclusively(path, "theirs"), read_text(path)
+    (True, False, 'mine')
+    """
+    makedirs(os.path.dirname(path))
+    gfile = _gfile(path)
+    with _os_errors(path):
+        if gfile is None:
+            try:
+                descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return False
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                file.write(text)
+            return True
+    if exists(path):
+        return False
+    write_atomically(os.path.dirname(path), os.path.basename(path), text)
+    return True
+
+
 def read_text(path: str) -> str:
     """Reads a UTF-8 text file.
 

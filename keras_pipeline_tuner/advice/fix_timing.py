@@ -39,6 +39,7 @@ from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline import rerun
 from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
 from keras_pipeline_tuner.pipeline import tuning as pipeline_tuning
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -204,10 +205,12 @@ def time_fixes(
         recommendations: the advice formed for the run.
         stats: the run's training `StepStats`, to size the timed passes.
         budget_s: about how long all the timing may take, in seconds.
-        allow_unverified: also time fixes that call a Python function from
-            several threads (a parallel map of a `tf.py_function`): right only
-            if the function keeps no state between calls. They are "not
-            proven", and keep their bound, otherwise.
+        allow_unverified: the pipeline's Python functions keep no state
+            between calls: run them again to time the fixes, and time those
+            that call them from several threads (a parallel map of a
+            `tf.py_function`). Otherwise a pipeline that calls Python is not
+            run again (a counter or a NumPy generator in it would move on),
+            and its fixes keep their bounds.
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -234,7 +237,7 @@ def time_fixes(
     else:
         pipeline = pipeline_graph.read_pipeline(dataset)
         candidates, skipped = pipeline_rewrite.plan_rewrites(pipeline)
-        untouchable = _untouchable(pipeline)
+        untouchable = _untouchable(pipeline, allow_unverified)
     timings: List[FixTiming] = []
     wanted: List[Tuple[FixTiming, "pipeline_rewrite.Rewrite"]] = []
     for recommendation, fix_id in _advised_fixes(recommendations):
@@ -369,14 +372,11 @@ def untimed_statement(timing: FixTiming) -> str:
 # Helpers.
 
 
-def _untouchable(pipeline) -> Optional[str]:
+def _untouchable(pipeline, allow_unverified: bool) -> Optional[str]:
     """Why running the pipeline after training could change what it gives later, or None."""
-    changing = pipeline_rewrite.state_changing_stages(pipeline)
-    if changing:
-        return (
-            f"{', '.join(changing)} changes state outside the pipeline: running it to "
-            "time the change would change that state"
-        )
+    hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
+    if hazard is not None:
+        return f"the pipeline is not run again after training: {hazard}"
     if pipeline_rewrite.draws_randomly(pipeline):
         return (
             "the pipeline shuffles or draws random numbers: running it to time the change "

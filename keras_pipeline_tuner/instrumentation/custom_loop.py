@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.backend_import import backend_module
+from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -197,6 +198,8 @@ class LoopTimer:
         self._accelerated: Optional[bool] = None
         self._tf = None
         self._fetching_types: Tuple[type, ...] = ()
+        # The thread whose loop the run times (see `refuse_other_threads`).
+        self._owner: Optional[int] = None
 
     # Public operations, reached through `PipelineTuner`.
 
@@ -227,6 +230,7 @@ class LoopTimer:
 
             @functools.wraps(fn, updated=())
             def instrumented_step(*args, **kwargs):
+                timer.refuse_other_threads()
                 if not timer._measuring():
                     return fn(*args, **kwargs)
                 return timer._framework_call(step, wait_for, args, kwargs)
@@ -244,6 +248,7 @@ class LoopTimer:
 
         @functools.wraps(fn, updated=())
         def instrumented(*args, **kwargs):
+            timer.refuse_other_threads()
             if not timer._measuring():
                 return fn(*args, **kwargs)
             if not tf.executing_eagerly():
@@ -313,6 +318,21 @@ class LoopTimer:
             self._finished = True
             return self._hooks.finish()
         return self._hooks.report()
+
+    def refuse_other_threads(self) -> None:
+        """Raises when a thread other than the one running the loop's run calls in.
+
+        One tuner times one loop: the steps of two threads would be mixed in one
+        report. A run whose thread has ended (or that was closed) is over.
+        """
+        if self._closed:
+            return
+        refuse_another_live_thread(
+            self._owner,
+            "This PipelineTuner is timing a training loop in another thread: one tuner "
+            "times one loop at a time (the steps of two threads would be mixed in one "
+            "report). Give each thread's loop a PipelineTuner (or kpt.instrument) of its own.",
+        )
 
     def describe(self) -> Optional[Tuple[str, List[str]]]:
         """How the loop's run was measured, for the report.
@@ -542,6 +562,7 @@ class LoopTimer:
         return self._hooks.is_current(self._clock)
 
     def _start_run(self) -> None:
+        self._owner = threading.get_ident()
         self._clock = self._hooks.begin_run()
         self._finished = False
         self._states = {kind: _KindState() for kind in _KINDS}
@@ -783,6 +804,7 @@ class TimedIterator:
         return self
 
     def __next__(self):
+        self._timer.refuse_other_threads()
         if self._iterator is None:
             self.__iter__()
         if not self._timed:

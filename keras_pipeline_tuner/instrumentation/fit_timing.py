@@ -17,7 +17,9 @@ the device's idle wait under asynchronous dispatch) and torch
 sources of their own, imported only on their backend.
 """
 
-from typing import Dict, Optional
+import functools
+import time
+from typing import Dict, List, Optional
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
@@ -34,7 +36,12 @@ class TensorFlowFitTiming(FitTiming):
     """Times the fetch and the step inside the compiled function (TensorFlow backend).
 
     Each call's rows are kept back (`HeldRows`) and handed to the run in
-    `flush_rows` and `end`.
+    `flush_rows` and `end`. The timed function is on the model only while a
+    step runs, unless its step holds legacy random ops (see
+    `timing.timed_step_function`): it then stays on the model, carrying their
+    state into later fits as Keras' own function would, and a later tuner
+    reuses it. When Keras' own function has already run such a step, it keeps
+    training and only whole steps are timed.
 
     Args: as `FitTiming`.
     """
@@ -47,13 +54,18 @@ class TensorFlowFitTiming(FitTiming):
 
     def begin(self, kind: str) -> None:
         model = self.model
-        current = self.keras_function(kind, timed_step_function.TimedFunction)
+        current = getattr(model, ATTRIBUTE[kind], None)
+        kept = current if isinstance(current, timed_step_function.TimedFunction) else None
+        if kept is not None and not kept.kept:
+            kept = None
+        if kept is None:
+            current = self.keras_function(kind, timed_step_function.TimedFunction)
         if current is None:
             return
         reason = timed_step_function.unsupported_reason(model)
         if reason is None and model.run_eagerly:
             reason = "the model runs eagerly (run_eagerly=True)"
-        if reason is None and not _is_keras_own(model, kind, current):
+        if reason is None and kept is None and not _is_keras_own(model, kind, current):
             reason = (
                 f"the model overrides make_{'train' if kind == TRAIN else 'test'}_function, "
                 "so its own function runs as it is"
@@ -63,25 +75,35 @@ class TensorFlowFitTiming(FitTiming):
             self._on_fallback(reason)
             return
         previous = self._swapped.get(kind)
-        if previous is not None and previous.original is current:
+        if previous is not None and (previous is kept or previous.original is current):
             return
+        on_rows = functools.partial(self._hold_rows, kind)
+        if kept is not None:
+            # An earlier fit's function, which carries the step's random state.
+            kept.attach(on_rows, self._failed)
+            self._swapped[kind] = kept
+            return
+        ran_before = _has_run(current)
         self._swapped[kind] = timed_step_function.TimedFunction(
             model,
             model.train_step if kind == TRAIN else model.test_step,
             current,
-            on_rows=lambda rows, wall, called_at: self._held.add(
-                kind, rows.numpy(), wall, called_at
-            ),
+            on_rows=on_rows,
             on_error=self._failed,
+            on_first_call=functools.partial(self._first_call, kind, ran_before),
         )
 
     def before_step(self, kind: str) -> None:
+        if self._whole_step:
+            super().before_step(kind)
+            return
         timed = self._swapped.get(kind)
         if timed is None:
-            if self._whole_step:
-                super().before_step(kind)
             return
         timed.armed = True
+        if timed.kept:
+            # On the model for good (see the class docstring).
+            return
         # In place from here to the end of the step only: fit interrupted
         # between steps (Ctrl-C, another callback raising) leaves Keras' own
         # function on the model. Set past Keras' and TensorFlow's attribute
@@ -91,13 +113,12 @@ class TensorFlowFitTiming(FitTiming):
 
     def after_step(self, kind: str) -> None:
         timed = self._swapped.get(kind)
-        if timed is None:
-            if self._whole_step:
-                super().after_step(kind)
-            return
-        model = self.model
-        if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-            object.__setattr__(model, ATTRIBUTE[kind], timed.original)
+        if timed is not None and not timed.kept:
+            model = self.model
+            if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
+                object.__setattr__(model, ATTRIBUTE[kind], timed.original)
+        if self._whole_step:
+            super().after_step(kind)
 
     def flush_rows(self, wait: bool = False) -> None:
         self._held.flush()
@@ -106,12 +127,44 @@ class TensorFlowFitTiming(FitTiming):
         self._held.flush()
         timed = self._swapped.pop(kind, None)
         model = self.model
-        if timed is not None and model is not None:
-            if getattr(model, ATTRIBUTE[kind], None) is timed:
-                setattr(model, ATTRIBUTE[kind], timed.original)
+        if timed is None or model is None:
+            return
+        if timed.kept:
+            # Stays, untimed, with the random state it carries.
+            timed.detach()
+            object.__setattr__(model, ATTRIBUTE[kind], timed)
+        elif getattr(model, ATTRIBUTE[kind], None) is timed:
+            setattr(model, ATTRIBUTE[kind], timed.original)
 
     def step_marker_target(self, kind: str):
-        return self._swapped.get(kind)
+        return None if self._whole_step else self._swapped.get(kind)
+
+    def _hold_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+        self._held.add(kind, rows.numpy(), wall_s, called_at)
+
+    def _first_call(self, kind: str, ran_before: bool, random_ops: List[str]) -> bool:
+        """Decides, from the step's legacy random ops, which function trains."""
+        if not random_ops:
+            return True
+        timed = self._swapped[kind]
+        if not ran_before:
+            # Keras' own never ran: this one trains from here on, in its place.
+            timed.kept = True
+            object.__setattr__(self.model, ATTRIBUTE[kind], timed)
+            return True
+        # Keras' own function already ran this step: its random ops carry on
+        # where they are only if it keeps training.
+        self._whole_step = True
+        del self._swapped[kind]
+        object.__setattr__(self.model, ATTRIBUTE[kind], timed.original)
+        self._step_started[kind] = time.time()
+        self._on_fallback(
+            f"the model's step draws from TensorFlow's legacy random ops "
+            f"({', '.join(random_ops)}), whose state lives in Keras' compiled function, "
+            "which an earlier fit already ran: a function of the tuner's own would draw "
+            "their numbers again from the start"
+        )
+        return False
 
     def _failed(self, error: Optional[BaseException]) -> None:
         self.end(TRAIN)
@@ -160,6 +213,26 @@ def fit_timing_for(
         "the TensorFlow, JAX and torch backends only"
     )
     return timing
+
+
+def _has_run(function) -> bool:
+    """Whether Keras' function has been traced, and so run, before.
+
+    Keras' `train_function` is a Python function around the `tf.function`s it
+    calls (see `keras/src/backend/tensorflow/trainer.py`, `_make_function`):
+    they are looked for among the values it closes over.
+    """
+    candidates = [function]
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            candidates.append(cell.cell_contents)
+        except ValueError:  # An empty cell.
+            continue
+    for candidate in candidates:
+        count = getattr(candidate, "experimental_get_tracing_count", None)
+        if callable(count) and count():
+            return True
+    return False
 
 
 def _is_keras_own(model, kind: str, function) -> bool:

@@ -233,13 +233,15 @@ class _TimedJaxFunction:
             setattr(model, attribute, self.original)
 
     def __call__(self, state, iterator):
+        # On the model from the batch-begin hook to here only: Keras has looked
+        # it up for this call, and whatever interrupts fit from now on (Ctrl-C,
+        # an error) leaves Keras' own function on the model.
+        model = self._model()
+        if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
+            object.__setattr__(model, ATTRIBUTE[self.kind], self.original)
         timing = self.timing
         if timing is None:
-            # Left on the model by a fit that ended without its end hook (an
-            # exception between steps): put Keras' own back and run it.
-            model = self._model()
-            if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
-                setattr(model, ATTRIBUTE[self.kind], self.original)
+            # Left by a fit that ended without its end hook: Keras' own runs.
             return self.original(state, iterator)
         return timing.run(self.kind, self.function, state, iterator, self.trace_step)
 
@@ -341,10 +343,17 @@ class JaxFitTiming(FitTiming):
             self._dataset = _fit_dataset(model)
         if not self._hooked:
             self._start_waiter()
-        setattr(model, ATTRIBUTE[kind], timed)
 
     def before_step(self, kind: str) -> None:
-        """Nothing: rows are kept back until `flush_rows` (see the module's docstring)."""
+        """Puts the timed function on the model for the call about to run.
+
+        Called from the batch-begin hook, on the training thread; the call
+        puts Keras' own back as it begins. Rows are kept back until
+        `flush_rows` (see the module's docstring).
+        """
+        timed = self._timed.get(kind)
+        if timed is not None:
+            object.__setattr__(self.model, ATTRIBUTE[kind], timed)
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on JAX."""
@@ -407,7 +416,7 @@ class JaxFitTiming(FitTiming):
         timed.trace_step = None
         model = self.model
         if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-            setattr(model, ATTRIBUTE[kind], timed.original)
+            object.__setattr__(model, ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report: the fetch time, apart from the input wait."""

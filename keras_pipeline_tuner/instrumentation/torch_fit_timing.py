@@ -123,12 +123,15 @@ class _TimedTorchFunction:
         self._model = weakref.ref(model)
 
     def __call__(self, data):
+        # On the model from the batch-begin hook to here only: Keras has looked
+        # it up for this call, and whatever interrupts fit from now on (Ctrl-C,
+        # an error) leaves Keras' own function on the model.
+        model = self._model()
+        if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
+            object.__setattr__(model, ATTRIBUTE[self.kind], self.original)
         timing = self.timing
         if timing is None:
-            # Left on the model by a fit that ended without its end hook.
-            model = self._model()
-            if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
-                setattr(model, ATTRIBUTE[self.kind], self.original)
+            # Left by a fit that ended without its end hook: Keras' own runs.
             return self.original(data)
         return timing.run(self.kind, self.original, data)
 
@@ -199,10 +202,16 @@ class TorchFitTiming(FitTiming):
         self._timed[kind] = timed
         self._fetch.pop(kind, None)
         self._wrap_loader(model, kind)
-        setattr(model, ATTRIBUTE[kind], timed)
 
     def before_step(self, kind: str) -> None:
-        """Nothing: the fetch is stamped by the loader, the step by the function."""
+        """Puts the timed function on the model for the call about to run.
+
+        Called from the batch-begin hook, on the training thread (the fetch has
+        been stamped by the loader); the call puts Keras' own back as it begins.
+        """
+        timed = self._timed.get(kind)
+        if timed is not None:
+            object.__setattr__(self.model, ATTRIBUTE[kind], timed)
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on torch."""
@@ -238,7 +247,7 @@ class TorchFitTiming(FitTiming):
         timed.timing = None
         model = self.model
         if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-            setattr(model, ATTRIBUTE[kind], timed.original)
+            object.__setattr__(model, ATTRIBUTE[kind], timed.original)
 
     def notes(self) -> List[str]:
         """Sentences for the report (none on torch: the fetch is the wait)."""

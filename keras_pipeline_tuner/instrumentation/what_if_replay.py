@@ -24,6 +24,7 @@ import numpy as np
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner.instrumentation import fit_input
+from keras_pipeline_tuner.pipeline import rerun
 from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
 from keras_pipeline_tuner.timing import timed_step_function
 from keras_pipeline_tuner._util.argument_checks import positive_int
@@ -180,6 +181,10 @@ def what_if(
 
 def _what_if(model, dataset, steps, cached_batches, pipeline_stats, another_round=None):
     """`what_if` on checked arguments; `another_round(round)` asks for a second round."""
+    hazard = rerun.dataset_rerun_hazard(dataset)
+    if hazard is not None:
+        # Reading it again would change what a later fit reads from it.
+        raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
     run_steps, variables_touched = _timed_steps_of(model)
     # Passes over the dataset itself would move its shuffle seeds on, and a
     # later fit on it would see another order: the replay reads a copy with

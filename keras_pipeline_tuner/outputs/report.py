@@ -13,6 +13,7 @@ from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.pipeline.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
@@ -61,8 +62,12 @@ class Report:
             job, that is the straggler.
         cpu: `CpuUsage` of the host over the training steps so far.
         run: the TensorBoard run, under the log dir, that holds this run's
-            summaries (e.g. "pipeline_tuner", "pipeline_tuner/fit-2"); a log dir's
-            `report.json` is that of its latest run.
+            summaries and its own `report.json` (e.g. "pipeline_tuner",
+            "pipeline_tuner/fit-2"); a log dir's root `report.json` is that of
+            its latest training run (see `outputs.log_dir_runs`).
+        runs: in a log dir's root `report.json`, every run of the log dir
+            (`RunEntry`: its run, kind, process, whether it finished or is
+            still going), when it has been read.
         judgement: how the verdict was decided (`advice.verdict.Judgement`):
             the steady state, what decided, one-off costs left out.
 
@@ -91,6 +96,7 @@ class Report:
     cpu: Optional[CpuUsage] = None
     judgement: Optional[Judgement] = None
     run: Optional[str] = None
+    runs: List[RunEntry] = dataclasses.field(default_factory=list)
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

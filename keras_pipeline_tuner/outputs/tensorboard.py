@@ -47,6 +47,7 @@ from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
+from keras_pipeline_tuner.outputs.log_dir_runs import run_path
 from keras_pipeline_tuner.profiling.window import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import step_seconds
@@ -79,46 +80,6 @@ FULL_RESOLUTION_STEPS = 1000
 # written one by one, and the rest compiled.
 _EAGER_POINTS = 250
 _IMAGE_BUDGET = 0.02
-
-
-def run_path(run_name: Optional[str] = None) -> str:
-    """The TensorBoard run, under a log dir, of the tuner's run `run_name`.
-
-    A log dir's first run is `pipeline_tuner`; later ones (a second fit, a
-    reused tuner, a later process) are numbered below it, e.g.
-    `pipeline_tuner/fit-2`, so that no run's scalars restart in another's.
-
-    Example:
-
-    >>> run_path(), run_path("fit-2")
-    ('pipeline_tuner', 'pipeline_tuner/fit-2')
-    """
-    return RUN if not run_name else f"{RUN}/{run_name}"
-
-
-def next_run_name(log_dir: str, kind: str) -> Optional[str]:
-    """The name of a new run of `kind` ("fit", "loop", "evaluate") in `log_dir`.
-
-    Args:
-        log_dir: the log dir (local, or on a TensorFlow file system).
-        kind: what the run is.
-
-    Returns:
-        `None` while the log dir's first run holds no event file (the run goes
-        there), else `<kind>-<n>`, numbered after every run already there.
-    """
-    root = os.path.join(log_dir, RUN)
-    if not files.exists(root):
-        return None
-    names = files.list_dir(root)
-    if not any("tfevents" in name for name in names):
-        return None
-    numbers = [1]
-    for name in names:
-        head, _, tail = name.rpartition("-")
-        if head and tail.isdigit():
-            numbers.append(int(tail))
-    return f"{kind}-{max(numbers) + 1}"
 
 
 class TensorBoardSink:
@@ -251,9 +212,8 @@ class TensorBoardSink:
             if numbers.size:
                 self._written = int(numbers[-1])
             step = step_seconds(new["wait"], new["compute"])
-            points, means = self._scalar_blocks.add(
-                numbers, np.stack([new["wait"], step], axis=1), final
-            )
+            found = self._scalar_blocks.add(numbers, np.stack([new["wait"], step], axis=1), final)
+            points, means = found.last, found.means
             if not points.size:
                 return 0
             wait, step = means[:, 0], means[:, 1]
@@ -305,18 +265,34 @@ class TensorBoardSink:
             if numbers.size:
                 self._dashboard_written = int(numbers[-1])
             # Long runs are summarised as the scalars are: the file stays bounded.
-            points, means = self._row_blocks.add(
+            # A block's row keeps its first step and its largest times beside
+            # the means, so a stall in it stays visible on the timeline.
+            step = step_seconds(new["wait"], new["compute"])
+            found = self._row_blocks.add(
                 numbers,
                 np.stack(
-                    [new["epoch"].astype(np.float64), new["start"], new["wait"], new["compute"]],
+                    [new["epoch"].astype(np.float64), new["start"], new["wait"], new["compute"], step],
                     axis=1,
                 ),
                 final,
             )
-            if not points.size:
+            if not found.last.size:
                 return 0
-            means[:, 0] = np.floor(means[:, 0])
-            rows = np.concatenate([points[:, None].astype(np.float64), means], axis=1)
+            lows, means, highs = found.minima, found.means, found.maxima
+            rows = np.stack(
+                [
+                    found.last.astype(np.float64),
+                    lows[:, 0],  # the epoch and start of the block's first step
+                    lows[:, 1],
+                    means[:, 2],
+                    means[:, 3],
+                    found.first.astype(np.float64),
+                    highs[:, 2],
+                    highs[:, 3],
+                    highs[:, 4],
+                ],
+                axis=1,
+            )
             events = self._events() if self._without_tensorflow() else None
             with self._summaries_if(events is None):
                 for block, block_rows in self._step_blocks.add(rows):

@@ -15,6 +15,7 @@ from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
 from keras_pipeline_tuner.workers.exchange import worker_rows
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.outputs.log_dir_runs import describe_runs
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.timing.step_stats import Verdict
@@ -140,6 +141,9 @@ def print_summary(
             console.print(recommendation_line(rank, recommendation))
     for note in report.notes:
         console.print(Text(f"Note: {note}", style="dim"))
+    runs = describe_runs(report.runs, report.run)
+    if details and runs is not None:
+        console.print(Text(runs))
 
 
 def visible(value: Any) -> Any:

@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline.rerun import side_effects
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
 PARALLEL_MAP = "parallel-map"
@@ -79,19 +80,6 @@ ELEMENTWISE_OPS = frozenset(
 _AUTOTUNE = -1
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
 
-# Stateful ops that read but never change state: a function holding only these
-# gives the same result whatever order or thread runs it.
-_READ_ONLY_STATEFUL_OPS = {
-    "ReadVariableOp",
-    "ResourceGather",
-    "VarHandleOp",
-    "LookupTableFind",
-    "LookupTableFindV2",
-    "LookupTableSize",
-    "LookupTableSizeV2",
-    "HashTable",
-    "HashTableV2",
-}
 # Of those, the ones whose value a training loop may change between epochs.
 _MUTABLE_READ_OPS = {"ReadVariableOp", "ResourceGather", "VarHandleOp"}
 
@@ -530,10 +518,10 @@ def _plan_autotune(stage, allow_nondeterministic, rewrites, skipped) -> None:
 
 def _parallel_blocker(function, allow_nondeterministic: bool) -> Optional[str]:
     """Why calls of `function` must stay one at a time, or None."""
-    side_effects = _side_effects(function)
-    if side_effects:
+    changed = side_effects(function)
+    if changed:
         return (
-            f"the function changes state ({', '.join(side_effects)}): calls in parallel "
+            f"the function changes state ({', '.join(changed)}): calls in parallel "
             "could change the results"
         )
     if function.random and not allow_nondeterministic:
@@ -551,17 +539,6 @@ def _thread_caveat(function) -> Optional[str]:
     return (
         "the Python function runs on several threads at once: it must not depend on the "
         "order of calls or on unsynchronised shared state"
-    )
-
-
-def _side_effects(function) -> List[str]:
-    allowed = set(function.py_function_ops) | set(function.io_ops) | _READ_ONLY_STATEFUL_OPS
-    return sorted(
-        op
-        for op in function.stateful_ops
-        # Datasets built inside a function (e.g. the reader an interleave
-        # opens) are marked stateful but change nothing outside themselves.
-        if op not in allowed and op not in function.random_ops and not _DATASET_OP.search(op)
     )
 
 
@@ -632,22 +609,6 @@ def draws_randomly(pipeline: "pipeline_graph.Pipeline") -> bool:
     )
 
 
-def state_changing_stages(pipeline: "pipeline_graph.Pipeline") -> List[str]:
-    """Labels of the stages whose functions change state outside the pipeline.
-
-    Args:
-        pipeline: the pipeline, from `pipeline_graph.read_pipeline`.
-
-    Returns:
-        The labels, e.g. `["map(count)"]` for a map that assigns a variable.
-    """
-    return [
-        stage.label
-        for stage in pipeline.stages
-        if stage.function is not None and _side_effects(stage.function)
-    ]
-
-
 def _changes_between_epochs(stage) -> bool:
     if stage.opaque or stage.kind in _RANDOM_KINDS:
         return True
@@ -662,7 +623,7 @@ def _changes_between_epochs(stage) -> bool:
     if function.random:
         return True
     mutable = set(function.stateful_ops) & _MUTABLE_READ_OPS
-    return bool(mutable or _side_effects(function))
+    return bool(mutable or side_effects(function))
 
 
 def _expensive(stage, pipeline) -> bool:

@@ -15,6 +15,7 @@ methods here; timing sources hand rows to `record_rows`.
 import atexit
 import dataclasses
 import logging
+import os
 import sys
 import time
 import weakref
@@ -23,6 +24,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.verdict import judge
@@ -30,10 +32,10 @@ from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import write_report
+from keras_pipeline_tuner.outputs import log_dir_runs
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
-from keras_pipeline_tuner.outputs.tensorboard import next_run_name
-from keras_pipeline_tuner.outputs.tensorboard import run_path
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
 from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
@@ -98,8 +100,9 @@ class Run:
             knows better than the run (custom loops), else `None`.
         flush_rows: hands over rows a timing source keeps back (custom loops
             record in batches); called before each output is written.
-        kind: "fit", "loop" or "evaluate": names the run's TensorBoard folder
-            when it is not the log dir's first (see `outputs.tensorboard.run_path`).
+        kind: "fit", "loop" or "evaluate": names the run's folder when it is
+            not the log dir's first, and only a training run's report is the log
+            dir's own (see `outputs.log_dir_runs`).
 
     Example:
 
@@ -146,7 +149,9 @@ class Run:
         self.output_dir = settings.log_dir
         self.tensorboard: Optional[TensorBoardSink] = None
         self.kind = kind
-        self.run_name: Optional[str] = None
+        # The run's own folder in the log dir, once claimed.
+        self.entry: Optional[log_dir_runs.RunEntry] = None
+        self._log_dir_runs: List[log_dir_runs.RunEntry] = []
         self.early_verdict: Optional[str] = None
         # The clock's `recorded` when the early verdict was last considered.
         self._checked_records = -1
@@ -232,7 +237,9 @@ class Run:
         """
         if not self.guard.enabled(features.INSPECTION):
             return
-        with self.guard(features.INSPECTION):
+        # Reading the pipeline builds datasets of its own: the user's random
+        # state stays as it was.
+        with self.guard(features.INSPECTION), preserved_random_state():
             try:
                 self.findings = find()
             except InMemoryDataTooLarge as reason:
@@ -345,6 +352,7 @@ class Run:
         _RUNNING.discard(self)
         self.finished = True
         self.flush_rows()
+        self._end_claim()
         if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
             with self.guard(features.CPU_USAGE):
                 self._cpu.stop()
@@ -358,7 +366,7 @@ class Run:
             self.tensorboard.finish(self.clock, report)
             if self.guard.enabled(features.STEP_TRACE):
                 with self.guard(features.STEP_TRACE):
-                    write_trace(self.clock, self.output_dir)
+                    write_trace(self.clock, self._own_folder())
         if summary and self.settings.verbose and self.guard.enabled(features.SUMMARY):
             with self.guard(features.SUMMARY):
                 terminal_summary.print_summary(report)
@@ -439,7 +447,7 @@ class Run:
             cpu=self._cpu_usage(),
             environment=_environment(keras.__version__),
             judgement=judgement,
-            run=run_path(self.run_name) if self.tensorboard is not None else None,
+            run=self.entry.run if self.entry is not None else None,
         )
         if self.guard.enabled(features.ADVICE):
             with self.guard(features.ADVICE):
@@ -522,9 +530,48 @@ class Run:
             self.tensorboard.flush()
 
     def _write_report_file(self, report: Report) -> None:
-        if self.output_dir is not None and self.guard.enabled(features.REPORT_FILE):
-            with self.guard(features.REPORT_FILE):
-                write_report(report, self.output_dir)
+        """The run's report into its own folder and, for training, the log dir's root.
+
+        An `evaluate()` run leaves the root report, training's, as it is; at
+        its end the root report's list of runs is brought up to date.
+        """
+        if self.output_dir is None or not self.guard.enabled(features.REPORT_FILE):
+            return
+        with self.guard(features.REPORT_FILE):
+            entry = self.entry
+            if entry is not None:
+                write_report(report, log_dir_runs.run_folder(self.output_dir, entry.run))
+            if entry is None or entry.kind in log_dir_runs.TRAINING_KINDS:
+                listed = dataclasses.replace(report, runs=list(self._log_dir_runs))
+                write_report(listed, self.output_dir)
+            elif self.finished:
+                self._list_this_run_in_the_root_report()
+
+    def _list_this_run_in_the_root_report(self) -> None:
+        root = os.path.join(self.output_dir, REPORT_FILENAME)
+        try:
+            trained = Report.from_json(files.read_text(root))
+        except (OSError, ValueError):
+            # No training report (an evaluate() on its own), or one this
+            # version cannot read: this run's report stands in its folder.
+            return
+        trained.runs = list(self._log_dir_runs)
+        write_report(trained, self.output_dir)
+
+    def _own_folder(self) -> str:
+        """Where this run's files go: the log dir for training, else the run's folder."""
+        entry = self.entry
+        if entry is None or entry.kind in log_dir_runs.TRAINING_KINDS:
+            return self.output_dir
+        return log_dir_runs.run_folder(self.output_dir, entry.run)
+
+    def _end_claim(self) -> None:
+        """Marks the run's folder finished, and lists the log dir's runs as they stand."""
+        if self.entry is None or not self.guard.enabled(features.REPORT_FILE):
+            return
+        with self.guard(features.REPORT_FILE):
+            log_dir_runs.finish_run(self.output_dir, self.entry)
+            self._log_dir_runs = log_dir_runs.list_runs(self.output_dir)
 
     def _restart_cpu_meter(self) -> None:
         if self.guard.enabled(features.CPU_USAGE):
@@ -564,12 +611,18 @@ class Run:
             workers.identity.is_chief or settings.tensorboard_workers == "all"
         )
         self.tensorboard = None
+        self.entry = None
+        if self.output_dir is not None and self.guard.enabled(features.REPORT_FILE):
+            with self.guard(features.REPORT_FILE):
+                # A folder of its own: a second fit's scalars never restart
+                # inside the first's, nor does another process write into it.
+                self.entry = log_dir_runs.claim_run(self.output_dir, self.kind)
+                self._log_dir_runs = log_dir_runs.list_runs(self.output_dir)
         if self.output_dir is not None and writes_summaries:
-            with self.guard(features.TENSORBOARD_SCALARS):
-                # Its own TensorBoard run: a second fit's scalars never restart
-                # inside the first's.
-                self.run_name = next_run_name(self.output_dir, self.kind)
-            self.tensorboard = TensorBoardSink(self.output_dir, self.guard, run_name=self.run_name)
+            run_name = None
+            if self.entry is not None and "/" in self.entry.run:
+                run_name = self.entry.run.split("/", 1)[1]
+            self.tensorboard = TensorBoardSink(self.output_dir, self.guard, run_name=run_name)
 
     def _exchange_worker_summaries(self, final: bool) -> None:
         """Writes this worker's summary; the chief also reads the others'.

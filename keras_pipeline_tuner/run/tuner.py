@@ -3,6 +3,7 @@
 import copy
 import functools
 import os
+import threading
 import time
 from typing import Callable, Iterable, Optional, Tuple, Union
 
@@ -12,6 +13,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
 from keras_pipeline_tuner._util.random_state import preserved_random_state
+from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import verdict
@@ -189,6 +191,8 @@ class PipelineTuner(keras.callbacks.Callback):
         self._loop: Optional[LoopTimer] = None
         self._validating_epoch = 0
         self._in_fit = False
+        # The thread running the tuner's fit, while one runs.
+        self._fit_thread: Optional[int] = None
         # On JAX: the first batch of the train call the profiler window last
         # saw begin, until its steps are counted.
         self._window_call: Optional[int] = None
@@ -214,7 +218,9 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _refuse_a_second_tuner()
+        self._refuse_a_concurrent_fit()
         self._in_fit = True
+        self._fit_thread = threading.get_ident()
         model = self.model
         run = self._new_run(flush_rows=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
@@ -274,6 +280,8 @@ class PipelineTuner(keras.callbacks.Callback):
             # Here, on the training thread, rather than in the batch-end hook.
             # On every step only a count and a clock reading: the timing source
             # keeps its rows back, so what reads them runs about once a second.
+            if self._timing is not None:
+                self._timing.before_step(TRAIN)
             if batch:
                 self._async_steps += self._run.steps_per_execution
             if time.monotonic() >= self._hand_over_due:
@@ -376,6 +384,8 @@ class PipelineTuner(keras.callbacks.Callback):
 
     def on_test_batch_begin(self, batch, logs=None):
         if self.async_safe:
+            if self._timing is not None:
+                self._timing.before_step(VALIDATION)
             if time.monotonic() >= self._hand_over_due:
                 self._between_async_steps()
             return
@@ -442,19 +452,35 @@ class PipelineTuner(keras.callbacks.Callback):
                     run.what_if = what_if_replay.contention_check(
                         self.model, run.clock.stats(TRAIN), verdict.shows_contention
                     )
-                except what_if_replay.ReplayUnsupported:
-                    # Automatic, so an expected limit needs no note: the wait decides.
-                    pass
+                except what_if_replay.ReplayUnsupported as limit:
+                    # An expected limit: the wait decides, and the report says why.
+                    run.notes.append(f"The contention check did not run. {limit}")
         # After training, as the replay: a pass of its own over the dataset.
         run.time_grain_stages()
         if self.measure_fixes_s and self.guard.enabled(features.FIX_TIMING):
             with self.guard(features.FIX_TIMING):
                 self._time_fixes(run)
         self._in_fit = False
+        self._fit_thread = None
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
         self._timing = None
         self.set_model(None)
+
+    def _refuse_a_concurrent_fit(self) -> None:
+        """One tuner times one fit at a time: a second thread's fit is refused.
+
+        A fit of this thread that ended without its end hook (interrupted) is
+        not running any more: the new one replaces it.
+        """
+        if not self._in_fit:
+            return
+        refuse_another_live_thread(
+            self._fit_thread,
+            "This PipelineTuner is timing a fit in another thread: one tuner times one fit "
+            "at a time (the steps of two fits would be mixed in one report). Give each fit "
+            "that runs at the same time a PipelineTuner of its own.",
+        )
 
     def _time_fixes(self, run: Run) -> None:
         """Times the advised fixes on fit's dataset, after its last step (`measure_fixes`)."""

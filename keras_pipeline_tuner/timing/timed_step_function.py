@@ -9,15 +9,40 @@ batch fetch and after the step, in the outer, never XLA-compiled function.
 
 Each call returns Keras' logs unchanged; the timestamps are handed to a callback
 as rows of (start, ready, end), the format of `StepClock.record`.
+
+TensorFlow's legacy random ops (`tf.random.normal` and the like, with no
+generator) keep their state in the kernels of the compiled function that runs
+them, not in variables: a second function over the same step draws the same
+numbers again from the start. So a step holding them is told apart at the
+first call (`kernel_random_ops`), and the caller decides which function trains:
+the replacement, kept on the model from then on so that later fits continue its
+random state as they would Keras' own, or Keras' own when it has already run.
 """
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger(__name__)
+
+# Random ops whose state lives in the kernel of the function that runs them.
+KERNEL_RANDOM_OPS = frozenset(
+    {
+        "Multinomial",
+        "ParameterizedTruncatedNormal",
+        "RandomCrop",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+        "RandomShuffle",
+        "RandomStandardNormal",
+        "RandomUniform",
+        "RandomUniformInt",
+        "TruncatedNormal",
+    }
+)
 
 # Keras internals this module relies on, checked before anything is swapped.
 _REQUIRED_MODEL_ATTRIBUTES = (
@@ -76,12 +101,21 @@ class TimedFunction:
             began (`time.time()`).
         on_error: called with the exception when the user's step raises, before
             it propagates (so the caller can restore Keras' functions).
+        on_first_call: called once, at the first call, with the
+            `kernel_random_ops` of the traced step; returns False to have that
+            call run Keras' own function instead (the caller then times whole
+            steps).
 
     Attributes:
         armed: set by the caller before each call it expects. A call that finds
             it unset comes from a fit that does not use the tuner any more (an
-            earlier fit was interrupted outside a step): it runs Keras' own
-            function and reports itself through `on_error(None)`.
+            earlier fit was interrupted outside a step): it reports itself
+            through `on_error(None)` and runs Keras' own function, or its own
+            when `kept`.
+        kept: set by the caller when this function stays on the model after
+            the fit (its step holds legacy random ops whose state it carries).
+            Detached (`detach()`), it then runs its own compiled step and
+            returns Keras' logs, as Keras' own function would.
     """
 
     def __init__(
@@ -89,14 +123,18 @@ class TimedFunction:
         model,
         step_function: Callable,
         original: Callable,
-        on_rows: Callable[[object, float, float], None],
-        on_error: Callable[[Optional[BaseException]], None],
+        on_rows: Optional[Callable[[object, float, float], None]],
+        on_error: Optional[Callable[[Optional[BaseException]], None]],
+        on_first_call: Optional[Callable[[List[str]], bool]] = None,
     ):
         tf = tensorflow()
         from keras.src.backend.tensorflow.trainer import reduce_per_replica
 
         self.original = original
         self.armed = False
+        self.kept = False
+        self._on_first_call = on_first_call
+        self._called = False
         # Set by the profiler window: called with the call's iterator (whose
         # dataset names the profiled stages), returns a context manager that
         # marks one step for the TF Profiler's step detection, or None.
@@ -227,13 +265,52 @@ class TimedFunction:
             return []
         return list(get_concrete_function(iterator).variables)
 
+    def kernel_random_ops(self, iterator) -> List[str]:
+        """The legacy random ops of the step a call on `iterator` runs (traced, not run).
+
+        Args:
+            iterator: an iterator of the data the calls will get.
+
+        Returns:
+            Their op types, sorted; empty when the step runs eagerly.
+        """
+        get_concrete_function = getattr(self._timed_steps, "get_concrete_function", None)
+        if get_concrete_function is None:
+            return []
+        graph_def = get_concrete_function(iterator).graph.as_graph_def()
+        found = {node.op for node in graph_def.node if node.op in KERNEL_RANDOM_OPS}
+        for function in graph_def.library.function:
+            found.update(node.op for node in function.node_def if node.op in KERNEL_RANDOM_OPS)
+        return sorted(found)
+
+    def attach(self, on_rows, on_error, on_first_call=None) -> None:
+        """Hands this function's timings to a new fit's callables (a kept function)."""
+        self._on_rows, self._on_error = on_rows, on_error
+        self._on_first_call = on_first_call
+
+    def detach(self) -> None:
+        """Drops the fit's callables: later calls run the step untimed (see `kept`)."""
+        self._on_rows = self._on_error = self._on_first_call = None
+        self.trace_step = None
+        self.armed = False
+
     def __call__(self, iterator):
         if not isinstance(iterator, self._iterator_types):
             return self.original(iterator)
         if not self.armed:
-            self._on_error(None)
+            if self._on_error is not None:
+                self._on_error(None)
+            if self.kept:
+                # Carries the step's random state: Keras' own would start it over.
+                outputs, _ = self._timed_steps(iterator)
+                return self._keras_outputs(outputs)
             return self.original(iterator)
         self.armed = False
+        if not self._called:
+            self._called = True
+            decide = self._on_first_call
+            if decide is not None and not decide(self.kernel_random_ops(iterator)):
+                return self.original(iterator)
         called_at = time.time()
         began = time.perf_counter()
         try:
@@ -243,12 +320,7 @@ class TimedFunction:
             else:
                 with marker:
                     outputs, rows = self._timed_steps(iterator)
-            if self._steps_per_execution > 1:
-                # Keras' own function ends the epoch this way when the first
-                # fetch of a call finds no data.
-                if not outputs.has_value():
-                    raise StopIteration
-                outputs = outputs.get_value()
+            outputs = self._keras_outputs(outputs)
             # Inside the `try`: Ctrl-C often lands here, just after the step.
             self._on_rows(rows, time.perf_counter() - began, called_at)
         except BaseException as error:
@@ -257,4 +329,13 @@ class TimedFunction:
             if not isinstance(error, (tensorflow().errors.OutOfRangeError, StopIteration)):
                 self._on_error(error)
             raise
+        return outputs
+
+    def _keras_outputs(self, outputs):
+        if self._steps_per_execution > 1:
+            # Keras' own function ends the epoch this way when the first fetch
+            # of a call finds no data.
+            if not outputs.has_value():
+                raise StopIteration
+            outputs = outputs.get_value()
         return outputs

@@ -17,6 +17,7 @@ others run as if it had not.
 import dataclasses
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -556,6 +557,68 @@ def recovery():
     return {"error": error, "restored": restored, "later_fit": len(history.history["loss"])}
 
 
+class _CtrlCAt(keras.callbacks.Callback):
+    """Sends the process a real SIGINT (a user's Ctrl-C) in one step's batch-end hook.
+
+    Not `async_safe`: the hook runs on the training thread, between steps,
+    where the KeyboardInterrupt then lands.
+    """
+
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+
+
+class CtrlCPyDataset(SlowPyDataset):
+    """Sends the process a real SIGINT while batch `at` is loaded."""
+
+    def __init__(self, batches, at, **kwargs):
+        super().__init__(batches, 0.0, **kwargs)
+        self.at = at
+
+    def __getitem__(self, index):
+        if index == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)
+        return super().__getitem__(index)
+
+
+def ctrl_c():
+    """Ctrl-C in a batch-end hook and in the batch fetch: Keras' own function is left.
+
+    Python's SIGINT handler is installed for the fits, as a terminal's process
+    has it (a background job starts with SIGINT ignored).
+    """
+    results = {}
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for where, data, callbacks in (
+            ("batch-end hook", SlowPyDataset(8, 0.0), [_CtrlCAt(3)]),
+            ("batch fetch", CtrlCPyDataset(8, 4), []),
+        ):
+            model = tiny_model()
+            model.fit(SlowPyDataset(2, 0.0), epochs=1, verbose=0)
+            keras_train = model.train_function
+            tuner = kpt.PipelineTuner(verbose=0)
+            interrupted = False
+            try:
+                model.fit(data, epochs=1, callbacks=[tuner, *callbacks], verbose=0)
+            except KeyboardInterrupt:
+                interrupted = True
+            results[where] = {
+                "interrupted": interrupted,
+                "restored": model.train_function is keras_train,
+            }
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    return results
+
+
 def compiles():
     """What a first and a second fit compile, with the tuner and without (JAX)."""
     x, y = arrays(6)
@@ -781,6 +844,7 @@ SCENARIOS = {
     "outputs": outputs,
     "custom_loop": custom_loop,
     "recovery": recovery,
+    "ctrl_c": ctrl_c,
     "compiles": compiles,
     "profile_auto": lambda: _profiled("auto"),
     "profile_steps": lambda: _profiled((2, 12)),

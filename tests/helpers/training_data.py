@@ -26,6 +26,32 @@ def slow_source(elements: int, delay_s: float, features: int = FEATURES) -> tf.d
     )
 
 
+def replayable_source(elements: int, delay_s: float, features: int = FEATURES) -> tf.data.Dataset:
+    """As `slow_source`, but one the tuner's probes may run again after training.
+
+    In-memory elements, each delayed by `delay_s` in a `tf.numpy_function`
+    declared stateless (no generator, no Python state to move on). TensorFlow
+    is told not to parallelise the map, so the elements wait in turn, as a
+    generator's do.
+    """
+    values = np.stack([np.full((features,), i % 7, np.float32) for i in range(elements)])
+    labels = np.array([i % 2 for i in range(elements)], np.float32)
+
+    def sleep(x):
+        time.sleep(delay_s)
+        return x
+
+    def delayed(x, y):
+        x = tf.numpy_function(sleep, [x], tf.float32, stateful=False)
+        x.set_shape((features,))
+        return x, y
+
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False
+    dataset = tf.data.Dataset.from_tensor_slices((values, labels)).map(delayed)
+    return dataset.with_options(options)
+
+
 def failing_source(elements: int, fail_at: int, message: str) -> tf.data.Dataset:
     """A `from_generator` source of (x, y) whose element `fail_at` raises ValueError(message)."""
 

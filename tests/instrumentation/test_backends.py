@@ -290,6 +290,14 @@ def test_keras_functions_are_restored_after_an_error(backend, measured):
     assert measured["later_fit"] == 1
 
 
+@on("ctrl_c", "jax", "torch")
+def test_ctrl_c_leaves_keras_own_function_on_the_model(backend, measured):
+    # (On TensorFlow: test_interruption.py.) A real SIGINT between steps, and
+    # while a batch is fetched (inside Keras' function on JAX, before it on torch).
+    for where, result in measured.items():
+        assert result == {"interrupted": True, "restored": True}, (where, result)
+
+
 @on("compiles", "jax")
 def test_second_fit_compiles_nothing_extra(backend, measured):
     # The counter sees compilations: the first fit compiles its step...

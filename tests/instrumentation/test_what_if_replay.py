@@ -15,7 +15,7 @@ from keras_pipeline_tuner.timing.step_stats import StepStats
 
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
-from tests.helpers.training_data import slow_source
+from tests.helpers.training_data import replayable_source
 from tests.helpers.training_data import tiny_model
 
 # Each batch of 2 takes 2 x 10 ms to produce; the step computes in about 1 ms.
@@ -36,7 +36,7 @@ def state(model):
 
 
 def test_replay_does_not_change_training():
-    dataset = slow_source(16, 0.0).batch(2)
+    dataset = replayable_source(16, 0.0).batch(2)
     first, second = model_with_dropout(), model_with_dropout()
     second.set_weights(first.get_weights())
     for variable, value in zip(second.variables, first.variables):
@@ -60,7 +60,7 @@ def test_replay_does_not_change_training():
 def test_input_bound_fit_reports_a_large_ceiling():
     tuner = kpt.PipelineTuner(what_if=True, verbose=0, profile="off")
     model = tiny_model()
-    model.fit(slow_source(24, ELEMENT_S).batch(2), epochs=1, verbose=0, callbacks=[tuner])
+    model.fit(replayable_source(24, ELEMENT_S).batch(2), epochs=1, verbose=0, callbacks=[tuner])
     result = tuner.report.what_if
     assert result.pipeline_source == "training"
     assert result.replay_steps == 20 and result.cached_batches == 8
@@ -76,7 +76,7 @@ def test_input_bound_fit_reports_a_large_ceiling():
 
 def test_standalone_replay_measures_the_pipeline_too():
     model = tiny_model()
-    dataset = slow_source(12, ELEMENT_S).batch(2)
+    dataset = replayable_source(12, ELEMENT_S).batch(2)
     model.fit(dataset, epochs=1, verbose=0)
     before = state(model)
     result = kpt.what_if(model, dataset, steps=10, cached_batches=3)
@@ -105,7 +105,7 @@ def test_contention_check_runs_another_round_when_one_shows_contention(shown, ro
             checked["after"] = state(self.model)
 
     model = tiny_model()
-    model.fit(slow_source(12, 0.0).batch(2), epochs=1, verbose=0, callbacks=[CheckAtTheEnd()])
+    model.fit(replayable_source(12, 0.0).batch(2), epochs=1, verbose=0, callbacks=[CheckAtTheEnd()])
     result = checked["result"]
     assert len(result.rounds) == rounds
     # Asked after each round but the last one possible.
@@ -159,9 +159,9 @@ def test_standalone_arguments():
     with pytest.raises(TypeError, match="tf.data.Dataset"):
         kpt.what_if(model, np.zeros((4, FEATURES)))
     with pytest.raises(ValueError, match="steps"):
-        kpt.what_if(model, slow_source(4, 0.0).batch(2), steps=0)
+        kpt.what_if(model, replayable_source(4, 0.0).batch(2), steps=0)
     with pytest.raises(ValueError, match="empty"):
-        kpt.what_if(model, slow_source(4, 0.0).batch(2).take(0))
+        kpt.what_if(model, replayable_source(4, 0.0).batch(2).take(0))
 
 
 class NoisyModel(keras.Sequential):
@@ -207,7 +207,7 @@ def _model_with_outside_state(kind):
 
 def _two_fits(kind, with_replay):
     model, outside = _model_with_outside_state(kind)
-    dataset = slow_source(16, 0.0).batch(2)
+    dataset = replayable_source(16, 0.0).batch(2)
     callbacks = [kpt.PipelineTuner(what_if=5, verbose=0, profile="off")] if with_replay else []
     first = model.fit(dataset, epochs=1, verbose=0, callbacks=callbacks)
     if with_replay:
@@ -237,7 +237,7 @@ def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         import keras_pipeline_tuner as kpt
-        from tests.helpers.training_data import slow_source, tiny_model
+        from tests.helpers.training_data import replayable_source, tiny_model
         warnings = []
         handler = logging.Handler(logging.WARNING)
         handler.emit = lambda record: warnings.append(record.getMessage())
@@ -246,7 +246,7 @@ def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
         with strategy.scope():
             model = tiny_model()
         tuner = kpt.PipelineTuner(verbose=0, profile="off", what_if=True)
-        model.fit(slow_source(12, 0.0).batch(2), epochs=1, callbacks=[tuner], verbose=0)
+        model.fit(replayable_source(12, 0.0).batch(2), epochs=1, callbacks=[tuner], verbose=0)
         print("WARNINGS", len(warnings), warnings)
         print("REPORT" + tuner.report.to_json(indent=None))
         """
@@ -274,9 +274,9 @@ def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
     # Real steps of a cheap model, then the replay of a model whose step sleeps
     # 20 ms: the replay is slower for sure, as noise can make it on a busy machine.
     quick = kpt.PipelineTuner(verbose=0, profile="off")
-    tiny_model().fit(slow_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
+    tiny_model().fit(replayable_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
     slow = tiny_model(compute_delay_s=0.02)
-    dataset = slow_source(24, 0.0).batch(2)
+    dataset = replayable_source(24, 0.0).batch(2)
     result = kpt.what_if(slow, dataset, steps=4, cached_batches=2, pipeline_stats=quick.report.train)
     assert result.speedup_if_input_free < 1
     assert any("below 1" in note and "No input-pipeline change" in note for note in result.notes)

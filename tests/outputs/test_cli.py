@@ -11,6 +11,7 @@ import pytest
 
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.outputs.dashboard.summaries import PLUGIN_NAME
 from tests.helpers.tensorboard_app import wsgi_client
 from tests.helpers.training_data import failing_source
@@ -48,7 +49,7 @@ def test_report_of_a_real_fit(tmp_path):
 
 def test_report_of_a_directory_without_report(tmp_path):
     done = run("report", str(tmp_path))
-    assert done.returncode == 2
+    assert done.returncode == cli.NO_REPORT
     assert "no report" in done.stderr and "report.json" in done.stderr
 
 
@@ -66,14 +67,14 @@ def test_demo_refuses_a_log_dir_that_is_a_file(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("")
     done = run("demo", "--quick", "--log-dir", str(taken))
-    assert done.returncode == 2
+    assert done.returncode == cli.USAGE
     assert "is a file, not a folder" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_report_of_a_corrupt_report(tmp_path):
     (tmp_path / "report.json").write_text('{"verdict": 3}')
     done = run("report", str(tmp_path))
-    assert done.returncode == 2
+    assert done.returncode == cli.UNREADABLE
     assert "report.verdict" in done.stderr
 
 
@@ -127,7 +128,7 @@ def test_report_of_an_unknown_schema_version(tmp_path):
     data["schema_version"] = 99
     (tmp_path / "report.json").write_text(json.dumps(data))
     done = run("report", str(tmp_path))
-    assert done.returncode == 2
+    assert done.returncode == cli.UNREADABLE
     assert "schema_version is 99" in done.stderr and "reads version 1" in done.stderr
     with pytest.raises(ValueError, match="schema_version is 99"):
         kpt.Report.from_json(json.dumps(data))
@@ -143,5 +144,5 @@ def test_report_without_training_steps_fails_the_command(tmp_path):
         )
     assert kpt.Report.from_json((log_dir / "report.json").read_text()).train.steps == 0
     done = run("report", str(log_dir))
-    assert done.returncode == 1
+    assert done.returncode == cli.NOTHING_MEASURED
     assert "no measured training step" in done.stderr

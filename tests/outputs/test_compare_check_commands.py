@@ -67,7 +67,7 @@ def test_a_run_compared_with_itself_differs_by_nothing(fits, capsys):
 def test_compare_names_a_missing_run(fits, tmp_path, capsys):
     log_dir, _ = fits["input_bound"]
     status, out, err = main(capsys, "compare", str(log_dir), str(tmp_path / "nowhere"))
-    assert status == 2 and out == ""
+    assert status == cli.NO_REPORT and out == ""
     assert "nowhere' does not exist" in err and "report.json" in err
 
 
@@ -109,21 +109,39 @@ def test_check_exit_status_from_the_console_script(fits):
 
 def test_check_without_a_report(tmp_path, capsys):
     status, out, err = main(capsys, "check", str(tmp_path))
-    assert status == 2 and out == ""
+    assert status == cli.NO_REPORT and out == ""
     assert "no report in" in err and "PipelineTuner(log_dir=...)" in err
 
 
 def test_check_of_a_corrupt_report(tmp_path, capsys):
     (tmp_path / "report.json").write_text('{"input_fraction": "high"}')
     status, _, err = main(capsys, "check", str(tmp_path))
-    assert status == 2 and "report.input_fraction" in err
+    assert status == cli.UNREADABLE and "report.input_fraction" in err
 
 
 def test_check_of_a_run_whose_wait_was_not_measured(tmp_path, capsys):
     (tmp_path / "report.json").write_text(kpt.Report(measurement="whole-step").to_json())
     status, _, err = main(capsys, "check", str(tmp_path))
-    assert status == 2
+    assert status == cli.NOTHING_MEASURED
     assert "no input fraction" in err and "whole-step" in err
+
+
+@pytest.mark.parametrize("fraction", [-0.5, 7.0])
+def test_check_refuses_a_report_whose_input_share_is_out_of_range(tmp_path, capsys, fraction):
+    (tmp_path / "report.json").write_text(kpt.Report(input_fraction=fraction).to_json())
+    status, out, err = main(capsys, "check", str(tmp_path))
+    assert status == cli.OUT_OF_RANGE and out == ""
+    assert "outside 0-1" in err
+
+
+def test_every_exit_status_is_distinct_and_listed_in_help(capsys):
+    statuses = [status for status, _ in cli.EXIT_STATUSES]
+    assert len(set(statuses)) == len(statuses)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    shown = capsys.readouterr().out
+    for status, meaning in cli.EXIT_STATUSES:
+        assert f"  {status}  {meaning}" in shown
 
 
 @pytest.mark.parametrize("limit", ["1.5", "-0.1", "a fifth", "nan"])

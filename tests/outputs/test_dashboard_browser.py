@@ -28,6 +28,7 @@ NAIVE = dashboard_runs.run_name(dashboard_runs.NAIVE)
 TUNED = dashboard_runs.run_name(dashboard_runs.TUNED)
 WORKERS = dashboard_runs.run_name(dashboard_runs.WORKERS)
 GRAIN = dashboard_runs.run_name(dashboard_runs.GRAIN)
+UNREADABLE = dashboard_runs.run_name("unreadable")
 SCREENSHOT = REPO_ROOT / "docs" / "dashboard.png"
 
 # The tab's document: TensorBoard shows it in an iframe (found through shadow roots).
@@ -121,10 +122,10 @@ _ZOOMED = f"""(() => {{
 
 
 
-def _pick(run: str) -> str:
-    """Picks `run` as the tab's main run."""
+def _pick(run: str, picker: str = "kpt-run") -> str:
+    """Picks `run` as the tab's main run (or, with picker="kpt-compare", the one beside it)."""
     return f"""(() => {{
-  const picker = {_TAB}.querySelector("#kpt-run");
+  const picker = {_TAB}.querySelector("#{picker}");
   picker.value = {run!r};
   picker.dispatchEvent(new Event("change"));
   return true;
@@ -136,6 +137,16 @@ _TUNE_ROWS = f"""(() => {{
   const rows = Array.from({_TAB}.querySelectorAll(".kpt-tune tr")).slice(1);
   return rows.length ? rows.map((row) => [row.cells[0].textContent, row.cells[3].textContent])
       : null;
+}})()"""
+# The main run's banner, once it is the unreadable run's: [verdict text, problem];
+# and whether the run beside it is still drawn.
+_UNREADABLE_BANNER = f"""(() => {{
+  const doc = {_TAB};
+  const banner = doc.querySelector(".kpt-verdict[data-run='{UNREADABLE}']");
+  if (!banner) return null;
+  return [banner.querySelector(".kpt-verdict-text").textContent,
+      (banner.querySelector(".kpt-problem") || {{}}).textContent || "",
+      doc.querySelectorAll(".kpt-timeline .kpt-step-mark").length];
 }})()"""
 # The workers' table: [worker, straggler mark], and the main run's banner note.
 # The stage table's heading and rows [stage, bottleneck mark], once it is Grain's.
@@ -162,8 +173,13 @@ _WORKER_ROWS = f"""(() => {{
 def served(tmp_path_factory):
     runs = dashboard_runs.two_runs(tmp_path_factory)
     scratch = tmp_path_factory.mktemp("dashboard_browser")
+    # The runs' log dir, and a run whose report.json is not a report.
+    log_dir = scratch / "logs"
+    shutil.copytree(runs.log_dir, log_dir)
+    (log_dir / "unreadable").mkdir()
+    (log_dir / "unreadable" / "report.json").write_text("[1, 2]")
     command = [sys.executable, "-m", "tests.helpers.tensorboard_app"]
-    with tensorboard_server(runs.log_dir, scratch, command=command, run=NAIVE) as url:
+    with tensorboard_server(log_dir, scratch, command=command, run=NAIVE) as url:
         yield runs, url, scratch
 
 
@@ -192,6 +208,10 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         workers = browser.wait_until(_WORKER_ROWS, bool)
         browser.evaluate(_pick(GRAIN))
         grain_stages = browser.wait_until(_GRAIN_STAGES, bool)
+        browser.evaluate(_pick(UNREADABLE))
+        browser.wait_until(_UNREADABLE_BANNER, bool)
+        browser.evaluate(_pick(NAIVE, picker="kpt-compare"))
+        unreadable = browser.wait_until(_UNREADABLE_BANNER, lambda found: found and found[2] > 0)
     if os.environ.get("KPT_UPDATE_SCREENSHOT"):
         # The README's picture, refreshed on request only: a test run leaves
         # the checkout as it found it.
@@ -253,3 +273,8 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
     assert "separate pass over" in grain_stages["note"]
     assert ["map(slow_parse)", True] in grain_stages["rows"]
     assert [stage for stage, marked in grain_stages["rows"] if marked] == ["map(slow_parse)"]
+    # A run whose report.json is not a report: said on its page, the rest still drawn.
+    text, problem, marks = unreadable
+    assert text == "Input pipeline: report unreadable"
+    assert "not an object" in problem
+    assert marks > 0  # the run compared with it keeps its timeline

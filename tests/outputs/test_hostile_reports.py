@@ -160,7 +160,7 @@ def test_corrupt_reports_give_a_clear_error(text, message, tmp_path, capsys):
     (tmp_path / "report.json").write_text(text, encoding="utf-8", errors="surrogateescape")
     status = cli.main(["report", str(tmp_path)])
     out, err = capsys.readouterr()
-    assert status == 2
+    assert status == cli.UNREADABLE
     assert out == ""
     assert err.startswith("keras-pipeline-tuner: cannot read ")
     assert message in err
@@ -169,13 +169,13 @@ def test_corrupt_reports_give_a_clear_error(text, message, tmp_path, capsys):
 
 def test_a_binary_report_file(tmp_path, capsys):
     (tmp_path / "report.json").write_bytes(os.urandom(4096) + b"\xff\xfe")
-    assert cli.main(["report", str(tmp_path)]) == 2
+    assert cli.main(["report", str(tmp_path)]) == cli.UNREADABLE
     assert "cannot read" in capsys.readouterr().err
 
 
 def test_a_report_directory_instead_of_a_file(tmp_path, capsys):
     (tmp_path / "report.json").mkdir()
-    assert cli.main(["report", str(tmp_path)]) == 2
+    assert cli.main(["report", str(tmp_path)]) == cli.NO_REPORT
     assert "no report" in capsys.readouterr().err
 
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from tests.helpers import advised_fits
 
@@ -73,7 +74,7 @@ def test_report_command_does_not_import_tensorflow(input_bound):
 def test_report_of_a_log_dir_without_report(tmp_path):
     (tmp_path / "train").mkdir()
     done = run("report", str(tmp_path))
-    assert done.returncode == 2
+    assert done.returncode == cli.NO_REPORT
     assert "no report" in done.stderr and "report.json" in done.stderr
     assert done.stdout == ""
 

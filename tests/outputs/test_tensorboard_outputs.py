@@ -364,7 +364,13 @@ def test_each_fit_and_evaluate_gets_its_own_numbered_run(tmp_path):
     second = [step for step, _ in values(accumulator(root / "fit-2"), "input_pipeline/step_ms")]
     # Each run counts its own steps from 1: none restarts inside another.
     assert first == list(range(1, 6)) and second == list(range(1, 10))
+    # The log dir's report is its latest training run's; each run has its own.
     stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
-    assert stored.run == "pipeline_tuner/evaluate-3"
-    assert stored.validation is not None and stored.validation.steps == 3
+    assert stored.run == "pipeline_tuner/fit-2" and stored.train.steps == 9
+    assert [entry.run for entry in stored.runs] == [
+        "pipeline_tuner", "pipeline_tuner/fit-2", "pipeline_tuner/evaluate-3"
+    ]
+    evaluated = kpt.Report.from_json((root / "evaluate-3" / "report.json").read_text())
+    assert evaluated.run == "pipeline_tuner/evaluate-3"
+    assert evaluated.validation is not None and evaluated.validation.steps == 3
     assert tuner.report.run == "pipeline_tuner/evaluate-3"

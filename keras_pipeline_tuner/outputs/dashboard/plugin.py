@@ -128,19 +128,30 @@ class InputPipelinePlugin(base_plugin.TBPlugin):
 
     def _run(self, ctx, experiment_id: str, args) -> Dict[str, Any]:
         run = _run_argument(args)
-        report, source = self._data.report(ctx, experiment_id, run)
-        if report is None:
-            raise _BadRequest(
-                f"No report for run {run!r}: it holds no dashboard summaries and no "
-                f"{run_data.REPORT_FILE}. Pick a run listed by ./runs."
-            )
-        return {
-            "run": run,
-            "source": source,
-            "report": report,
-            "tune": self._data.tune(ctx, experiment_id, run),
-            "profile": self._data.profile_stages(ctx, experiment_id, run),
-        }
+        # What can be read is answered; what cannot is named in `problems`.
+        problems = []
+        try:
+            report, source = self._data.report(ctx, experiment_id, run)
+        except run_data.UnreadableRun as reason:
+            report, source = None, ""
+            problems.append(str(reason))
+        else:
+            if report is None:
+                raise _BadRequest(
+                    f"No report for run {run!r}: it holds no dashboard summaries and no "
+                    f"{run_data.REPORT_FILE}. Pick a run listed by ./runs."
+                )
+        answer = {"run": run, "source": source, "report": report, "problems": problems}
+        for name, read in (
+            ("tune", self._data.tune),
+            ("profile", self._data.profile_stages),
+        ):
+            try:
+                answer[name] = read(ctx, experiment_id, run)
+            except run_data.UnreadableRun as reason:
+                answer[name] = None
+                problems.append(str(reason))
+        return answer
 
     def _steps(self, ctx, experiment_id: str, args) -> Dict[str, Any]:
         run = _run_argument(args)
@@ -152,9 +163,14 @@ class InputPipelinePlugin(base_plugin.TBPlugin):
             raise _BadRequest(
                 f"`points` must be between 1 and {step_series.MAX_POINTS}, got {points}."
             )
-        rows, source = self._data.steps(ctx, experiment_id, run)
+        problems = []
+        try:
+            rows, source = self._data.steps(ctx, experiment_id, run)
+        except run_data.UnreadableRun as reason:
+            rows, source = run_data.EMPTY_ROWS, ""
+            problems.append(str(reason))
         series = step_series.downsample(rows, first, last, points)
-        return {"run": run, "source": source, **dataclasses.asdict(series)}
+        return {"run": run, "source": source, "problems": problems, **dataclasses.asdict(series)}
 
 
 def _run_argument(args) -> str:

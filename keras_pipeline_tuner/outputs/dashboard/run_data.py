@@ -21,6 +21,7 @@ from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+from keras_pipeline_tuner.outputs.report import Report
 
 SUMMARIES = "summaries"
 REPORT_FILE = "report.json"
@@ -31,7 +32,11 @@ _COMPUTE_TAG = "input_pipeline/compute_ms"
 _WHOLE_STEP_TAG = "input_pipeline/step_ms"
 # How deep under the log dir to look for report.json files of older runs.
 _MAX_DEPTH = 4
-_EMPTY_ROWS = np.zeros((0, len(summaries.STEP_COLUMNS)))
+EMPTY_ROWS = np.zeros((0, len(summaries.STEP_COLUMNS)))
+
+
+class UnreadableRun(ValueError):
+    """A run's report (file or summary) that is not a report: the reason, in words."""
 
 
 class RunData:
@@ -74,17 +79,26 @@ class RunData:
         if not self._logdir or not os.path.isdir(self._logdir):
             return found
         root_depth = self._logdir.rstrip(os.sep).count(os.sep)
+        of_log_dirs = {}
         for directory, subdirectories, files in os.walk(self._logdir):
             if directory.count(os.sep) - root_depth >= _MAX_DEPTH:
                 subdirectories[:] = []
-            # Profiler captures and the tuner's own run hold no report.json.
-            subdirectories[:] = [
-                name for name in subdirectories if name not in ("plugins", summaries.RUN)
-            ]
-            if REPORT_FILENAME in files:
-                relative = os.path.relpath(directory, self._logdir)
+            # Profiler captures hold no report.json.
+            subdirectories[:] = [name for name in subdirectories if name != "plugins"]
+            if REPORT_FILENAME not in files:
+                continue
+            relative = os.path.relpath(directory, self._logdir).replace(os.sep, "/")
+            path = os.path.join(directory, REPORT_FILENAME)
+            if summaries.RUN in relative.split("/"):
+                # A run's own report, in its folder.
+                found[relative] = path
+            else:
+                # A log dir's: that of its latest training run, which older
+                # versions wrote there alone, for the run `pipeline_tuner`.
                 run = summaries.RUN if relative == "." else f"{relative}/{summaries.RUN}"
-                found[run.replace(os.sep, "/")] = os.path.join(directory, REPORT_FILENAME)
+                of_log_dirs[run] = path
+        for run, path in of_log_dirs.items():
+            found.setdefault(run, path)
         return found
 
     def runs(self, ctx, experiment_id: str) -> List[Dict[str, Any]]:
@@ -92,20 +106,27 @@ class RunData:
 
         Returns:
             One dict per run: "run", "source" ("summaries" or "report.json"),
-            "verdict", "input_fraction" and "step_ms" (mean), "has_steps",
-            "last_step" (the latest step written, 0 when none) and "has_tune".
+            "unreadable" (why its report cannot be read, or `None`), "verdict",
+            "input_fraction" and "step_ms" (mean), "has_steps", "last_step"
+            (the latest step written, 0 when none) and "has_tune".
         """
         tagged = self.tagged_runs(ctx, experiment_id)
         files = self.report_file_runs()
         listed = []
         for run in sorted(set(tagged) | set(files)):
-            report, source = self.report(ctx, experiment_id, run, files)
+            unreadable = None
+            try:
+                report, source = self.report(ctx, experiment_id, run, files)
+            except UnreadableRun as reason:
+                # Listed with the reason; the other runs are shown as ever.
+                report, source, unreadable = None, "", str(reason)
             tags = tagged.get(run, {})
             train = (report or {}).get("train") or {}
             listed.append(
                 {
                     "run": run,
                     "source": source,
+                    "unreadable": unreadable,
                     "verdict": (report or {}).get("verdict"),
                     "input_fraction": (report or {}).get("input_fraction"),
                     "step_ms": (train.get("step") or {}).get("mean_ms"),
@@ -140,27 +161,46 @@ class RunData:
 
         Returns:
             `(report data or None, "summaries" | "report.json" | "")`.
+
+        Raises:
+            UnreadableRun: when what the run holds is not a report, with the
+                field at fault (as `Report.from_json` names it).
         """
-        data = self._latest_json(ctx, experiment_id, run, summaries.REPORT_TAG)
-        if data is not None:
-            return _with_gain_phrases(data), SUMMARIES
-        path = (self.report_file_runs() if files is None else files).get(run)
-        if path is None:
-            return None, ""
+        text = self._latest_text(ctx, experiment_id, run, summaries.REPORT_TAG)
+        source = SUMMARIES
+        if text is None:
+            path = (self.report_file_runs() if files is None else files).get(run)
+            if path is None:
+                return None, ""
+            try:
+                with open(path, encoding="utf-8") as file:
+                    text = file.read()
+            except (OSError, UnicodeDecodeError):
+                # Being written right now, or gone: nothing to show yet.
+                return None, ""
+            source = REPORT_FILE
         try:
-            with open(path, encoding="utf-8") as file:
-                return _with_gain_phrases(json.load(file)), REPORT_FILE
-        except (OSError, ValueError):
-            # Being written right now, or not a report: nothing to show yet.
-            return None, ""
+            # The parser the `report` command uses: it names the field at fault.
+            Report.from_json(text)
+        except ValueError as reason:
+            raise UnreadableRun(f"{source} of {run}: {reason}") from None
+        return _with_gain_phrases(json.loads(text)), source
 
     def tune(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
-        """The `kpt.tune` result written for the run, if any."""
-        return self._latest_json(ctx, experiment_id, run, summaries.TUNE_TAG)
+        """The `kpt.tune` result written for the run, if any.
+
+        Raises:
+            UnreadableRun: when the summary holds no JSON object.
+        """
+        return self._latest_object(ctx, experiment_id, run, summaries.TUNE_TAG)
 
     def profile_stages(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
-        """The profiler window's timeline rows ({"title", "rows"}), if any."""
-        return self._latest_json(ctx, experiment_id, run, summaries.PROFILE_STAGES_TAG)
+        """The profiler window's timeline rows ({"title", "rows"}), if any.
+
+        Raises:
+            UnreadableRun: when the summary holds no JSON object.
+        """
+        return self._latest_object(ctx, experiment_id, run, summaries.PROFILE_STAGES_TAG)
 
     def steps(self, ctx, experiment_id: str, run: str) -> Tuple[np.ndarray, str]:
         """Every step row the run holds, sorted by step, and where they came from.
@@ -180,7 +220,8 @@ class RunData:
                 cached = self._steps_cache.get(run)
             if cached is not None and cached[0] == key:
                 return cached[1], SUMMARIES
-            rows = self._read_blocks(ctx, experiment_id, run, sorted(blocks))
+            versions = {tag: getattr(tags[tag], "plugin_content", b"") for tag in blocks}
+            rows = self._read_blocks(ctx, experiment_id, run, versions)
             with self._lock:
                 self._steps_cache[run] = (key, rows)
             return rows, SUMMARIES
@@ -189,7 +230,7 @@ class RunData:
 
     # Internals.
 
-    def _latest_json(self, ctx, experiment_id: str, run: str, tag: str) -> Optional[dict]:
+    def _latest_text(self, ctx, experiment_id: str, run: str, tag: str) -> Optional[str]:
         if self._provider is None:
             return None
         read = self._provider.read_tensors(
@@ -205,30 +246,54 @@ class RunData:
         value = data[-1].numpy
         text = value.item() if hasattr(value, "item") else value
         if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        return json.loads(text)
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UnreadableRun(f"{tag} of {run} is not UTF-8 text") from None
+        if not isinstance(text, str):
+            raise UnreadableRun(f"{tag} of {run} holds no text")
+        return text
 
-    def _read_blocks(self, ctx, experiment_id: str, run: str, tags: List[str]) -> np.ndarray:
+    def _latest_object(self, ctx, experiment_id: str, run: str, tag: str) -> Optional[dict]:
+        text = self._latest_text(ctx, experiment_id, run, tag)
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise UnreadableRun(f"{tag} of {run} is not JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise UnreadableRun(f"{tag} of {run} is not a JSON object")
+        return data
+
+    def _read_blocks(self, ctx, experiment_id: str, run: str, versions: Dict[str, bytes]) -> np.ndarray:
         read = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=summaries.PLUGIN_NAME,
             downsample=1,  # the latest write of each block holds all its rows
-            run_tag_filter=_filter(run, *tags),
+            run_tag_filter=_filter(run, *sorted(versions)),
         )
-        blocks = [
-            np.asarray(data[-1].numpy, dtype=np.float64).reshape(-1, len(summaries.STEP_COLUMNS))
-            for data in read.get(run, {}).values()
-            if data
-        ]
+        blocks = []
+        for tag, data in read.get(run, {}).items():
+            if not data:
+                continue
+            try:
+                block = np.asarray(data[-1].numpy, dtype=np.float64)
+                if versions.get(tag) == b"1":
+                    blocks.append(summaries.widened(block))
+                else:
+                    blocks.append(block.reshape(-1, len(summaries.STEP_COLUMNS)))
+            except (TypeError, ValueError):
+                raise UnreadableRun(f"{tag} of {run} holds no step rows") from None
         if not blocks:
-            return _EMPTY_ROWS
+            return EMPTY_ROWS
         rows = np.concatenate(blocks)
         return rows[np.argsort(rows[:, 0], kind="stable")]
 
     def _scalar_rows(self, ctx, experiment_id: str, run: str) -> np.ndarray:
         if self._provider is None:
-            return _EMPTY_ROWS
+            return EMPTY_ROWS
         read = self._provider.read_scalars(
             ctx,
             experiment_id=experiment_id,
@@ -242,13 +307,15 @@ class RunData:
         if not compute:
             compute = {datum.step: datum.value for datum in tags.get(_WHOLE_STEP_TAG, [])}
         if not compute:
-            return _EMPTY_ROWS
+            return EMPTY_ROWS
         steps = np.array(sorted(compute), dtype=np.float64)
         compute_s = np.array([compute[step] for step in steps]) / 1e3
         wait_s = np.array([wait.get(step, np.nan) for step in steps]) / 1e3
         # No per-step start in the scalars: the steps laid end to end.
         start = np.concatenate([[0.0], np.cumsum(np.nan_to_num(wait_s) + compute_s)[:-1]])
-        return np.stack([steps, np.zeros_like(steps), start, wait_s, compute_s], axis=1)
+        return summaries.widened(
+            np.stack([steps, np.zeros_like(steps), start, wait_s, compute_s], axis=1)
+        )
 
 
 def _with_gain_phrases(report: Any) -> Any:

@@ -1,10 +1,12 @@
-"""Step rows made small enough to draw: every step when few, min/mean/max buckets when many.
+"""Step rows made small enough to draw: every row when few, mean/max buckets when many.
 
 A run of 100 000 steps is too much to send to a browser and draw; a screen shows
-a few thousand marks at most. The server sends every step of the range asked for
-when it holds at most `points` steps, and otherwise one bucket per group of
-consecutive steps with the group's mean and max wait and compute, so that a
-zoomed range (a narrower `first`-`last`) comes back in full detail.
+a few thousand marks at most. The server sends every row of the range asked for
+when it holds at most `points` rows, and otherwise one bucket per group of
+consecutive rows with the group's mean and largest wait, compute and step, so
+that a zoomed range (a narrower `first`-`last`) comes back in full detail. Past a
+fit's first steps a row itself stands for a block of steps (see
+`summaries.STEP_COLUMNS`): each mark says the steps it covers (`step`-`last`).
 """
 
 import dataclasses
@@ -26,7 +28,9 @@ class StepSeries:
         total_steps: how many step rows the run holds.
         first_step: the first step number the run holds (0 when none).
         last_step: the last step number the run holds (0 when none).
-        bucket_steps: steps per mark: 1 when every step is its own mark.
+        bucket_steps: stored rows per mark: 1 when every row is its own mark.
+        single_steps: whether every mark is one step (no row or bucket of a
+            block of steps).
         step: per mark, the first step number it covers.
         last: per mark, the last step number it covers.
         epoch: per mark, the epoch of its first step.
@@ -36,6 +40,7 @@ class StepSeries:
         compute_ms: per mark, the mean compute of its steps.
         wait_max_ms: per mark, the largest input wait among its steps.
         compute_max_ms: per mark, the largest compute among its steps.
+        step_max_ms: per mark, the largest step time among its steps.
         epochs: the epochs' starts: `{"epoch", "step", "start_s"}` per epoch
             (over the whole run, not only the range).
     """
@@ -44,6 +49,7 @@ class StepSeries:
     first_step: int = 0
     last_step: int = 0
     bucket_steps: int = 1
+    single_steps: bool = True
     step: List[int] = dataclasses.field(default_factory=list)
     last: List[int] = dataclasses.field(default_factory=list)
     epoch: List[int] = dataclasses.field(default_factory=list)
@@ -53,6 +59,7 @@ class StepSeries:
     compute_ms: List[Optional[float]] = dataclasses.field(default_factory=list)
     wait_max_ms: List[Optional[float]] = dataclasses.field(default_factory=list)
     compute_max_ms: List[Optional[float]] = dataclasses.field(default_factory=list)
+    step_max_ms: List[Optional[float]] = dataclasses.field(default_factory=list)
     epochs: List[Dict[str, float]] = dataclasses.field(default_factory=list)
 
 
@@ -65,8 +72,8 @@ def downsample(
     """The steps `first`-`last` of `rows`, at most `points` marks.
 
     Args:
-        rows: float64 array of rows (step, epoch, start, wait, compute), times
-            in seconds, sorted by step; wait is NaN where it was not measured.
+        rows: float64 array of rows `summaries.STEP_COLUMNS`, times in
+            seconds, sorted by step; wait is NaN where it was not measured.
         first: first step number of the range; the run's first by default.
         last: last step number of the range; the run's last by default.
         points: at most this many marks.
@@ -79,7 +86,7 @@ def downsample(
 
     Example:
 
-    >>> rows = np.array([[n, 0, n * 0.1, 0.08, 0.02] for n in range(1, 101)])
+    >>> rows = np.array([[n, 0, n * 0.1, 0.08, 0.02, n, 0.08, 0.02, 0.1] for n in range(1, 101)])
     >>> series = downsample(rows, points=10)
     >>> series.bucket_steps, len(series.step), series.wait_ms[0]
     (10, 10, 80.0)
@@ -108,23 +115,27 @@ def downsample(
     series.bucket_steps = size
     edges = np.arange(0, selected.shape[0], size)
     wait, compute = selected[:, 3], selected[:, 4]
-    ends = selected[:, 2] + np.nan_to_num(wait) + compute
-    series.step = selected[edges, 0].astype(np.int64).tolist()
+    # A row of a block of steps counts as many steps as it covers.
+    counts = selected[:, 0] - selected[:, 5] + 1
+    ends = selected[:, 2] + counts * (np.nan_to_num(wait) + compute)
+    series.step = np.minimum.reduceat(selected[:, 5], edges).astype(np.int64).tolist()
     series.last = selected[np.minimum(edges + size, selected.shape[0]) - 1, 0].astype(np.int64).tolist()
+    series.single_steps = bool(series.step == series.last)
     series.epoch = selected[edges, 1].astype(np.int64).tolist()
     series.start_s = selected[edges, 2].tolist()
     series.end_s = np.maximum.reduceat(ends, edges).tolist()
-    series.wait_ms = _ms(_bucket_mean(wait, edges))
-    series.compute_ms = _ms(_bucket_mean(compute, edges))
-    series.wait_max_ms = _ms(_bucket_max(wait, edges))
-    series.compute_max_ms = _ms(np.maximum.reduceat(compute, edges))
+    series.wait_ms = _ms(_bucket_mean(wait, counts, edges))
+    series.compute_ms = _ms(_bucket_mean(compute, counts, edges))
+    series.wait_max_ms = _ms(_bucket_max(selected[:, 6], edges))
+    series.compute_max_ms = _ms(_bucket_max(selected[:, 7], edges))
+    series.step_max_ms = _ms(_bucket_max(selected[:, 8], edges))
     return series
 
 
-def _bucket_mean(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+def _bucket_mean(values: np.ndarray, weights: np.ndarray, edges: np.ndarray) -> np.ndarray:
     measured = ~np.isnan(values)
-    sums = np.add.reduceat(np.where(measured, values, 0.0), edges)
-    counts = np.add.reduceat(measured.astype(np.int64), edges)
+    sums = np.add.reduceat(np.where(measured, values * weights, 0.0), edges)
+    counts = np.add.reduceat(np.where(measured, weights, 0.0), edges)
     return np.divide(sums, counts, out=np.full(sums.shape, np.nan), where=counts > 0)
 
 

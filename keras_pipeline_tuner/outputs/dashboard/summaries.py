@@ -6,7 +6,10 @@ plugin name `PLUGIN_NAME`, which is what makes TensorBoard list the tab.
 Tags (under `input_pipeline/dashboard/`):
 
 - `steps/<block>`: the training steps whose numbers fall in one block of
-  `BLOCK_STEPS`, as a float64 tensor of rows `STEP_COLUMNS`. The block being
+  `BLOCK_STEPS`, as a float64 tensor of rows `STEP_COLUMNS`: one a step for a
+  fit's first steps, then one a block of 10, 100, ... steps (see
+  `outputs.downsampling`), whose `first` step, largest wait, compute and step
+  time the row keeps beside the means, so that a stall stays visible. The block being
   filled is written again, whole, as steps come in; TensorBoard keeps the latest
   write of every tag, so each step row is kept once, however long the run, while
   TensorBoard keeps only a few samples of each tag of a third-party plugin.
@@ -38,10 +41,30 @@ STEPS_TAG_PREFIX = f"{TAG_PREFIX}steps/"
 REPORT_TAG = f"{TAG_PREFIX}report"
 PROFILE_STAGES_TAG = f"{TAG_PREFIX}profile_stages"
 TUNE_TAG = f"{TAG_PREFIX}tune"
-STEP_COLUMNS = ("step", "epoch", "start", "wait", "compute")
+# A row: its last step, the epoch and start of its first, mean wait and compute
+# (seconds), its first step, and the largest wait, compute and step time.
+STEP_COLUMNS = (
+    "step", "epoch", "start", "wait", "compute", "first", "wait_max", "compute_max", "step_max"
+)
+# The first five, all version 1 wrote (one row a step, or a block's means).
+V1_COLUMNS = 5
 BLOCK_STEPS = 1000
 # Version of the content layout, in the summary metadata, so later readers can tell.
-CONTENT_VERSION = b"1"
+CONTENT_VERSION = b"2"
+
+
+def widened(rows: np.ndarray) -> np.ndarray:
+    """Rows of version 1's five columns as `STEP_COLUMNS` (each row its own extremes).
+
+    Example:
+
+    >>> widened(np.array([[3.0, 0.0, 10.0, 0.5, 0.25]])).tolist()
+    [[3.0, 0.0, 10.0, 0.5, 0.25, 3.0, 0.5, 0.25, 0.75]]
+    """
+    rows = np.asarray(rows, dtype=np.float64).reshape(-1, V1_COLUMNS)
+    wait, compute = rows[:, 3], rows[:, 4]
+    step = np.nan_to_num(wait) + compute
+    return np.concatenate([rows, np.stack([rows[:, 0], wait, compute, step], axis=1)], axis=1)
 
 
 def summary_metadata() -> "summary_pb2.SummaryMetadata":

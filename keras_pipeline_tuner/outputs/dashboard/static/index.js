@@ -59,10 +59,12 @@ async function draw() {
   page.appendChild(pickers());
   const chosen = [state.run, state.other].filter((run) => run);
   const views = await Promise.all(chosen.map(loadRun));
+  // What could not be read is said where it would have been; the rest is drawn.
   const banners = element("section", {class: "kpt-banners"});
-  for (const view of views) banners.appendChild(verdictBanner(view));
+  for (const view of views) banners.appendChild(part(`${view.run}'s verdict`, () => verdictBanner(view)));
   page.appendChild(banners);
-  if (views.length === 2) page.appendChild(comparison(views[0], views[1]));
+  const readable = views.filter((view) => view.report);
+  if (readable.length === 2) page.appendChild(part("the comparison", () => comparison(...readable)));
   const timelines = element("section", {class: "kpt-timelines"},
       element("h2", {}, "Step timeline"),
       element("p", {class: "kpt-hint"},
@@ -70,17 +72,30 @@ async function draw() {
           "Drag across a timeline to zoom in; hover a mark for its numbers."));
   // Two runs share one time and one height scale, so the faster one looks it.
   const scale = sharedScale(views);
-  for (const view of views) timelines.appendChild(timelinePanel(view, scale));
+  for (const view of views) {
+    timelines.appendChild(part(`${view.run}'s timeline`, () => timelinePanel(view, scale)));
+  }
   page.appendChild(timelines);
   const main = views[0];
-  page.appendChild(recommendations(main));
-  page.appendChild(epochTable(main));
-  page.appendChild(stageTable(main));
-  const tune = tuneResult(main);
+  if (main.report) {
+    page.appendChild(part("the recommendations", () => recommendations(main)));
+    page.appendChild(part("the epochs", () => epochTable(main)));
+    page.appendChild(part("the stage table", () => stageTable(main)));
+    const workers = part("the workers", () => workerTable(main));
+    if (workers) page.appendChild(workers);
+  }
+  const tune = part("the kpt.tune result", () => tuneResult(main));
   if (tune) page.appendChild(tune);
-  const workers = workerTable(main);
-  if (workers) page.appendChild(workers);
   show(page);
+}
+
+// One part of the page: drawn, or a line saying why it could not be.
+function part(name, build) {
+  try {
+    return build();
+  } catch (error) {
+    return element("p", {class: "kpt-error"}, `Could not show ${name}: ${error.message}`);
+  }
 }
 
 async function loadRun(run) {
@@ -91,23 +106,31 @@ async function loadRun(run) {
     query.set("last", zoom.last);
   }
   const [detail, steps] = await Promise.all([
-    getJson(`./run?${new URLSearchParams({run})}`),
-    getJson(`./steps?${query}`),
+    getJson(`./run?${new URLSearchParams({run})}`).catch((error) => (
+      {run, report: null, problems: [error.message]})),
+    getJson(`./steps?${query}`).catch((error) => ({problems: [error.message], ...EMPTY_STEPS})),
   ]);
-  return {run, detail, report: detail.report, steps};
+  const problems = [...(detail.problems || []), ...(steps.problems || [])];
+  return {run, detail, report: detail.report, steps, problems};
 }
+
+const EMPTY_STEPS = {step: [], last: [], epoch: [], start_s: [], end_s: [], wait_ms: [],
+  compute_ms: [], wait_max_ms: [], compute_max_ms: [], step_max_ms: [], epochs: [],
+  bucket_steps: 1};
 
 // The two run pickers.
 
 function pickers() {
   const names = state.runs.map((run) => run.run);
-  const main = select("kpt-run", names, state.run, (value) => {
+  const unreadable = new Set(state.runs.filter((run) => run.unreadable).map((run) => run.run));
+  const label = (name) => unreadable.has(name) ? `${name} (unreadable)` : name;
+  const main = select("kpt-run", names, state.run, label, (value) => {
     state.run = value;
     if (state.other === value) state.other = "";
     void draw();
   });
   const other = select("kpt-compare", ["", ...names.filter((n) => n !== state.run)],
-      state.other || "", (value) => {
+      state.other || "", label, (value) => {
         state.other = value;
         void draw();
       });
@@ -116,10 +139,10 @@ function pickers() {
       element("label", {}, "Compare with ", other));
 }
 
-function select(id, options, value, onChange) {
+function select(id, options, value, label, onChange) {
   const node = element("select", {id});
   for (const option of options) {
-    const item = element("option", {value: option}, option || "(none)");
+    const item = element("option", {value: option}, option ? label(option) : "(none)");
     if (option === value) item.selected = true;
     node.appendChild(item);
   }
@@ -131,6 +154,15 @@ function select(id, options, value, onChange) {
 
 function verdictBanner(view) {
   const report = view.report;
+  const problems = view.problems.length ?
+      element("div", {class: "kpt-problem"},
+          `Could not read all of this run: ${view.problems.join("; ")}`) : "";
+  if (!report) {
+    return element("div", {class: "kpt-verdict kpt-unknown", "data-run": view.run},
+        element("div", {class: "kpt-verdict-run"}, view.run),
+        element("div", {class: "kpt-verdict-text"}, "Input pipeline: report unreadable"),
+        problems);
+  }
   const train = report.train || {};
   const fraction = report.input_fraction;
   const verdict = report.verdict || "unknown";
@@ -164,7 +196,8 @@ function verdictBanner(view) {
           "",
       view.detail.source === "report.json" ?
           element("div", {class: "kpt-note kpt-source"}, "Read from report.json (a run written " +
-              "before the dashboard's summaries).") : "");
+              "before the dashboard's summaries).") : "",
+      problems);
 }
 
 function comparison(a, b) {
@@ -209,8 +242,8 @@ function stepSpan(steps) {
 }
 
 function largestStepMs(steps) {
-  return Math.max(1e-6, ...steps.step.map((_, i) =>
-      (steps.wait_ms[i] || 0) + (steps.compute_ms[i] || 0)));
+  return Math.max(1e-6, ...steps.step.map((_, i) => Math.max(
+      (steps.wait_ms[i] || 0) + (steps.compute_ms[i] || 0), (steps.step_max_ms || [])[i] || 0)));
 }
 
 function timelinePanel(view, scale) {
@@ -219,9 +252,9 @@ function timelinePanel(view, scale) {
   const zoomed = state.zoom[view.run] !== undefined;
   const caption = steps.step.length ?
       `${view.run}: steps ${steps.step[0]}-${steps.last[steps.last.length - 1]}` +
-      (steps.bucket_steps > 1 ?
-          `, ${steps.bucket_steps} steps per mark (mean; zoom in for each step)` :
-          ", one mark per step") :
+      (steps.single_steps ? ", one mark per step" :
+          ", marks of several steps show their mean, and their largest step as a grey " +
+          "tick (hover for the steps; zoom in for more detail)") :
       `${view.run}: no step rows`;
   const header = element("div", {class: "kpt-timeline-header"},
       element("span", {}, caption));
@@ -287,6 +320,13 @@ function stepChart(view, scale) {
     mark.appendChild(svgElement("rect", {x: left, width,
         y: base - (wait + compute) * perMs, height: compute * perMs,
         fill: COMPUTE_COLOUR, class: "kpt-compute"}));
+    const largest = (steps.step_max_ms || [])[i];
+    if (steps.step[i] !== steps.last[i] && largest > wait + compute) {
+      // The mean hides a stall in the block: its largest step stays in view.
+      const top = base - largest * perMs;
+      mark.appendChild(svgElement("line", {x1: left, x2: left + width, y1: top, y2: top,
+          class: "kpt-step-max"}));
+    }
     const text = markText(steps, i);
     mark.appendChild(svgElement("title", {}, text));
     mark.addEventListener("mousemove", (event) => {
@@ -307,12 +347,13 @@ function markText(steps, i) {
   const compute = steps.compute_ms[i];
   const first = steps.step[i];
   const last = steps.last[i];
-  const which = first === last ? `Step ${first}` : `Steps ${first}-${last} (mean)`;
+  const which = first === last ? `Step ${first}` : `Steps ${first}-${last}, mean`;
   const lines = [`${which}, epoch ${steps.epoch[i] + 1}`,
     `input wait ${ms(wait)}`, `compute ${ms(compute)}`];
   if (wait != null && compute != null) lines.push(`step ${ms(wait + compute)}`);
   if (first !== last) {
-    lines.push(`largest wait ${ms(steps.wait_max_ms[i])}, ` +
+    lines.push(`largest step ${ms((steps.step_max_ms || [])[i])}, ` +
+        `largest wait ${ms(steps.wait_max_ms[i])}, ` +
         `largest compute ${ms(steps.compute_max_ms[i])}`);
   }
   return lines.join("\n");
