@@ -13,13 +13,11 @@ import logging
 import sys
 from typing import Any, Optional
 
+from keras_pipeline_tuner._util.running_fit import running_call_local
 from keras_pipeline_tuner.pipeline import lint as pipeline_lint
 from keras_pipeline_tuner.pipeline.findings import Findings
 
 logger = logging.getLogger("keras_pipeline_tuner")
-
-# How far up the stack a callback hook may sit below `fit`.
-_MAX_FRAMES = 30
 
 TF_DATASET = "tf.data"
 PY_DATASET = "PyDataset"
@@ -77,19 +75,13 @@ def find_fit_input(model) -> Optional[FitInput]:
         The `FitInput`, or `None` when no running `fit` of `model` is on the
         stack (a custom loop, or a Keras version that keeps it elsewhere).
     """
-    frame = sys._getframe(1)  # pylint: disable=protected-access
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and frame.f_locals.get("self") is model:
-            epoch_iterator = frame.f_locals.get("epoch_iterator")
-            adapter = getattr(epoch_iterator, "data_adapter", None)
-            if adapter is not None:
-                found = _classify(adapter)
-                found.replay_dataset = _replay_dataset(found, epoch_iterator)
-                return found
-        frame = frame.f_back
-    return None
+    epoch_iterator = running_call_local(model, "fit", "epoch_iterator")
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    if adapter is None:
+        return None
+    found = _classify(adapter)
+    found.replay_dataset = _replay_dataset(found, epoch_iterator)
+    return found
 
 
 def inspect_fit_input(model) -> Findings:

@@ -48,7 +48,6 @@ import logging
 import math
 import threading
 import time
-import weakref
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
@@ -56,6 +55,8 @@ import numpy as np
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
+from keras_pipeline_tuner.instrumentation.timing_source import StampedIterator
+from keras_pipeline_tuner.instrumentation.timing_source import StandIn
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.timing.device_stall import stall_rows
@@ -98,30 +99,6 @@ def unsupported_reason(model) -> Optional[str]:
             "train function on JAX (Keras 3.7 and later are supported)"
         )
     return None
-
-
-class _StampedIterator:
-    """Keras' batch iterator, with the start and end of each `next()` recorded.
-
-    One per iterator Keras hands a kind's function (one an epoch), reused by
-    its calls. It runs on every step: a tuple appended, nothing more.
-    """
-
-    __slots__ = ("iterator", "_record")
-
-    def __init__(self, iterator, record: Callable[[tuple], None]):
-        self.iterator = iterator
-        self._record = record
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        start = _now()
-        # StopIteration (the end of the data) goes through to Keras untouched.
-        item = next(self.iterator)
-        self._record((start, _now()))
-        return item
 
 
 class _StepStamps:
@@ -169,7 +146,7 @@ class _StepStamps:
         return fetches, ends
 
 
-class _TimedJaxFunction:
+class _TimedJaxFunction(StandIn):
     """Stands in for `model.train_function` (or `test_function`) during a fit.
 
     Args:
@@ -179,16 +156,12 @@ class _TimedJaxFunction:
     """
 
     def __init__(self, model, kind: str, original: Callable):
-        self.original = original
-        self.kind = kind
-        # The `JaxFitTiming` of the running fit; None between fits.
-        self.timing: Optional["JaxFitTiming"] = None
+        super().__init__(model, kind, original)
         # Set by the profiler window while it is open: called with the fit's
         # tf.data dataset, returns a step marker to enter around the call.
         self.trace_step: Optional[Callable[[object], object]] = None
         # What the running fit calls: Keras' own, or the rebuilt one below.
         self.function: Callable = original
-        self._model = weakref.ref(model)
         self._handing_outputs: Optional[Callable] = None
 
     def use(self, step_ends_from_hook: bool) -> None:
@@ -232,17 +205,7 @@ class _TimedJaxFunction:
             del model._make_function  # pylint: disable=protected-access
             setattr(model, attribute, self.original)
 
-    def __call__(self, state, iterator):
-        # On the model from the batch-begin hook to here only: Keras has looked
-        # it up for this call, and whatever interrupts fit from now on (Ctrl-C,
-        # an error) leaves Keras' own function on the model.
-        model = self._model()
-        if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
-            object.__setattr__(model, ATTRIBUTE[self.kind], self.original)
-        timing = self.timing
-        if timing is None:
-            # Left by a fit that ended without its end hook: Keras' own runs.
-            return self.original(state, iterator)
+    def timed_call(self, timing: "JaxFitTiming", state, iterator):
         return timing.run(self.kind, self.function, state, iterator, self.trace_step)
 
 
@@ -284,8 +247,6 @@ class JaxFitTiming(FitTiming):
     ```
     """
 
-    measurement = "in-step (device idle wait)"
-
     def __init__(
         self,
         model,
@@ -297,7 +258,6 @@ class JaxFitTiming(FitTiming):
         self._jax = backend_module("jax")
         self._first_batch_end_hook = first_batch_end_hook
         super().__init__(model, on_rows, on_error, on_fallback)
-        self._timed: Dict[str, _TimedJaxFunction] = {}
         self._stamps = {TRAIN: _StepStamps(), VALIDATION: _StepStamps()}
         # The kinds whose first call has run (it is timed whole, apart).
         self._past_first = set()
@@ -313,7 +273,7 @@ class JaxFitTiming(FitTiming):
         self._dataset = None
         self._marked_calls = 0
         # Per kind, the stamping wrapper of the iterator Keras hands the calls.
-        self._stamped: Dict[str, _StampedIterator] = {}
+        self._stamped: Dict[str, StampedIterator] = {}
 
     # The FitTiming interface (see `instrumentation.fit_timing`).
 
@@ -338,22 +298,11 @@ class JaxFitTiming(FitTiming):
         timed.use(step_ends_from_hook=self._hooked)
         timed.timing = self
         timed.trace_step = None
-        self._timed[kind] = timed
+        self._stand_ins[kind] = timed
         if kind == TRAIN:
             self._dataset = _fit_dataset(model)
         if not self._hooked:
             self._start_waiter()
-
-    def before_step(self, kind: str) -> None:
-        """Puts the timed function on the model for the call about to run.
-
-        Called from the batch-begin hook, on the training thread; the call
-        puts Keras' own back as it begins. Rows are kept back until
-        `flush_rows` (see the module's docstring).
-        """
-        timed = self._timed.get(kind)
-        if timed is not None:
-            object.__setattr__(self.model, ATTRIBUTE[kind], timed)
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on JAX."""
@@ -377,11 +326,10 @@ class JaxFitTiming(FitTiming):
 
     def end(self, kind: str) -> None:
         """Waits for the last steps' outputs, hands over their rows, restores Keras'."""
-        self.flush_rows(wait=True)
+        super().end(kind)
         # Nothing of the fit's data outlives it.
         self._stamped.pop(kind, None)
-        self.restore(kind)
-        if not self._timed:
+        if not self._stand_ins:
             self._stop_waiter()
 
     def flush_rows(self, wait: bool = False) -> None:
@@ -403,20 +351,14 @@ class JaxFitTiming(FitTiming):
         """
         if kind != TRAIN or self._dataset is None:
             return None
-        return self._timed.get(TRAIN)
-
-    # Also used by the run after a failure.
+        return self._stand_ins.get(TRAIN)
 
     def restore(self, kind: str) -> None:
         """Puts Keras' own function back for `kind` (safe to call twice)."""
-        timed = self._timed.pop(kind, None)
-        if timed is None:
-            return
-        timed.timing = None
-        timed.trace_step = None
-        model = self.model
-        if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-            object.__setattr__(model, ATTRIBUTE[kind], timed.original)
+        timed = self._stand_ins.get(kind)
+        if timed is not None:
+            timed.trace_step = None
+        super().restore(kind)
 
     def notes(self) -> List[str]:
         """Sentences for the report: the fetch time, apart from the input wait."""
@@ -458,7 +400,7 @@ class JaxFitTiming(FitTiming):
         """
         stamped = self._stamped.get(kind)
         if stamped is None or stamped.iterator is not iterator:
-            stamped = self._stamped[kind] = _StampedIterator(
+            stamped = self._stamped[kind] = StampedIterator(
                 iterator, self._stamps[kind].fetches.append
             )
         try:

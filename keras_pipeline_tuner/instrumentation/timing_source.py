@@ -1,10 +1,15 @@
-"""The timing source interface for `model.fit`, and its whole-step fallback.
+"""The timing source interface for `model.fit`, its whole-step fallback, shared parts.
 
 A timing source times the steps of one fit and hands the run rows of
 `(start, ready, end)` timestamps (see `timing.step_clock`) through the narrow
 callables it is given; it knows nothing of reports or outputs. One source per
-Keras backend subclasses `FitTiming` (`fit_timing`, `jax_fit_timing`,
-`torch_fit_timing`).
+Keras backend subclasses `FitTiming` (`tf_fit_timing`, `jax_fit_timing`,
+`torch_fit_timing`); `backend_timing.fit_timing_for` picks it. What they share is here: the
+stand-in for Keras' function (`StandIn`: on the model for one call at a time,
+and harmless when a fit left it behind) and the iterator that stamps each
+fetch (`StampedIterator`). A source hands each call's rows to the run as they
+come; the run keeps them back and records them together (see
+`run.lifecycle.Run.add_rows`).
 """
 
 import time
@@ -25,71 +30,106 @@ OnError = Callable[[Optional[BaseException]], None]
 OnFallback = Callable[[str], None]
 
 
-# How often a source that keeps rows back hands them over, at the least.
-HAND_OVER_S = 1.0
+# Stamps are taken on every step: looked up once.
+_now = time.time
 
 
-class HeldRows:
-    """Steps' rows kept back on the training thread and handed to the run together.
+class StandIn:
+    """Stands in for `model.train_function` (or `test_function`) for one call at a time.
 
-    Making the run's rows from one step costs some tens of microseconds of
-    NumPy work, whatever the number of rows: as much as a fast step itself. A
-    timing source keeps each call's rows here instead and hands them over in
-    `flush`, which its caller calls about every `HAND_OVER_S` seconds and at
-    the end of each epoch. A kind's first call goes through at once, with its
-    own wall time: the run keeps it apart (it traces the step).
+    The source puts it on the model in the batch-begin hook (`install`, on the
+    training thread); its call puts Keras' own back as it begins, Keras having
+    looked it up for that call. So whatever interrupts fit (Ctrl-C, an error,
+    another callback raising) leaves Keras' own function on the model. A
+    stand-in that a fit left behind anyway (interrupted between the hook and
+    the call) runs Keras' own function.
 
     Args:
-        on_rows: as for `FitTiming`.
+        model: the compiled model.
+        kind: "train" or "validation".
+        original: Keras' own function.
+
+    Attributes:
+        original: Keras' own function.
+        timing: the `FitTiming` that times this fit's calls; `None` between fits.
+    """
+
+    def __init__(self, model, kind: str, original: Callable):
+        self.original = original
+        self.kind = kind
+        self.timing: Optional["FitTiming"] = None
+        self._model = weakref.ref(model)
+
+    def install(self) -> None:
+        """Puts this stand-in on the model for the call about to run."""
+        model = self._model()
+        if model is not None:
+            # Past Keras' attribute tracking: there is nothing to track.
+            object.__setattr__(model, ATTRIBUTE[self.kind], self)
+
+    def uninstall(self) -> None:
+        """Puts Keras' own function back, if this stand-in is on the model."""
+        model = self._model()
+        if model is not None and getattr(model, ATTRIBUTE[self.kind], None) is self:
+            object.__setattr__(model, ATTRIBUTE[self.kind], self.original)
+
+    def __call__(self, *args):
+        self.uninstall()
+        timing = self.timing
+        if timing is None:
+            # Left by a fit that ended without its end hook: Keras' own runs.
+            return self.original(*args)
+        return self.timed_call(timing, *args)
+
+    def timed_call(self, timing: "FitTiming", *args):
+        """Runs one call for `timing`; each backend's stand-in says how."""
+        raise NotImplementedError
+
+
+class StampedIterator:
+    """An iterator whose every `next()` is stamped: `record((start, ready))`.
+
+    Runs on every step: two clock readings and a call, nothing more. The end of
+    the data (`StopIteration`) goes through untouched; any other error is
+    handed to `on_error` first (a fetch outside Keras' function, on torch,
+    ends fit without its end hooks).
+
+    Args:
+        iterator: the iterator to stamp.
+        record: called with `(start, ready)` of each fetch.
+        on_error: called with an error a fetch raised, or `None`.
 
     Example:
 
-    >>> handed = []
-    >>> held = HeldRows(lambda kind, rows, wall_s, called_at: handed.append(len(rows)))
-    >>> held.add("train", (0.0, 0.1, 0.3), wall_s=0.5, called_at=0.0)  # the first: at once
-    >>> held.add("train", (0.3, 0.3, 0.4), wall_s=0.1, called_at=0.3)
-    >>> held.add("train", (0.4, 0.4, 0.5), wall_s=0.1, called_at=0.4)
-    >>> handed
-    [1]
-    >>> held.flush()
-    >>> handed
-    [1, 2]
+    >>> stamps = []
+    >>> list(StampedIterator(iter("ab"), stamps.append))
+    ['a', 'b']
+    >>> len(stamps)
+    2
     """
 
-    def __init__(self, on_rows: "OnRows"):
-        self._on_rows = on_rows
-        self._held: Dict[str, list] = {TRAIN: [], VALIDATION: []}
-        self._called_at: Dict[str, float] = {}
-        self._seen = set()
+    __slots__ = ("iterator", "_record", "_on_error")
 
-    def add(self, kind: str, rows, wall_s: float, called_at: float) -> None:
-        """Keeps one call's rows: one `(start, ready, end)` row, or an (n, 3) array."""
-        if kind not in self._seen:
-            self._seen.add(kind)
-            rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
-            self._on_rows(kind, rows, wall_s, called_at)
-            return
-        held = self._held[kind]
-        if not held:
-            self._called_at[kind] = called_at
-        held.append(rows)
+    def __init__(self, iterator, record: Callable[[tuple], None], on_error=None):
+        self.iterator = iterator
+        self._record = record
+        self._on_error = on_error
 
-    def flush(self) -> None:
-        """Hands over every kind's rows kept back, a kind at a time."""
-        for kind, held in self._held.items():
-            count = len(held)
-            if not count:
-                continue
-            taken = held[:count]
-            del held[:count]
-            try:
-                rows = np.array(taken, dtype=np.float64).reshape(-1, 3)
-            except ValueError:
-                # Calls of several steps, the last one shorter.
-                rows = np.concatenate([np.reshape(part, (-1, 3)) for part in taken])
-            called_at = self._called_at.pop(kind)
-            if len(rows):
-                self._on_rows(kind, rows, float(rows[-1, 2]) - called_at, called_at)
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        start = _now()
+        try:
+            item = next(self.iterator)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            if self._on_error is not None:
+                self._on_error(error)
+            raise
+        self._record((start, _now()))
+        return item
 
 
 class FitTiming:
@@ -101,11 +141,12 @@ class FitTiming:
     Args:
         model: the `keras.Model` being fit.
         on_rows: called with `(kind, rows, wall_s, called_at)` after each call of
-            Keras' function: `rows` is an (n, 3) array of (start, ready, end)
-            seconds, `ready` NaN when not observed; `wall_s` the call's wall
-            time; `called_at` when it began (`time.time()`). A source that
-            measures a first call's tracing apart passes it as a fifth
-            argument, `tracing_s`.
+            Keras' function: `rows` one `(start, ready, end)` row of seconds or
+            an (n, 3) array of them, `ready` NaN when not observed; `wall_s`
+            the call's wall time; `called_at` when it began (`time.time()`). A
+            source that measures a first call's tracing apart passes it as a
+            fifth argument, `tracing_s`. Called on every step: cheap (the run
+            keeps the rows back).
         on_error: called with the exception when the user's step raises (or
             `None` when a call comes from a fit that no longer uses the tuner).
         on_fallback: called with a sentence when only whole steps can be timed.
@@ -128,6 +169,8 @@ class FitTiming:
         self._on_error = on_error
         self._on_fallback = on_fallback
         self._step_started: Dict[str, float] = {}
+        # Per kind, the stand-in timing this fit's calls (JAX, torch).
+        self._stand_ins: Dict[str, StandIn] = {}
 
     @property
     def model(self):
@@ -160,7 +203,15 @@ class FitTiming:
         """Prepares to time the steps of `kind` ("train" or "validation")."""
 
     def before_step(self, kind: str) -> None:
-        """Called just before Keras runs one call of its function for `kind`."""
+        """Called just before Keras runs one call of its function for `kind`.
+
+        Puts the stand-in for that call on the model, or (whole steps) notes
+        when the call began.
+        """
+        stand_in = self._stand_ins.get(kind)
+        if stand_in is not None:
+            stand_in.install()
+            return
         self._step_started[kind] = time.time()
 
     def after_step(self, kind: str) -> None:
@@ -169,7 +220,7 @@ class FitTiming:
         if start is None:
             return
         end = time.time()
-        self._on_rows(kind, np.array([[start, np.nan, end]]), end - start, start)
+        self._on_rows(kind, (start, np.nan, end), end - start, start)
 
     def logs_ready(self, kind: str, logs) -> None:
         """Called from the batch-end hook on JAX and torch, maybe off the training thread.
@@ -179,7 +230,16 @@ class FitTiming:
         """
 
     def end(self, kind: str) -> None:
-        """Puts Keras' own functions for `kind` back."""
+        """Hands over the rows kept back and puts Keras' own function for `kind` back."""
+        self.flush_rows(wait=True)
+        self.restore(kind)
+
+    def restore(self, kind: str) -> None:
+        """Puts Keras' own function back for `kind` (safe to call twice)."""
+        stand_in = self._stand_ins.pop(kind, None)
+        if stand_in is not None:
+            stand_in.timing = None
+            stand_in.uninstall()
 
     def flush_rows(self, wait: bool = False) -> None:
         """Hands the run the rows of steps that have ended, if any are kept back.

@@ -25,7 +25,7 @@ import time
 from typing import List, Optional
 
 from keras_pipeline_tuner._util import files
-from keras_pipeline_tuner.profiling.window import PROFILE_RUN
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 
 RUN = PROFILE_RUN
 CLAIM_FILENAME = "run.json"

@@ -14,6 +14,7 @@ from keras_pipeline_tuner._util.json_codec import reject_constant
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
+from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.pipeline.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
@@ -41,10 +42,11 @@ class Report:
         validation: `StepStats` of the validation steps, if any ran.
         epochs: per-epoch `EpochBreakdown`s, training and validation.
         first_steps: the first step of each kind, reported apart (it traces).
-        measurement: "in-step" (wait and compute split inside the step) or
-            "whole-step" (only the total per step, see `notes`); for custom
-            loops "decorator", "iterator" or "decorator+iterator" (what timed
-            the steps), or "not timed" (a loop compiled into one graph).
+        measurement: how the steps were timed (`timing.measurement`):
+            "in-step" (wait and compute split inside the step) or "whole-step"
+            (only the total per step, see `notes`); for custom loops
+            "decorator", "iterator" or "decorator+iterator" (what timed the
+            steps), or "not timed" (a loop compiled into one graph).
         steps_per_execution: the model's `steps_per_execution`.
         recommendations: ranked `Recommendation`s of the advisor, most
             important first.
@@ -84,7 +86,7 @@ class Report:
     validation: Optional[StepStats] = None
     epochs: List[EpochBreakdown] = dataclasses.field(default_factory=list)
     first_steps: Dict[str, FirstStep] = dataclasses.field(default_factory=dict)
-    measurement: str = "in-step"
+    measurement: str = measured_by.IN_STEP
     steps_per_execution: int = 1
     recommendations: List[Recommendation] = dataclasses.field(default_factory=list)
     notes: List[str] = dataclasses.field(default_factory=list)

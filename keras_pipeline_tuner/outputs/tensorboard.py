@@ -48,7 +48,7 @@ from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
-from keras_pipeline_tuner.profiling.window import PROFILE_RUN
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import step_seconds
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -278,21 +278,7 @@ class TensorBoardSink:
             )
             if not found.last.size:
                 return 0
-            lows, means, highs = found.minima, found.means, found.maxima
-            rows = np.stack(
-                [
-                    found.last.astype(np.float64),
-                    lows[:, 0],  # the epoch and start of the block's first step
-                    lows[:, 1],
-                    means[:, 2],
-                    means[:, 3],
-                    found.first.astype(np.float64),
-                    highs[:, 2],
-                    highs[:, 3],
-                    highs[:, 4],
-                ],
-                axis=1,
-            )
+            rows = _dashboard_rows(found)
             events = self._events() if self._without_tensorflow() else None
             with self._summaries_if(events is None):
                 for block, block_rows in self._step_blocks.add(rows):
@@ -323,6 +309,7 @@ class TensorBoardSink:
                         dashboard.PROFILE_STAGES_TAG, dashboard.json_text(stages), step, events
                     )
             self._last_dashboard = (text, step)
+
     def write_report(self, report: Report, step: int) -> None:
         """Writes the report as markdown to the Text tab, if it changed.
 
@@ -483,6 +470,24 @@ class TensorBoardSink:
         if profile.bottleneck:
             title += f": bottleneck {profile.bottleneck}"
         return rows, title
+
+
+def _dashboard_rows(found) -> np.ndarray:
+    """The dashboard's step rows (v2) of finished blocks of steps.
+
+    Args:
+        found: the blocks (`downsampling.Points`) of columns epoch, start,
+            wait, compute and step time.
+
+    Returns:
+        One row per block: its last step's number, the epoch and start of its
+        first step, the mean wait and compute, its first step's number, and its
+        largest wait, compute and step time.
+    """
+    lows, means, highs = found.minima, found.means, found.maxima
+    columns = [found.last.astype(np.float64), lows[:, 0], lows[:, 1], means[:, 2], means[:, 3]]
+    columns += [found.first.astype(np.float64), highs[:, 2], highs[:, 3], highs[:, 4]]
+    return np.stack(columns, axis=1)
 
 
 class _Summaries:

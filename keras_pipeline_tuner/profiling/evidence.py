@@ -52,7 +52,6 @@ _STEP_NUMBER = re.compile(r"(\d+)\s*$")
 # Steps a window needs before its stage table may name a bottleneck: fewer are
 # a sample of noise (a window opened at a run's last step closed with none).
 MIN_STEPS = 5
-_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 
 @dataclasses.dataclass
 class ProfiledStep:
@@ -321,7 +320,7 @@ def analyze_capture(
             "name a bottleneck: its stage table is shown, no stage is named."
         )
         bottleneck = None
-    elif bottleneck is not None and evidence.verdict not in _INPUT_BOUND:
+    elif bottleneck is not None and not evidence.verdict.input_bound:
         evidence.notes.append(
             f"The window measured {evidence.input_fraction * 100:.1f} % input "
             f"({evidence.verdict.value}): no stage limits training, so none is named "

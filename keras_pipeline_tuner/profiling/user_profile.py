@@ -39,7 +39,7 @@ def requested_profile(callbacks: List[object]) -> Optional[ProfileRequest]:
     """The profile window a `keras.callbacks.TensorBoard` among `callbacks` will capture.
 
     Args:
-        callbacks: the fit's callbacks (see `_util.fit_callbacks`).
+        callbacks: the fit's callbacks (see `_util.running_fit`).
 
     Returns:
         The first TensorBoard callback's request, or `None` when none profiles.

@@ -11,25 +11,20 @@ inside a step.
 """
 
 import contextlib
-import glob
-import itertools
 import logging
 import os
-import shutil
-import tempfile
-import time
 from typing import List, Optional, Tuple, Union
 
 from keras_pipeline_tuner._util import features
-from keras_pipeline_tuner._util import files
-from keras_pipeline_tuner._util.fit_callbacks import current_fit_callbacks
+from keras_pipeline_tuner._util.running_fit import current_fit_callbacks
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
-from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner.profiling import user_profile
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+
+from keras_pipeline_tuner.profiling.capture import Capture
+from keras_pipeline_tuner.profiling.capture import ProfilerBusy
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import TRAIN
-from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -41,12 +36,8 @@ FEATURE = features.PROFILER_WINDOW
 # not add up over a long job that is not input-bound.
 AUTO_WARMUP_STEPS = 10
 DEFAULT_PROFILE_STEPS = 15
-# The TensorBoard run, under log_dir, that holds the captures:
-# <log_dir>/pipeline_tuner/plugins/profile/<run>/<host>.xplane.pb.
-PROFILE_RUN = "pipeline_tuner"
 EPOCH_ENDED = "the epoch ended"
 FIT_ENDED = "the fit ended"
-_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 
 
 def checked_profile_steps(
@@ -118,7 +109,7 @@ class ProfilerWindow:
         self.steps = checked_profile_steps(profile, profile_steps)
         self.log_dir = log_dir
         self._guard = guard
-        self._capture: Optional[_Capture] = None
+        self._capture: Optional[Capture] = None
         self._user_known: List[str] = []
         self._reset()
 
@@ -126,7 +117,7 @@ class ProfilerWindow:
         """What one fit (or custom loop) starts with: no window yet."""
         self.evidence: Optional[ProfileEvidence] = None
         self.notes: List[str] = []
-        self._pending: Optional[_Capture] = None
+        self._pending: Optional[Capture] = None
         self._taken = self.profile == "off"
         self._steps_done = 0
         self._calls = 0
@@ -324,16 +315,12 @@ class ProfilerWindow:
         # the tuner only marks the steps, so that xprof's analyzer finds them.
         self._taken = True
         user = self._user
-        self._capture = _Capture(
-            staging=None,
+        self._capture = Capture(
             trigger=f"requested by the user: {user.description}",
             first_step=self._steps_done,
             stop_step=self._steps_done + user.stop_batch - self._calls + 1,
             timed=timed,
-            started_at=time.perf_counter(),
-            start_s=0.0,
         )
-        self._capture.adopted = True
         if timed is not None:
             timed.trace_step = self._mark
         logger.info(
@@ -344,9 +331,7 @@ class ProfilerWindow:
 
     def _release_user(self, reason: Optional[str]) -> None:
         capture, self._capture = self._capture, None
-        capture.release()
-        capture.steps = self._steps_done - capture.first_step
-        capture.window_s = time.perf_counter() - capture.started_at
+        capture.end_steps(self._steps_done)
         if reason is not None:
             capture.notes.append(
                 f"The user's profile window was still open when {reason}; its capture "
@@ -387,7 +372,7 @@ class ProfilerWindow:
             return None
         self._next_check = 2 * step
         stats = clock.stats(TRAIN)
-        if stats.verdict not in _INPUT_BOUND:
+        if not stats.verdict.input_bound:
             return None
         return (
             f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "
@@ -395,18 +380,13 @@ class ProfilerWindow:
         )
 
     def _open(self, trigger: str, timed) -> None:
-        tf = tensorflow()
         self._taken = True
         stop_step = (
             self.profile[1] if isinstance(self.profile, tuple) else self._steps_done + self.steps
         )
-        staging = tempfile.mkdtemp(prefix="keras_pipeline_tuner_capture_")
-        began = time.perf_counter()
         try:
-            with profile_evidence.native_stderr_silenced():
-                tf.profiler.experimental.start(staging)
-        except tf.errors.AlreadyExistsError:
-            shutil.rmtree(staging, ignore_errors=True)
+            self._capture = Capture.start(trigger, self._steps_done, stop_step, timed)
+        except ProfilerBusy:
             note = (
                 "No profiler window: another TF Profiler session was already running "
                 "(for example keras.callbacks.TensorBoard(profile_batch=...)); its "
@@ -415,18 +395,6 @@ class ProfilerWindow:
             logger.warning("keras-pipeline-tuner: %s", note)
             self.notes.append(note)
             return
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        self._capture = _Capture(
-            staging=staging,
-            trigger=trigger,
-            first_step=self._steps_done,
-            stop_step=stop_step,
-            timed=timed,
-            started_at=began,
-            start_s=time.perf_counter() - began,
-        )
         self._capture.dataset = self._dataset
         self._capture.keras_input = self._keras_input
         if timed is not None:
@@ -456,29 +424,8 @@ class ProfilerWindow:
         return None
 
     def _close(self, reason: Optional[str]) -> None:
-        tf = tensorflow()
         capture, self._capture = self._capture, None
-        capture.release()
-        began = time.perf_counter()
-        try:
-            with profile_evidence.native_stderr_silenced():
-                tf.profiler.experimental.stop()
-        except BaseException:
-            shutil.rmtree(capture.staging, ignore_errors=True)
-            raise
-        capture.stop_s = time.perf_counter() - began
-        capture.steps = self._steps_done - capture.first_step
-        if reason is not None:
-            capture.notes.append(
-                f"The window closed after {capture.steps} of "
-                f"{capture.stop_step - capture.first_step} steps because {reason}: a "
-                "window does not span an epoch end (the iterator is rebuilt there "
-                "and validation runs)."
-            )
-        capture.run_dir, capture.xplane_path, capture.temporary = _publish(
-            capture.staging, self.log_dir
-        )
-        capture.window_s = time.perf_counter() - capture.started_at
+        capture.stop(self._steps_done, reason, self.log_dir)
         self._pending = capture
 
     def _convert(self) -> None:
@@ -487,63 +434,15 @@ class ProfilerWindow:
             return
         if capture.adopted and not self._find_user_capture(capture):
             return
-        evidence = ProfileEvidence(
-            run_dir=capture.run_dir,
-            xplane_path=capture.xplane_path,
-            temporary=capture.temporary,
-            trigger=capture.trigger,
-            first_step=capture.first_step,
-            stop_step=capture.first_step + capture.steps,
-            notes=list(capture.notes),
-        )
-        evidence.cost = profile_evidence.CaptureCost(
-            steps=capture.steps,
-            window_s=capture.window_s,
-            start_s=capture.start_s,
-            stop_s=capture.stop_s,
-            file_bytes=_file_bytes(capture.xplane_path),
-        )
-        if capture.temporary:
-            evidence.notes.append(
-                "The tuner has no log_dir, so the capture was written to the temporary "
-                f"directory {_log_dir_of(capture.run_dir)}; pass log_dir to keep it with "
-                "the run."
-            )
-        self.evidence = evidence
+        # Kept even when the analysis fails: where the capture is, and its cost.
+        self.evidence = capture.evidence()
         with self._guard(FEATURE):
-            stages, naming_note = _stages_of(capture.dataset, capture.keras_input)
-            analysed = profile_evidence.analyze_capture(
-                capture.xplane_path, stages, window_steps=capture.steps
-            )
-            for field in (
-                "source",
-                "steps",
-                "input_fraction",
-                "verdict",
-                "conclusion",
-                "iterators",
-                "bottleneck",
-                "bottleneck_iterator",
-                "bottleneck_node",
-            ):
-                setattr(evidence, field, getattr(analysed, field))
-            evidence.cost.conversion_s = analysed.cost.conversion_s
-            evidence.notes += analysed.notes + ([naming_note] if naming_note else [])
+            capture.analyse(self.evidence)
 
     def _abandon(self) -> None:
-        # Best effort, after a failure or an interrupted fit: the TF Profiler is
-        # process-wide, and a session left running would block the user's own.
         capture, self._capture = self._capture, None
-        if capture is None:
-            return
-        capture.release()
-        if capture.adopted:
-            return  # the user's session: theirs to stop
-        try:
-            tensorflow().profiler.experimental.stop(save=False)
-        except Exception:  # noqa: BLE001 - nothing more can be done.
-            pass
-        shutil.rmtree(capture.staging, ignore_errors=True)
+        if capture is not None:
+            capture.abandon()
 
     @contextlib.contextmanager
     def _cleanup_on_failure(self):
@@ -552,138 +451,3 @@ class ProfilerWindow:
         except BaseException:
             self._abandon()
             raise
-
-
-class _Capture:
-    """One running or closed capture, from start to conversion."""
-
-    def __init__(self, staging, trigger, first_step, stop_step, timed, started_at, start_s):
-        self.staging = staging
-        self.trigger = trigger
-        self.first_step = first_step
-        self.stop_step = stop_step
-        self.timed = timed
-        self.started_at = started_at
-        self.start_s = start_s
-        self.stop_s = 0.0
-        self.window_s = 0.0
-        self.steps = 0
-        self.dataset = None
-        self.keras_input = None
-        self.marker = None
-        self.notes: List[str] = []
-        self.run_dir = ""
-        self.xplane_path = ""
-        self.temporary = False
-        # True for the user's own capture, which the tuner only marks and reads.
-        self.adopted = False
-
-    def enter_marker(self, step: int) -> None:
-        self.exit_marker()
-        self.marker = tensorflow().profiler.experimental.Trace(
-            profile_evidence.STEP_MARKER, step_num=step, _r=1
-        )
-        self.marker.__enter__()
-
-    def exit_marker(self) -> None:
-        marker, self.marker = self.marker, None
-        if marker is not None:
-            marker.__exit__(None, None, None)
-
-    def release(self) -> None:
-        """Stops marking steps."""
-        self.exit_marker()
-        if self.timed is not None:
-            self.timed.trace_step = None
-            self.timed = None
-
-
-def _publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:
-    """Moves a capture from its staging directory to a run folder of its own.
-
-    The TF Profiler names run folders to the second, so two captures in one
-    second would land in one folder; capturing into a private, local directory
-    and claiming a final folder no other capture has keeps every capture. The
-    final folder may be on any file system `tf.io.gfile` reaches (a `gs://`
-    log dir): the files are copied there.
-
-    Returns:
-        The run folder, the `.xplane.pb` path in it, and whether it is in a
-        temporary directory.
-    """
-    try:
-        staged = sorted(glob.glob(os.path.join(staging, "plugins", "profile", "*")))
-        if not staged:
-            raise RuntimeError("the TF Profiler wrote no capture")
-        temporary = log_dir is None
-        root = (
-            tempfile.mkdtemp(prefix="keras_pipeline_tuner_profile_")
-            if temporary
-            else os.path.join(log_dir, PROFILE_RUN)
-        )
-        profile_dir = os.path.join(root, "plugins", "profile")
-        files.makedirs(profile_dir)
-        run_dir = _claim_run_dir(profile_dir, os.path.basename(staged[0]))
-        for name in os.listdir(staged[0]):
-            if files.is_remote(run_dir):
-                files.copy_file(os.path.join(staged[0], name), os.path.join(run_dir, name))
-            else:
-                shutil.move(os.path.join(staged[0], name), os.path.join(run_dir, name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    captures = [name for name in files.list_dir(run_dir) if name.endswith(".xplane.pb")]
-    if not captures:
-        raise RuntimeError(f"the TF Profiler wrote no .xplane.pb into {run_dir}")
-    return run_dir, os.path.join(run_dir, captures[0]), temporary
-
-
-def _claim_run_dir(profile_dir: str, base: str) -> str:
-    for index in itertools.count(1):
-        run_dir = os.path.join(profile_dir, base if index == 1 else f"{base}_{index}")
-        if files.is_remote(run_dir):
-            # Object stores have no atomic mkdir: a folder of a name no capture
-            # has yet. Captures of one log dir come from one process at a time
-            # (the TF Profiler is process-wide), to the second apart.
-            if not files.exists(run_dir):
-                files.makedirs(run_dir)
-                return run_dir
-            continue
-        try:
-            os.mkdir(run_dir)
-            return run_dir
-        except FileExistsError:
-            continue
-    raise AssertionError("unreachable")
-
-
-def _file_bytes(path: str) -> int:
-    # Outside the guard: a capture deleted with its log dir is reported by the
-    # conversion, inside the guard, not here.
-    try:
-        return files.size(path)
-    except OSError:
-        return 0
-
-
-def _log_dir_of(run_dir: str) -> str:
-    # <log_dir>/plugins/profile/<run>: the directory to give TensorBoard.
-    return os.path.dirname(os.path.dirname(os.path.dirname(run_dir)))
-
-
-def _stages_of(dataset, keras_input=None):
-    if dataset is None:
-        return {}, (
-            "Stages are named by kind only: the profiled steps showed no tf.data "
-            "iterator to read the pipeline from (distributed input, or only whole "
-            "steps measured)."
-        )
-    try:
-        stages = stage_names.pipeline_stages(dataset)
-    except Exception as error:  # noqa: BLE001 - names are a nicety, not the evidence.
-        return {}, (
-            f"Stages are named by kind only: the pipeline's graph could not be read "
-            f"({type(error).__name__}: {error})."
-        )
-    if keras_input is not None:
-        stages = stage_names.as_keras_input(stages, keras_input)
-    return stages, None

@@ -262,7 +262,9 @@ class StepClock:
                 rows (a step that computes inside its call). With it (JAX:
                 the call returns once the step is compiled and dispatched,
                 and the step computes after), the first step's compute is
-                its time from the batch to its end less the tracing.
+                its time from the batch to its end less the tracing. NaN: it
+                cannot be told apart from compute (a custom loop's step, seen
+                from Python), and is not reported.
         """
         rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
         self.recorded += 1
@@ -271,13 +273,13 @@ class StepClock:
         compute_s = float(end - (ready if measured else start))
         if tracing_s is None:
             tracing_s = max(wall_s - float(rows[-1, 2] - start), 0.0)
-        else:
+        elif not math.isnan(tracing_s):
             compute_s = max(compute_s - tracing_s, 0.0)
         self.first_steps[kind] = FirstStep(
             wall_ms=wall_s * 1e3,
             input_wait_ms=float(max(ready - start, 0.0) * 1e3) if measured else None,
             compute_ms=compute_s * 1e3,
-            tracing_ms=float(tracing_s * 1e3),
+            tracing_ms=None if math.isnan(tracing_s) else float(tracing_s * 1e3),
         )
         self._note_setup(kind, rows, called_at)
         self._last_end[kind] = float(end)

@@ -17,7 +17,13 @@ MODERATELY_INPUT_BOUND_FRACTION = 0.05
 
 
 class Verdict(str, enum.Enum):
-    """How much of the training step is spent waiting for input."""
+    """How much of the training step is spent waiting for input.
+
+    Example:
+
+    >>> Verdict.MODERATELY_INPUT_BOUND.input_bound, Verdict.UNKNOWN.input_bound
+    (True, False)
+    """
 
     HIGHLY_INPUT_BOUND = "highly input-bound"
     MODERATELY_INPUT_BOUND = "moderately input-bound"
@@ -27,6 +33,11 @@ class Verdict(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def input_bound(self) -> bool:
+        """Whether the input costs enough of the step to be worth changing (5 % or more)."""
+        return self in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 
 
 def verdict_for(input_fraction: Optional[float]) -> Verdict:

@@ -20,7 +20,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice import advisor
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import window as profiler_window
-from keras_pipeline_tuner.profiling.window import PROFILE_RUN
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model

@@ -18,6 +18,9 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline import lint as pipeline_lint
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.run import lifecycle
+from keras_pipeline_tuner.run import run_files
+from keras_pipeline_tuner.run import run_report
+from keras_pipeline_tuner.profiling import capture as profile_capture
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.outputs import markdown as report_markdown
@@ -47,10 +50,10 @@ def plain_run():
 FAULTS = {
     # At the end of the first epoch, so that steps were recorded (and scalars written).
     features.STEP_CLOCK: (StepClock, "end_epoch"),
-    profiler_window.FEATURE: (profiler_window, "_publish"),
+    profiler_window.FEATURE: (profile_capture, "publish"),
     features.INSPECTION: (pipeline_lint, "inspect"),
-    features.ADVICE: (lifecycle, "advise"),
-    features.REPORT_FILE: (lifecycle, "write_report"),
+    features.ADVICE: (run_report, "advise"),
+    features.REPORT_FILE: (run_files, "write_report"),
     features.STEP_TRACE: (lifecycle, "write_trace"),
     features.SUMMARY: (terminal_summary, "print_summary"),
     features.WHAT_IF: (what_if_replay, "replay_after_fit"),

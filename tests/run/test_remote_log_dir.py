@@ -9,7 +9,7 @@ import tensorflow as tf
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.trace import TRACE_FILENAME
-from keras_pipeline_tuner.profiling.window import PROFILE_RUN
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.workers import exchange
 from keras_pipeline_tuner import cli
 from tests.helpers.training_data import slow_source

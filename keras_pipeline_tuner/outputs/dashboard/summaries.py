@@ -28,7 +28,7 @@ import numpy as np
 
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.tf_import import tensorflow
-from keras_pipeline_tuner.profiling.window import PROFILE_RUN
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 
 if TYPE_CHECKING:
     from tensorboard.compat.proto import summary_pb2

@@ -1,20 +1,12 @@
-"""Timing sources for `model.fit`: one per Keras backend, the same rows for all.
+"""Input wait and compute of `model.fit` steps on the TensorFlow backend.
 
-Each source times the steps of one fit and hands the run rows of
-`(start, ready, end)` timestamps (see `timing.step_clock`) through the narrow
-callables it is given; it knows nothing of reports or outputs. The Keras
-callback drives it from its hooks: `begin(kind)` when training (or validation)
-begins, `before_step(kind)` / `after_step(kind)` around each call of Keras'
-train (or test) function, `end(kind)` to put Keras' own functions back.
-
-On the TensorFlow backend the batch is fetched inside `model.train_function`,
-so the source replaces it with an equivalent compiled function that takes
-timestamps around the fetch and after the step (`timing.timed_step_function`).
-The replacement is on the model only while a step runs: however fit is
-interrupted, Keras' own function is left in place. JAX (`jax_fit_timing`:
-the device's idle wait under asynchronous dispatch) and torch
-(`torch_fit_timing`: the `DataLoader` fetch, outside the train function) have
-sources of their own, imported only on their backend.
+The batch is fetched inside `model.train_function`, so the source replaces it
+with an equivalent compiled function that takes timestamps around the fetch
+and after the step (`timing.timed_step_function`). The replacement is on the
+model only while a step runs (set in the batch-begin hook, put back in the
+batch-end hook, which TensorFlow runs on the training thread): however fit is
+interrupted, Keras' own function is left in place, except where the step holds
+TensorFlow's legacy random ops (see `TensorFlowFitTiming`).
 """
 
 import functools
@@ -23,7 +15,6 @@ from typing import Dict, List, Optional
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
-from keras_pipeline_tuner.instrumentation.timing_source import HeldRows
 from keras_pipeline_tuner.instrumentation.timing_source import OnError
 from keras_pipeline_tuner.instrumentation.timing_source import OnFallback
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
@@ -35,8 +26,7 @@ from keras_pipeline_tuner.timing import timed_step_function
 class TensorFlowFitTiming(FitTiming):
     """Times the fetch and the step inside the compiled function (TensorFlow backend).
 
-    Each call's rows are kept back (`HeldRows`) and handed to the run in
-    `flush_rows` and `end`. The timed function is on the model only while a
+    Each call's rows go to the run as they come. The timed function is on the model only while a
     step runs, unless its step holds legacy random ops (see
     `timing.timed_step_function`): it then stays on the model, carrying their
     state into later fits as Keras' own function would, and a later tuner
@@ -50,7 +40,6 @@ class TensorFlowFitTiming(FitTiming):
         super().__init__(model, on_rows, on_error, on_fallback)
         self._swapped: Dict[str, timed_step_function.TimedFunction] = {}
         self._whole_step = False
-        self._held = HeldRows(on_rows)
 
     def begin(self, kind: str) -> None:
         model = self.model
@@ -120,11 +109,7 @@ class TensorFlowFitTiming(FitTiming):
         if self._whole_step:
             super().after_step(kind)
 
-    def flush_rows(self, wait: bool = False) -> None:
-        self._held.flush()
-
     def end(self, kind: str) -> None:
-        self._held.flush()
         timed = self._swapped.pop(kind, None)
         model = self.model
         if timed is None or model is None:
@@ -140,7 +125,7 @@ class TensorFlowFitTiming(FitTiming):
         return None if self._whole_step else self._swapped.get(kind)
 
     def _hold_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
-        self._held.add(kind, rows.numpy(), wall_s, called_at)
+        self._on_rows(kind, rows.numpy(), wall_s, called_at)
 
     def _first_call(self, kind: str, ran_before: bool, random_ops: List[str]) -> bool:
         """Decides, from the step's legacy random ops, which function trains."""
@@ -170,49 +155,6 @@ class TensorFlowFitTiming(FitTiming):
         self.end(TRAIN)
         self.end(VALIDATION)
         self._on_error(error)
-
-
-def fit_timing_for(
-    model,
-    on_rows: OnRows,
-    on_error: OnError,
-    on_fallback: OnFallback,
-    first_batch_end_hook: bool = True,
-) -> FitTiming:
-    """The timing source for `model`'s backend.
-
-    Args:
-        model: the `keras.Model` being fit.
-        on_rows, on_error, on_fallback: as for `FitTiming`.
-        first_batch_end_hook: whether the caller's batch-end hooks run before
-            any other callback's (JAX stamps step ends there only then).
-
-    Returns:
-        A timing source for the active Keras backend: `TensorFlowFitTiming`,
-        `JaxFitTiming`, `TorchFitTiming`, or whole-step `FitTiming` for others.
-    """
-    import keras
-
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        return TensorFlowFitTiming(model, on_rows, on_error, on_fallback)
-    if backend == "jax":
-        # Imported here: jax is imported only for a fit on its backend.
-        from keras_pipeline_tuner.instrumentation.jax_fit_timing import JaxFitTiming
-
-        return JaxFitTiming(
-            model, on_rows, on_error, on_fallback, first_batch_end_hook=first_batch_end_hook
-        )
-    if backend == "torch":
-        from keras_pipeline_tuner.instrumentation.torch_fit_timing import TorchFitTiming
-
-        return TorchFitTiming(model, on_rows, on_error, on_fallback)
-    timing = FitTiming(model, on_rows, on_error, on_fallback)
-    on_fallback(
-        f"the Keras backend is {backend!r}; input wait is measured inside the step on "
-        "the TensorFlow, JAX and torch backends only"
-    )
-    return timing
 
 
 def _has_run(function) -> bool:

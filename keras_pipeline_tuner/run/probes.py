@@ -1,0 +1,218 @@
+"""The probes that run once training has ended: one phase, for fit and custom loops.
+
+- the what-if replay (`what_if=True`) or, on its own on the CPU, the contention
+  check: the model's compiled step on replayed batches (TensorFlow backend,
+  fit only: a custom loop does not hand the tuner its model's step);
+- Grain's stage timing, on a Grain dataset the run waited for;
+- the timing of the advised fixes (`measure_fixes`), on the tf.data dataset fit
+  was given or the loop iterated through `tuner.iterate`.
+
+Each probe that does not run says why in the report, where the user asked for it
+or would expect it. None reads from the iterator training used or moves state a
+later fit sees (see `pipeline.rerun` and `instrumentation.what_if_replay`).
+"""
+
+import dataclasses
+from typing import Optional
+
+from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util.random_state import preserved_random_state
+from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import verdict
+from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
+from keras_pipeline_tuner.profiling import grain_stages
+from keras_pipeline_tuner.timing import measurement as measured_by
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+
+LOOP_HAS_NO_STEP = (
+    "it replays the model's compiled train step, which a custom training loop does not "
+    "hand the tuner; call kpt.what_if(model, dataset) after the loop"
+)
+
+
+@dataclasses.dataclass
+class ProbeSettings:
+    """What the probes need of the tuner's arguments.
+
+    Attributes:
+        what_if_steps: replayed steps for `what_if`, 0 when it is off.
+        check_contention: whether the contention check may run.
+        measure_fixes_s: seconds for the fix timing, 0 when it is off.
+        allow_unverified: the pipeline's Python keeps no state (fix timing).
+    """
+
+    what_if_steps: int = 0
+    check_contention: bool = True
+    measure_fixes_s: float = 0.0
+    allow_unverified: bool = False
+
+
+class AfterTraining:
+    """Runs the probes of a run whose training has ended.
+
+    Args:
+        settings: the `ProbeSettings`.
+        guard: the tuner's `FeatureGuard`.
+
+    Example:
+
+    ```python
+    AfterTraining(ProbeSettings(what_if_steps=20), guard).run(run, model=model, dataset=ds)
+    ```
+    """
+
+    def __init__(self, settings: ProbeSettings, guard):
+        self.settings = settings
+        self.guard = guard
+
+    def run(self, run, model=None, dataset=None) -> None:
+        """Runs each probe that applies to `run`, or notes why it did not.
+
+        Args:
+            run: the `run.lifecycle.Run`, training ended.
+            model: the model fit trained (its fit's frame on the stack), or
+                `None` for a custom loop.
+            dataset: the `tf.data.Dataset` training read (fit's, or a loop's
+                through `tuner.iterate`), or `None`.
+        """
+        self._replay(run, model)
+        self._grain_stages(run)
+        self._fix_timing(run, dataset)
+
+    # The replay: what_if, or the contention check.
+
+    def _replay(self, run, model) -> None:
+        steps = self.settings.what_if_steps
+        if steps:
+            reason = self._replay_blocker(run, model)
+            if reason is not None:
+                run.notes.append(f"The what-if replay did not run: {reason}.")
+            elif self.guard.enabled(features.WHAT_IF):
+                with self.guard(features.WHAT_IF):
+                    # After training and with Keras' own functions back: the
+                    # replay restores the model's state, so training is not changed.
+                    try:
+                        run.what_if = what_if_replay.replay_after_fit(
+                            model, steps, run.clock.stats(TRAIN)
+                        )
+                    except what_if_replay.ReplayUnsupported as limit:
+                        # An expected limit (a strategy, a generator): a note.
+                        run.notes.append(f"The what-if replay did not run. {limit}")
+            return
+        if model is None and self.settings.check_contention:
+            run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
+        elif self._contention_check_due(run, model):
+            with self.guard(features.CONTENTION_CHECK):
+                try:
+                    run.what_if = what_if_replay.contention_check(
+                        model, run.clock.stats(TRAIN), verdict.shows_contention
+                    )
+                except what_if_replay.ReplayUnsupported as limit:
+                    # An expected limit: the wait decides, and the report says why.
+                    run.notes.append(f"The contention check did not run. {limit}")
+
+    def _replay_blocker(self, run, model) -> Optional[str]:
+        if model is None:
+            return LOOP_HAS_NO_STEP
+        if not self.guard.enabled(features.STEP_CLOCK):
+            return "it compares with the step clock's timings, and the step clock was turned off"
+        if run.multi_worker:
+            return (
+                "under MultiWorkerMirroredStrategy its steps would run the all-reduce, which "
+                "stalls unless every worker replays the same steps"
+            )
+        return None
+
+    def _contention_check_due(self, run, model) -> bool:
+        """Whether the wait alone may miss what the pipeline costs the step.
+
+        On the CPU the pipeline's threads share the cores with the model, which
+        the wait at the fetch does not show. A short replay of cached batches
+        times the step with input free (see `advice.verdict`). An input-bound
+        job needs it too: the replayed step bounds what any fix can bring, and
+        a pipeline that competes for the cores costs more than its wait.
+        """
+        import keras
+
+        if not (self.settings.check_contention and self.guard.enabled(features.CONTENTION_CHECK)):
+            return False
+        if run.multi_worker or run.measurement != measured_by.IN_STEP or model is None:
+            return False
+        if keras.backend.backend() != "tensorflow":
+            # The replay runs the TensorFlow backend's compiled step.
+            return False
+        if not self.guard.enabled(features.REPORT):
+            # No verdict can be built (that feature failed): none to refine.
+            return False
+        with self.guard(features.CONTENTION_CHECK):
+            steady = run.clock.steady_share(TRAIN)
+            if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
+                return False
+            return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(model)
+        return False
+
+    # Grain.
+
+    def _grain_stages(self, run) -> None:
+        """After training on a Grain dataset that kept steps waiting: Grain's stage timing.
+
+        Reads a few batches of the dataset apart, with Grain's own stage timing
+        on (see `profiling.grain_stages`), names the slowest stage and adds the
+        finding about it. Only for a run the report judges input-bound:
+        otherwise no stage limits training and the pass would cost for nothing.
+        """
+        dataset, run.grain_dataset = run.grain_dataset, None
+        if dataset is None or not self.guard.enabled(features.GRAIN_STAGES):
+            return
+        with self.guard(features.GRAIN_STAGES):
+            # The report's own verdict, so that the pass runs when the advice
+            # would look for the stage that holds the wait.
+            run.flush_rows()
+            if not run.report().verdict.input_bound:
+                return
+            # The user's Python in the pipeline may draw from the global
+            # generators: their next draws stay as without the tuner.
+            with preserved_random_state():
+                evidence = grain_stages.time_stages(dataset)
+            run.stage_timing = evidence
+            stage = grain_stages.placement(evidence)
+            if stage is None:
+                return
+            found = grain_stage_findings(
+                stage.label,
+                evidence.bottleneck_node,
+                evidence.bottleneck_iterator,
+                stage.on_read_threads,
+                stage.read_threads,
+            )
+            run.findings = list(run.findings) + list(found) if run.findings else found
+
+    # The advised fixes.
+
+    def _fix_timing(self, run, dataset) -> None:
+        """Times the advised fixes on the dataset training read (`measure_fixes`)."""
+        if not self.settings.measure_fixes_s or not self.guard.enabled(features.FIX_TIMING):
+            return
+        with self.guard(features.FIX_TIMING):
+            if dataset is None or not isinstance(dataset, tensorflow().data.Dataset):
+                run.notes.append(
+                    "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
+                    "training was not given one (or was given one distributed by a strategy; "
+                    "a custom loop's is the one it iterates through tuner.iterate)."
+                )
+                return
+            report = run.built_report()
+            if report is None or not report.verdict.input_bound:
+                return
+            # The user's Python functions run again: their draws from the global
+            # generators must not move the user's next ones.
+            with preserved_random_state():
+                run.fix_timings = fix_timing.time_fixes(
+                    dataset,
+                    report.recommendations,
+                    report.train,
+                    self.settings.measure_fixes_s,
+                    self.settings.allow_unverified,
+                )

@@ -1,0 +1,136 @@
+"""The `Report` of a run, built from what its evidence holds so far.
+
+Built on demand (every epoch, at checkpoints, at the end) from the run's step
+clock, profiler window, findings, replay and CPU figures; nothing here measures
+or writes. The verdict is decided once, in `advice.verdict.judge`, and the
+terminal line, the file and the advice all show that one judgement.
+"""
+
+import sys
+from typing import List
+
+from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_clock import VALIDATION
+from keras_pipeline_tuner.workers import exchange as worker_reports
+
+NO_STEP = "No training step was measured"
+
+
+def judgement_of(run) -> Judgement:
+    """The run's verdict from the evidence so far (see `advice.verdict.judge`).
+
+    Args:
+        run: the `run.lifecycle.Run`.
+
+    Returns:
+        The `Judgement`.
+    """
+    clock = run.clock
+    return judge(
+        clock.stats(TRAIN),
+        run.window.evidence,
+        clock.epochs,
+        clock.steady_share(TRAIN),
+        clock.epoch_start_share(TRAIN),
+        run.what_if,
+    )
+
+
+def build_report(run) -> Report:
+    """The `Report` of what `run` measured so far.
+
+    Args:
+        run: the `run.lifecycle.Run`.
+
+    Returns:
+        The `Report`, with the advice when that feature is on.
+    """
+
+    measurement, notes = run.measurement, list(run.notes)
+    described = run.source_description()
+    if described is not None:
+        measurement, source_notes = described
+        notes += source_notes
+    clock = run.clock
+    validation, train = clock.stats(VALIDATION), clock.stats(TRAIN)
+    notes += run.failure_notes() + _worker_notes(run)
+    if not train.steps and TRAIN not in clock.first_steps and not any(
+        note.startswith(NO_STEP) for note in notes
+    ):
+        notes.append(f"{NO_STEP}: the dataset gave no batch, or fit has not run a step yet.")
+    judgement = judgement_of(run)
+    report = Report(
+        verdict=judgement.verdict,
+        input_fraction=judgement.input_fraction,
+        train=train,
+        validation=validation if validation.steps else None,
+        epochs=list(clock.epochs),
+        first_steps=dict(clock.first_steps),
+        measurement=measurement,
+        steps_per_execution=run.steps_per_execution,
+        notes=notes + run.window.notes,
+        # Grain's own stage timing names Grain's stages; a profiler window
+        # sees them only as Keras' generator around the dataset.
+        profile=run.stage_timing or run.window.evidence,
+        findings=list(run.findings),
+        what_if=run.what_if,
+        workers=run.worker_view,
+        cpu=run.cpu_usage(),
+        environment=environment(),
+        judgement=judgement,
+        run=run.files.entry.run if run.files.entry is not None else None,
+    )
+    guard = run.guard
+    if guard.enabled(features.ADVICE):
+        with guard(features.ADVICE):
+            report.recommendations = advise(
+                report.train,
+                report.profile,
+                # With the pipeline they were found in, when inspected here.
+                run.findings,
+                what_if=report.what_if,
+                cpu=report.cpu,
+                workers=report.workers,
+                judgement=judgement,
+                fix_timings=run.fix_timings,
+            )
+    return report
+
+
+def environment() -> dict:
+    """The versions of the libraries the run used, and its Keras backend and Python.
+
+    Example:
+
+    >>> found = environment()
+    >>> found["backend"] in ("tensorflow", "jax", "torch")
+    True
+    >>> sorted(set(found) & {"keras", "python"})
+    ['keras', 'python']
+    """
+    import keras
+
+    found = {}
+    # Named only when the run used them: the torch and JAX backends may run
+    # without TensorFlow, and no framework is imported just to name it.
+    for name in ("tensorflow", "jax", "torch"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "__version__"):
+            found[name] = str(module.__version__)
+    found.update(
+        keras=keras.__version__, backend=keras.backend.backend(), python=sys.version.split()[0]
+    )
+    return found
+
+
+def _worker_notes(run) -> List[str]:
+    view = run.worker_view
+    if view is None or view.waited_s is None:
+        return []
+    missing = worker_reports.missing_note(view, run.settings.log_dir)
+    return [missing] if missing is not None else []
