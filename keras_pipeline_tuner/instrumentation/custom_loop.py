@@ -36,7 +36,7 @@ from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner._util.tf_import import tensorflow
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
 from keras_pipeline_tuner.profiling import grain_stages
 
 logger = logging.getLogger("keras_pipeline_tuner")

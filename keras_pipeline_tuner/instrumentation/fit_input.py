@@ -13,8 +13,8 @@ import logging
 import sys
 from typing import Any, Optional
 
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint
-from keras_pipeline_tuner.pipeline.findings import Findings
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
+from keras_pipeline_tuner.pipeline.lint.findings import Findings
 
 logger = logging.getLogger("keras_pipeline_tuner")
 

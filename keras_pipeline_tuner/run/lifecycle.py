@@ -37,8 +37,8 @@ from keras_pipeline_tuner.outputs.report import write_report
 from keras_pipeline_tuner.outputs import log_dir_runs
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
-from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
-from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
+from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
