@@ -32,8 +32,9 @@ import keras_pipeline_tuner as kpt  # noqa: E402
 # The guide's pipelines live with the tests, which share them with the benches.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.helpers import guide_pipelines as guide  # noqa: E402
-from keras_pipeline_tuner.pipeline import paired_timing  # noqa: E402
-from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite  # noqa: E402
+from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of  # noqa: E402
+from keras_pipeline_tuner.pipeline.tune import paired_timing  # noqa: E402
+from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -70,8 +71,8 @@ def elements(dataset):
 
 def fresh(dataset):
     """A factory of fresh copies of a dataset (its caches start empty)."""
-    graph_def = pipeline_rewrite.graph_def_of(dataset)
-    return lambda: pipeline_rewrite.rebuild(graph_def, dataset.element_spec, dataset)
+    graph_def = graph_def_of(dataset)
+    return lambda: rebuild(graph_def, dataset.element_spec, dataset)
 
 
 def main():

@@ -25,8 +25,8 @@ import keras_pipeline_tuner as kpt  # noqa: E402
 # The guide's pipelines live with the tests, which share them with the benches.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.helpers import guide_pipelines as guide  # noqa: E402
-from keras_pipeline_tuner.pipeline import graph as pipeline_graph  # noqa: E402
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint  # noqa: E402
+from keras_pipeline_tuner.pipeline.graph import reader  # noqa: E402
+from keras_pipeline_tuner.pipeline.lint import tf_data_rules  # noqa: E402
 
 TARGET_MS = 50.0
 no_autograph = tf.autograph.experimental.do_not_convert
@@ -90,18 +90,12 @@ def main():
         gc.disable()
         try:
             findings, whole = timed(lambda: kpt.inspect(dataset), args.runs)
-            pipeline, reading = timed(lambda: pipeline_graph.read_pipeline(dataset), args.runs)
+            pipeline, reading = timed(lambda: reader.read_pipeline(dataset), args.runs)
             _, static = timed(
-                lambda: pipeline_graph.pipeline_from_graph_def(
-                    pipeline_graph._graph_def(
-                        dataset._as_serialized_graph(
-                            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
-                        )
-                    )
-                ),
+                lambda: reader.pipeline_from_graph_def(reader.graph_def_of(dataset)),
                 args.runs,
             )
-            _, rules = timed(lambda: pipeline_lint.lint(pipeline), args.runs)
+            _, rules = timed(lambda: tf_data_rules.lint(pipeline), args.runs)
         finally:
             gc.enable()
     print(f"pipeline ({len(pipeline.stages)} stages): {pipeline}")

@@ -31,9 +31,9 @@ __version__ = "0.1.0"
 _MEASUREMENT_NAMES = {
     "benchmark": "keras_pipeline_tuner.pipeline.benchmark",
     "BenchmarkResult": "keras_pipeline_tuner.pipeline.benchmark",
-    "tune": "keras_pipeline_tuner.pipeline.tuning",
-    "TuneResult": "keras_pipeline_tuner.pipeline.tuning",
-    "RewriteOutcome": "keras_pipeline_tuner.pipeline.tuning",
+    "tune": "keras_pipeline_tuner.pipeline.tune.tuning",
+    "TuneResult": "keras_pipeline_tuner.pipeline.tune.results",
+    "RewriteOutcome": "keras_pipeline_tuner.pipeline.tune.results",
     "what_if": "keras_pipeline_tuner.instrumentation.what_if_replay",
     "WhatIfResult": "keras_pipeline_tuner.instrumentation.what_if_replay",
     "write_tune_result": "keras_pipeline_tuner.outputs.dashboard.summaries",
@@ -56,11 +56,11 @@ def __getattr__(name):
 
         return PipelineTuner if name == "PipelineTuner" else instrument
     if name == "inspect":
-        from keras_pipeline_tuner.pipeline.lint import inspect
+        from keras_pipeline_tuner.pipeline.lint.keras_inputs import inspect
 
         return inspect
     if name in ("Finding", "Findings"):
-        from keras_pipeline_tuner.pipeline import findings
+        from keras_pipeline_tuner.pipeline.lint import findings
 
         return getattr(findings, name)
     if name in _MEASUREMENT_NAMES:

@@ -197,7 +197,7 @@ def run_demo(
     import keras
 
     from keras_pipeline_tuner.run.tuner import PipelineTuner
-    from keras_pipeline_tuner.pipeline.tuning import tune
+    from keras_pipeline_tuner.pipeline.tune.tuning import tune
     from keras_pipeline_tuner.outputs.dashboard.summaries import write_tune_result
     from keras_pipeline_tuner.outputs.terminal import verdict_line
 

@@ -39,7 +39,7 @@ import dataclasses
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Iterable, List, Optional
+from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
 
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
@@ -62,9 +62,13 @@ from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
-from keras_pipeline_tuner.pipeline.catalogue import KINDS
-from keras_pipeline_tuner.pipeline import keras_made
-from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
+from keras_pipeline_tuner.pipeline.graph import keras_made
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
+from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
+from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
+from keras_pipeline_tuner.pipeline.lint.catalogue import PARALLELISING
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -72,7 +76,7 @@ from keras_pipeline_tuner.timing.step_stats import Verdict
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-    from keras_pipeline_tuner.pipeline.findings import Finding
+    from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
@@ -80,46 +84,47 @@ if TYPE_CHECKING:
 
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-_DONE_AT_RUN_TIME = frozenset({"missing-prefetch", "sequential-map"})
-_PARALLEL_KINDS = frozenset({"map", "interleave", "TFRecordDataset", "TextLineDataset", "filter"})
-_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
+_DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
+_PARALLEL_KINDS = frozenset(
+    {kinds.MAP, kinds.INTERLEAVE, kinds.TFRECORD, kinds.TEXT_LINE, kinds.FILTER}
+)
 _KERAS_DIRECTORY_UTILITIES = (keras_made.IMAGES, keras_made.TEXT, keras_made.AUDIO)
 _STAGE = re.compile(r"^\s*([\w.]+)\s*(?:\(\s*([^,)\s]*)[^)]*\))?")
 
 # What usually speeds up a stage of each kind, for a bottleneck no finding
 # explains. Keys are the transformation as `stage_names` labels it.
 _STAGE_FIXES = {
-    "map": (
+    kinds.MAP: (
         "Run the map on parallel threads (a Python function inside it, via "
         "tf.py_function, stays bound by the GIL: prefer TensorFlow ops).",
         "ds = ds.map({function}, num_parallel_calls=tf.data.AUTOTUNE)",
     ),
-    "interleave": (
+    kinds.INTERLEAVE: (
         "Read the interleaved inputs in parallel.",
         "ds = ds.interleave({function}, cycle_length=tf.data.AUTOTUNE,\n"
         "                   num_parallel_calls=tf.data.AUTOTUNE)",
     ),
-    "from_generator": (
+    kinds.FROM_GENERATOR: (
         "The Python generator produces elements one at a time, holding the GIL. "
         "Yield only cheap items (file names, indices) and do the work in a parallel map.",
         "ds = tf.data.Dataset.from_generator(list_items, output_signature=...)\n"
         "ds = ds.map(load_item, num_parallel_calls=tf.data.AUTOTUNE)",
     ),
-    "TFRecordDataset": (
+    kinds.TFRECORD: (
         "Read several files at once.",
         "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
         "    tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)",
     ),
-    "TextLineDataset": (
+    kinds.TEXT_LINE: (
         "Read several files at once.",
         "ds = tf.data.Dataset.from_tensor_slices(files).interleave(\n"
         "    tf.data.TextLineDataset, num_parallel_calls=tf.data.AUTOTUNE)",
     ),
-    "filter": (
+    kinds.FILTER: (
         "Filter on parallel threads, or filter before expensive work.",
         "ds = ds.filter({function})  # before the expensive map",
     ),
-    "batch": (
+    kinds.BATCH: (
         "Batch in parallel, and batch before cheap per-element maps (vectorise them).",
         "ds = ds.batch(batch_size, num_parallel_calls=tf.data.AUTOTUNE)",
     ),
@@ -191,16 +196,8 @@ def advise(
         ]
 
     bottleneck = profile.bottleneck if profile is not None else None
-    at_bottleneck, errors, others = [], [], []
-    for finding in findings:
-        if bottleneck and _is_bottleneck(profile, finding.stage, _node(finding)):
-            at_bottleneck.append(_from_finding(run, finding))
-        elif _severity(finding) == "error":
-            errors.append(_from_finding(run, finding))
-        else:
-            others.append(_from_finding(run, finding))
-
-    input_bound = run.verdict in _INPUT_BOUND
+    at_bottleneck, errors, others = _by_place(run, findings)
+    input_bound = run.verdict.input_bound
     ranked = sorted(at_bottleneck, key=_bottleneck_key)
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
@@ -210,19 +207,41 @@ def advise(
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     if _apply_timings(run, ranked, fix_timings):
-        # Stable: within a tier the rules' order stands, so that one stage's
-        # recommendation is its fix timed fastest, or else its first untimed.
-        # An untimed cache of the bottleneck stage keeps its lead: it removes
-        # the stage's work from every epoch after the first, which no timed
-        # parallelism does (a cache is timed only when whole epochs fit).
-        leading = {
-            id(item)
-            for item in ranked[: len(at_bottleneck)]
-            if item.id == "cache-missing" and _measured_tier(item) == 1
-        }
-        ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
+        _sort_by_timing(ranked, len(at_bottleneck))
     straggler = scale_out_advice.straggler_recommendation(workers)
     return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
+    """The findings' recommendations: at the profiled bottleneck, errors, the others."""
+    profile = run.profile
+    bottleneck = profile.bottleneck if profile is not None else None
+    at_bottleneck, errors, others = [], [], []
+    for finding in findings:
+        if bottleneck and _is_bottleneck(profile, finding.stage, _node(finding)):
+            at_bottleneck.append(_from_finding(run, finding))
+        elif _severity(finding) == "error":
+            errors.append(_from_finding(run, finding))
+        else:
+            others.append(_from_finding(run, finding))
+    return at_bottleneck, errors, others
+
+
+def _sort_by_timing(ranked: List[Recommendation], at_bottleneck: int) -> None:
+    """Ranks timed fixes first, fastest first; the first `at_bottleneck` are the bottleneck's.
+
+    Stable: within a tier the rules' order stands, so that one stage's
+    recommendation is its fix timed fastest, or else its first untimed. An
+    untimed cache of the bottleneck stage keeps its lead: it removes the
+    stage's work from every epoch after the first, which no timed parallelism
+    does (a cache is timed only when whole epochs fit).
+    """
+    leading = {
+        id(item)
+        for item in ranked[:at_bottleneck]
+        if item.id == CACHE_MISSING and _measured_tier(item) == 1
+    }
+    ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
 
 
 def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
@@ -271,7 +290,7 @@ def _bottleneck_key(recommendation: Recommendation):
     # first, which no amount of parallelism does; Python under the GIL may not
     # parallelise at all. So among speed fixes of that stage, the cache leads.
     first = 0 if recommendation.severity == "error" else (
-        1 if recommendation.id == "cache-missing" else 2
+        1 if recommendation.id == CACHE_MISSING else 2
     )
     return (first,) + _rank_key(recommendation)
 
@@ -506,7 +525,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         cached_after = _cache_after(run.pipeline, _node(finding))
         if cached_after is not None:
             gain = _first_epoch_only(run, finding.stage, cached_after)
-        elif finding.id == "missing-prefetch":
+        elif finding.id == MISSING_PREFETCH:
             gain = _overlap_gain(run.stats)
         else:
             gain = _stage_gain(
@@ -601,7 +620,7 @@ def _cache_after(pipeline, node: Optional[str]):
     stage = next((item for item in pipeline.stages if item.node == node), None)
     if stage is None:
         return None
-    return next((item for item in pipeline.downstream(stage) if item.kind == "cache"), None)
+    return next((item for item in pipeline.downstream(stage) if item.kind == kinds.CACHE), None)
 
 
 def _first_epoch_only(run: _Run, stage: str, cache) -> ExpectedGain:

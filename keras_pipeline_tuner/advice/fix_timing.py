@@ -6,7 +6,7 @@ After training, on the dataset object fit was given, each advised change that
 `kpt.tune`'s rewriter can make (a parallel map or interleave, AUTOTUNE for a
 fixed parallelism, a cache, a final prefetch, a vectorised map) is timed on
 its own against the pipeline as written, with `tune`'s machinery
-(`pipeline.tuning.time_rewrites`): rebuilt from the graph, its elements
+(`pipeline.tune.tuning.time_rewrites`): rebuilt from the graph, its elements
 checked, timed side by side with the original in alternating rounds, GC off,
 within a budget of a few seconds.
 
@@ -38,12 +38,28 @@ from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
-from keras_pipeline_tuner.pipeline import graph as pipeline_graph
-from keras_pipeline_tuner.pipeline import rerun
-from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
-from keras_pipeline_tuner.pipeline import tuning as pipeline_tuning
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph import rerun
+from keras_pipeline_tuner.pipeline.graph.in_memory import in_memory_bytes
+from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
+from keras_pipeline_tuner.pipeline.lint.catalogue import FIXED_PARALLELISM
+from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
+from keras_pipeline_tuner.pipeline.lint.catalogue import VECTORIZE_MAP
+from keras_pipeline_tuner.pipeline.tune import results as tune_results
+from keras_pipeline_tuner.pipeline.tune.cache_point import draws_randomly
+from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
+from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
+from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_INTERLEAVE
+from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_MAP
+from keras_pipeline_tuner.pipeline.tune.rewrites import PREFETCH
+from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
+from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
+from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
 from keras_pipeline_tuner.timing.step_stats import StepStats
-from keras_pipeline_tuner.timing.step_stats import Verdict
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -67,12 +83,12 @@ _BUDGET_SHARE = 0.6
 
 # The rewrite that makes each finding's fix.
 _REWRITE_OF = {
-    "sequential-map": pipeline_rewrite.PARALLEL_MAP,
-    "sequential-interleave": pipeline_rewrite.PARALLEL_INTERLEAVE,
-    "fixed-parallelism": pipeline_rewrite.AUTOTUNE_PARALLELISM,
-    "cache-missing": pipeline_rewrite.CACHE,
-    "missing-prefetch": pipeline_rewrite.PREFETCH,
-    "vectorize-map": pipeline_rewrite.VECTORIZE,
+    SEQUENTIAL_MAP: PARALLEL_MAP,
+    SEQUENTIAL_INTERLEAVE: PARALLEL_INTERLEAVE,
+    FIXED_PARALLELISM: AUTOTUNE_PARALLELISM,
+    CACHE_MISSING: CACHE,
+    MISSING_PREFETCH: PREFETCH,
+    VECTORIZE_MAP: VECTORIZE,
 }
 # Final ops that work on the next elements in background threads while the
 # consumer computes, as a prefetch does (TensorFlow's fused map_and_batch too).
@@ -86,7 +102,7 @@ _ASYNCHRONOUS_OPS = frozenset(
     }
 )
 # Rewrites of which a pipeline has at most one, wherever the finding points.
-_ONE_PER_PIPELINE = (pipeline_rewrite.CACHE, pipeline_rewrite.PREFETCH)
+_ONE_PER_PIPELINE = (CACHE, PREFETCH)
 
 
 @dataclasses.dataclass
@@ -146,17 +162,6 @@ class FixTiming:
             recommendation.stage_node == self.stage_node
             and recommendation.stage == self.stage
         )
-
-
-def input_bound(verdict) -> bool:
-    """Whether a run's verdict calls for timing the fixes: input-bound, highly or moderately.
-
-    Example:
-
-    >>> input_bound("moderately input-bound"), input_bound("not input-bound")
-    (True, False)
-    """
-    return verdict in (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 
 
 def checked_budget(measure_fixes) -> float:
@@ -225,55 +230,26 @@ def time_fixes(
         print(timing.change, timing.status, timing.batch_ms_before, timing.batch_ms_after)
     ```
     """
-    held = pipeline_graph.in_memory_bytes(dataset)
-    if held > MAX_IN_MEMORY_BYTES:
-        # Rebuilding the pipeline from its graph copies the arrays it holds.
-        candidates, skipped = [], []
-        untouchable = (
-            f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
-            f"rebuilding it to time the change would copy (more than "
-            f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
-        )
-    else:
-        pipeline = pipeline_graph.read_pipeline(dataset)
-        candidates, skipped = pipeline_rewrite.plan_rewrites(pipeline)
-        untouchable = _untouchable(pipeline, allow_unverified)
-    timings: List[FixTiming] = []
-    wanted: List[Tuple[FixTiming, "pipeline_rewrite.Rewrite"]] = []
-    for recommendation, fix_id in _advised_fixes(recommendations):
-        kind = _rewrite_kind(recommendation, fix_id)
-        if kind is None:
-            continue
-        timing = FixTiming(fix_id, recommendation.stage, recommendation.stage_node, "", "")
-        timings.append(timing)
-        if untouchable is not None:
-            timing.status, timing.reason = pipeline_tuning.NOT_APPLICABLE, untouchable
-            continue
-        rewrite = _matching(candidates, kind, recommendation)
-        if rewrite is None:
-            timing.status = pipeline_tuning.NOT_APPLICABLE
-            timing.reason = _skipped_reason(skipped, kind, recommendation)
-            continue
-        timing.change = rewrite.change
-        wanted.append((timing, rewrite))
+    pipeline, candidates, skipped, untouchable = _candidates(dataset, allow_unverified)
+    timings, wanted = _wanted(recommendations, candidates, skipped, untouchable)
     if not wanted:
         return timings
     overlapped = _ends_in_prefetch(pipeline)
     for timing, rewrite in wanted:
         timing.overlapped_before = overlapped
-        timing.overlapped_after = overlapped or rewrite.kind == pipeline_rewrite.PREFETCH
+        timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
     epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s)
     # One timing per distinct rewrite, however many recommendations name it.
     distinct = {}
     for timing, rewrite in wanted:
-        if cache_reason is not None and rewrite.kind == pipeline_rewrite.CACHE:
-            timing.status, timing.reason = pipeline_tuning.NOT_MEASURED, cache_reason
+        if cache_reason is not None and rewrite.kind == CACHE:
+            timing.status, timing.reason = tune_results.NOT_MEASURED, cache_reason
             continue
         distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
     if not distinct:
         return timings
     try:
-        timed = pipeline_tuning.time_rewrites(
+        timed = time_rewrites(
             dataset,
             [rewrite for rewrite, _ in distinct.values()],
             budget_s,
@@ -285,12 +261,53 @@ def time_fixes(
         # An epoch too long for the budget: an expected limit, said per fix.
         for _, found in distinct.values():
             for timing in found:
-                timing.status, timing.reason = pipeline_tuning.NOT_MEASURED, str(limit)
+                timing.status, timing.reason = tune_results.NOT_MEASURED, str(limit)
         return timings
     for (rewrite, found), item in zip(distinct.values(), timed):
         for timing in found:
             _record(timing, rewrite, item, epochs)
     return timings
+
+
+def _candidates(dataset, allow_unverified: bool):
+    """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None)`."""
+    held = in_memory_bytes(dataset)
+    if held > MAX_IN_MEMORY_BYTES:
+        # Rebuilding the pipeline from its graph copies the arrays it holds.
+        untouchable = (
+            f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
+            f"rebuilding it to time the change would copy (more than "
+            f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
+        )
+        return None, [], [], untouchable
+    pipeline = read_pipeline(dataset)
+    candidates, skipped = plan_rewrites(pipeline)
+    return pipeline, candidates, skipped, _untouchable(pipeline, allow_unverified)
+
+
+def _wanted(
+    recommendations, candidates, skipped, untouchable: Optional[str]
+) -> Tuple[List[FixTiming], List[Tuple[FixTiming, Rewrite]]]:
+    """A `FixTiming` per advised fix that is a rewrite, and those to time with their rewrite."""
+    timings: List[FixTiming] = []
+    wanted: List[Tuple[FixTiming, Rewrite]] = []
+    for recommendation, fix_id in _advised_fixes(recommendations):
+        kind = _rewrite_kind(recommendation, fix_id)
+        if kind is None:
+            continue
+        timing = FixTiming(fix_id, recommendation.stage, recommendation.stage_node, "", "")
+        timings.append(timing)
+        if untouchable is not None:
+            timing.status, timing.reason = tune_results.NOT_APPLICABLE, untouchable
+            continue
+        rewrite = _matching(candidates, kind, recommendation)
+        if rewrite is None:
+            timing.status = tune_results.NOT_APPLICABLE
+            timing.reason = _skipped_reason(skipped, kind, recommendation)
+            continue
+        timing.change = rewrite.change
+        wanted.append((timing, rewrite))
+    return timings, wanted
 
 
 def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
@@ -377,7 +394,7 @@ def _untouchable(pipeline, allow_unverified: bool) -> Optional[str]:
     hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
     if hazard is not None:
         return f"the pipeline is not run again after training: {hazard}"
-    if pipeline_rewrite.draws_randomly(pipeline):
+    if draws_randomly(pipeline):
         return (
             "the pipeline shuffles or draws random numbers: running it to time the change "
             "would move its random state, and later epochs would differ from a run "
@@ -402,11 +419,11 @@ def _rewrite_kind(recommendation: Recommendation, fix_id: str) -> Optional[str]:
     # The advisor's fix for a bottleneck no finding explains: read which.
     fix, stage = recommendation.fix, recommendation.stage or ""
     if ".cache()" in fix:
-        return pipeline_rewrite.CACHE
+        return CACHE
     if "num_parallel_calls" in fix and stage.startswith("map("):
-        return pipeline_rewrite.PARALLEL_MAP
+        return PARALLEL_MAP
     if "num_parallel_calls" in fix and stage.startswith("interleave("):
-        return pipeline_rewrite.PARALLEL_INTERLEAVE
+        return PARALLEL_INTERLEAVE
     return None
 
 
@@ -429,7 +446,7 @@ def _skipped_reason(skipped, kind: str, recommendation: Recommendation) -> str:
 def _ends_in_prefetch(pipeline) -> bool:
     """Whether the last stage TensorFlow runs prepares batches ahead of the consumer."""
     final = pipeline.runtime_final or pipeline.final
-    while final is not None and final.kind == "with_options" and final.inputs:
+    while final is not None and final.kind == kinds.WITH_OPTIONS and final.inputs:
         final = pipeline.stage(final.inputs[0])
     return final is not None and final.op in _ASYNCHRONOUS_OPS
 
@@ -447,12 +464,12 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     # The pipeline alone is at most as slow as the steps that wait for it.
     batch_s = max((stats.step.median_ms or stats.step.mean_ms or 1.0) / 1e3, 1e-4)
     cardinality = int(dataset.cardinality())
-    caching = any(kind == pipeline_rewrite.CACHE for kind, _ in distinct)
+    caching = any(kind == CACHE for kind, _ in distinct)
     if caching and cardinality > 0:
         whole_epochs = _SETUP_EPOCHS + len(distinct) * (1 + 2 * _PASSES_PER_FIX)
         if cardinality * batch_s * whole_epochs <= _BUDGET_SHARE * budget_s:
             return 2, None, None
-    fixes = sum(1 for kind, _ in distinct if kind != pipeline_rewrite.CACHE)
+    fixes = sum(1 for kind, _ in distinct if kind != CACHE)
     epochs = _SETUP_EPOCHS + max(fixes, 1) * (1 + _PASSES_PER_FIX)
     num_batches = int(_BUDGET_SHARE * budget_s / (batch_s * epochs))
     num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
@@ -471,12 +488,12 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
 def _record(timing: FixTiming, rewrite, item, epochs: int) -> None:
     outcome = item.outcome
     timing.status = outcome.status
-    if outcome.status == pipeline_tuning.UNVERIFIED:
+    if outcome.status == tune_results.UNVERIFIED:
         timing.reason = (
             f"{rewrite.unverified}; pass allow_unverified=True to PipelineTuner to time it"
         )
         return
-    if outcome.status != pipeline_tuning.MEASURED or not item.batches or not outcome.ratio:
+    if outcome.status != tune_results.MEASURED or not item.batches or not outcome.ratio:
         timing.reason = outcome.reason
         return
     timing.batch_ms_before = item.without_s / item.batches * 1e3

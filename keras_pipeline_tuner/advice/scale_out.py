@@ -25,17 +25,18 @@ from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
-from keras_pipeline_tuner.pipeline.catalogue import PARALLELISING
-from keras_pipeline_tuner.pipeline.data_service import GUIDE_URL
-from keras_pipeline_tuner.pipeline.data_service import service_stages
-from keras_pipeline_tuner.pipeline.graph import READER_KINDS
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.lint.catalogue import PARALLELISING
+from keras_pipeline_tuner.pipeline.lint.catalogue import PYTHON_GENERATOR
+from keras_pipeline_tuner.pipeline.lint.data_service import GUIDE_URL
+from keras_pipeline_tuner.pipeline.lint.data_service import service_stages
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.workers.exchange import task_folder
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-    from keras_pipeline_tuner.pipeline.graph import Pipeline
+    from keras_pipeline_tuner.pipeline.graph.model import Pipeline
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 WORKERS = "workers"
@@ -44,12 +45,11 @@ CPU = "CPU usage"
 STRAGGLER = "input-straggler"
 OFFLOAD = "data-service-offload"
 
-_INPUT_BOUND = (Verdict.HIGHLY_INPUT_BOUND, Verdict.MODERATELY_INPUT_BOUND)
 # Stage kinds that run a function: the work parallelism spreads.
-_WORK_KINDS = ("map", "map_and_batch", "interleave", "filter")
+_WORK_KINDS = (kinds.MAP, kinds.MAP_AND_BATCH, kinds.INTERLEAVE, kinds.FILTER)
 # Findings that say a stage could still run on more threads: those whose fix
 # parallelises, and a Python generator.
-_STILL_SEQUENTIAL = PARALLELISING | {"python-generator"}
+_STILL_SEQUENTIAL = PARALLELISING | {PYTHON_GENERATOR}
 OFFLOAD_FIX = (
     "# On each host with idle CPUs, a service worker (and one dispatcher somewhere):\n"
     "#   tf.data.experimental.service.WorkerServer(\n"
@@ -95,7 +95,7 @@ def straggler_recommendation(
         The "input-straggler" `Recommendation`, or `None`.
     """
     straggler = _straggler(workers)
-    if straggler is None or straggler.train.verdict not in _INPUT_BOUND:
+    if straggler is None or not Verdict(straggler.train.verdict).input_bound:
         return None
     others = [w for w in workers.workers if w.task != straggler.task and w.train.steps]
     detail = (
@@ -158,7 +158,7 @@ def offload_recommendation(
     Returns:
         The "data-service-offload" `Recommendation`, or `None`.
     """
-    if run.verdict not in _INPUT_BOUND or cpu is None or not cpu.saturated:
+    if not run.verdict.input_bound or cpu is None or not cpu.saturated:
         return None
     if pipeline is None or service_stages(pipeline):
         return None
@@ -216,9 +216,11 @@ def _parallel_work(pipeline: "Pipeline", cpu_count: int) -> List:
     work = []
     for stage in pipeline.stages:
         function = stage.function
-        if stage.kind == "from_generator" or (function is not None and function.py_function_ops):
+        if stage.kind == kinds.FROM_GENERATOR or (
+            function is not None and function.py_function_ops
+        ):
             return []
-        reads_files = stage.kind in READER_KINDS and (stage.files or 0) > 1
+        reads_files = stage.kind in kinds.READER_KINDS and (stage.files or 0) > 1
         if not reads_files and (
             stage.kind not in _WORK_KINDS or function is None or function.trivial
         ):

@@ -14,8 +14,8 @@ import sys
 from typing import Any, Optional
 
 from keras_pipeline_tuner._util.running_fit import running_call_local
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint
-from keras_pipeline_tuner.pipeline.findings import Findings
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
+from keras_pipeline_tuner.pipeline.lint.findings import Findings
 
 logger = logging.getLogger("keras_pipeline_tuner")
 

@@ -38,7 +38,7 @@ from keras_pipeline_tuner.instrumentation import traced_steps
 
 from keras_pipeline_tuner.instrumentation.loop_record import KINDS
 from keras_pipeline_tuner.instrumentation.loop_record import LoopRecord
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 

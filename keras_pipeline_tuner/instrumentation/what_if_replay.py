@@ -24,8 +24,8 @@ import numpy as np
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner.instrumentation import fit_input
-from keras_pipeline_tuner.pipeline import rerun
-from keras_pipeline_tuner.pipeline import rewrite as pipeline_rewrite
+from keras_pipeline_tuner.pipeline.graph import rerun
+from keras_pipeline_tuner.pipeline.tune import rebuild as pipeline_rewrite
 from keras_pipeline_tuner.timing import timed_step_function
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS

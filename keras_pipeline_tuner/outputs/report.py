@@ -16,7 +16,7 @@ from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-from keras_pipeline_tuner.pipeline.findings import Finding
+from keras_pipeline_tuner.pipeline.lint.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
 from keras_pipeline_tuner.timing.step_clock import FirstStep

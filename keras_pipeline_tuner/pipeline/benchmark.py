@@ -13,17 +13,18 @@ from typing import List, Optional
 
 import numpy as np
 
-from keras_pipeline_tuner.pipeline import graph as pipeline_graph
-from keras_pipeline_tuner.pipeline.rewrite import graph_def_of
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner._util.argument_checks import verbosity
-from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
+from keras_pipeline_tuner.pipeline.graph.reader import pipeline_from_graph_def
+from keras_pipeline_tuner.timing.step_stats import Distribution
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-_BATCH_KINDS = ("batch", "padded_batch", "map_and_batch", "rebatch")
+_BATCH_KINDS = (kinds.BATCH, kinds.PADDED_BATCH, kinds.MAP_AND_BATCH, kinds.REBATCH)
 _PROGRESS_INTERVAL_S = 0.1
 # Batches timed (after the warm-up) when the dataset's length is unknown and no
 # `num_batches` is given: such a dataset may never end.
@@ -116,50 +117,14 @@ def benchmark(
     print(f"{result.batches_per_s:.1f} batches/s, first batch {result.first_batch_ms:.0f} ms")
     ```
     """
-    tf = tensorflow()
-    checked_dataset(dataset, "benchmark")
-    positive_int(num_batches, "num_batches", optional=True)
-    # The first batch also creates the iterator: it is always set apart.
-    positive_int(warmup, "warmup")
-    positive_int(batch_size, "batch_size", optional=True)
-    verbosity(verbose)
-    cardinality = int(dataset.cardinality())
-    if num_batches is None and cardinality == tf.data.INFINITE_CARDINALITY:
-        raise ValueError(
-            "The dataset is infinite (it repeats forever), so an epoch never ends: pass "
-            "num_batches=<how many batches to time>, e.g. num_batches=200."
-        )
+    cardinality = _checked_cardinality(dataset, num_batches, warmup, batch_size, verbose)
     batched = batch_size is None and _batches(dataset)
-    total = None
-    capped = num_batches is None and cardinality == tf.data.UNKNOWN_CARDINALITY
+    capped = num_batches is None and cardinality == tensorflow().data.UNKNOWN_CARDINALITY
     if capped:
         num_batches = UNKNOWN_LENGTH_BATCHES
-    if num_batches is not None:
-        total = num_batches + warmup
-    elif cardinality >= 0:
-        total = cardinality
-    if total is not None and cardinality >= 0:
-        total = min(total, cardinality)
+    total = _batches_to_read(num_batches, warmup, cardinality)
     progress = _progress_bar(total) if verbose else None
-
-    ends = array.array("d")
-    examples = array.array("q")
-    began = time.perf_counter()
-    iterator = iter(dataset)
-    last_shown = began
-    complete = False
-    while total is None or len(ends) < total:
-        try:
-            element = next(iterator)
-        except StopIteration:
-            complete = True
-            break
-        now = time.perf_counter()
-        ends.append(now)
-        examples.append(batch_size or (_leading_dimension(element) if batched else 1))
-        if progress is not None and now - last_shown >= _PROGRESS_INTERVAL_S:
-            progress.update(len(ends))
-            last_shown = now
+    began, ends, examples, complete = _read(dataset, total, batch_size, batched, progress)
     if total is not None and len(ends) == cardinality:
         complete = True
     if progress is not None:
@@ -183,6 +148,63 @@ def benchmark(
         if verbose:
             logger.info("keras-pipeline-tuner: %s", note)
     return result
+
+
+def _checked_cardinality(dataset, num_batches, warmup, batch_size, verbose) -> int:
+    """Checks `benchmark`'s arguments (raising as it says); the dataset's cardinality."""
+    tf = tensorflow()
+    checked_dataset(dataset, "benchmark")
+    positive_int(num_batches, "num_batches", optional=True)
+    # The first batch also creates the iterator: it is always set apart.
+    positive_int(warmup, "warmup")
+    positive_int(batch_size, "batch_size", optional=True)
+    verbosity(verbose)
+    cardinality = int(dataset.cardinality())
+    if num_batches is None and cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ValueError(
+            "The dataset is infinite (it repeats forever), so an epoch never ends: pass "
+            "num_batches=<how many batches to time>, e.g. num_batches=200."
+        )
+    return cardinality
+
+
+def _batches_to_read(num_batches: Optional[int], warmup: int, cardinality: int) -> Optional[int]:
+    """How many batches to read, warm-up included; `None` for the whole (unknown) epoch."""
+    total = None
+    if num_batches is not None:
+        total = num_batches + warmup
+    elif cardinality >= 0:
+        total = cardinality
+    if total is not None and cardinality >= 0:
+        total = min(total, cardinality)
+    return total
+
+
+def _read(dataset, total: Optional[int], batch_size, batched: bool, progress):
+    """Reads `total` batches (or the epoch): `(began, ends, examples, complete)`.
+
+    `ends` holds when each batch came, `examples` how many examples it held;
+    `complete` is whether the epoch ended.
+    """
+    ends = array.array("d")
+    examples = array.array("q")
+    began = time.perf_counter()
+    iterator = iter(dataset)
+    last_shown = began
+    complete = False
+    while total is None or len(ends) < total:
+        try:
+            element = next(iterator)
+        except StopIteration:
+            complete = True
+            break
+        now = time.perf_counter()
+        ends.append(now)
+        examples.append(batch_size or (_leading_dimension(element) if batched else 1))
+        if progress is not None and now - last_shown >= _PROGRESS_INTERVAL_S:
+            progress.update(len(ends))
+            last_shown = now
+    return began, ends, examples, complete
 
 
 def _summarise(began, ends, examples, warmup, complete) -> BenchmarkResult:
@@ -209,7 +231,7 @@ def _summarise(began, ends, examples, warmup, complete) -> BenchmarkResult:
 def _batches(dataset) -> bool:
     """Whether the dataset's elements are batches (the last batch-like stage is not undone)."""
     try:
-        stages = pipeline_graph.pipeline_from_graph_def(graph_def_of(dataset)).stages
+        stages = pipeline_from_graph_def(graph_def_of(dataset)).stages
     except Exception as error:  # noqa: BLE001 - counting examples is a nicety.
         logger.info("keras-pipeline-tuner: counting one example per element (%s).", error)
         return False
@@ -217,7 +239,7 @@ def _batches(dataset) -> bool:
     for stage in stages:
         if stage.kind in _BATCH_KINDS:
             batched = True
-        elif stage.kind == "unbatch":
+        elif stage.kind == kinds.UNBATCH:
             batched = False
     return batched
 

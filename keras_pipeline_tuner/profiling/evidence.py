@@ -30,7 +30,7 @@ from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 if typing.TYPE_CHECKING:
-    from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+    from keras_pipeline_tuner.pipeline.graph.model import Stage
 
 ANALYZER = "input_pipeline_analyzer"
 TRACE = "trace"
@@ -80,7 +80,7 @@ class IteratorTime:
     Attributes:
         iterator: the profiler's name, e.g. "Iterator::Root::Prefetch::BatchV2".
         stage: the transformation as the user wrote it, e.g. "map(load_image)".
-        stage_node: the graph node of that stage (`pipeline_graph.Stage.node`),
+        stage_node: the graph node of that stage (`Stage.node`),
             when the pipeline was read.
         dataset_op: the dataset op it runs, as the trace names it (e.g.
             "MapDataset:1"), if the trace showed it.
@@ -236,7 +236,7 @@ class ProfileEvidence:
 
 def analyze_capture(
     xplane_path: str,
-    stages: Optional[Dict[str, "pipeline_graph.Stage"]] = None,
+    stages: Optional[Dict[str, "Stage"]] = None,
     window_steps: Optional[int] = None,
 ) -> ProfileEvidence:
     """Converts a capture with xprof and reads the input-pipeline evidence.
@@ -339,7 +339,7 @@ def analyze_capture(
 def rank_iterators(
     iterators_table: dict,
     iterator_ops: Dict[str, str],
-    stages: Dict[str, "pipeline_graph.Stage"],
+    stages: Dict[str, "Stage"],
 ) -> List[IteratorTime]:
     """Ranks the analyzer's tf.data iterators by self time and flags waiting ones.
 
@@ -347,7 +347,7 @@ def rank_iterators(
         iterators_table: the analyzer's iterator table (a gviz DataTable with
             "opName", "count", "timeInMs" and "selfTimeInMs" columns).
         iterator_ops: iterator name to dataset op name, from the trace.
-        stages: dataset op name to the user's `pipeline_graph.Stage`.
+        stages: dataset op name to the user's `Stage`.
 
     Returns:
         `IteratorTime`s, most self time first.

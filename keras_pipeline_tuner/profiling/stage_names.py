@@ -4,7 +4,7 @@ The TF Profiler names iterators by their position in the running pipeline
 ("Iterator::Root::Prefetch::MapAndBatch::FlatMap") and, in the trace, by the
 dataset op each came from ("MapDataset:1", "fused(MapDataset:1,BatchDatasetV2:2)").
 Those op names are the datasets' metadata names, which the dataset's GraphDef
-carries on its nodes; `pipeline_graph` reads the same graph into stages with the
+carries on its nodes; `pipeline.graph.reader` reads the same graph into stages with the
 user's functions. This module joins the two, and nothing else.
 """
 
@@ -12,7 +12,9 @@ import re
 from typing import Dict, Iterable, Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
-from keras_pipeline_tuner.pipeline import graph as pipeline_graph
+from keras_pipeline_tuner.pipeline.graph.in_memory import without_large_sources
+from keras_pipeline_tuner.pipeline.graph.model import Stage
+from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 
 # In-memory sources above this are read as one-element stand-ins (no copy).
 MAX_IN_MEMORY_BYTES = 16 * 2**20
@@ -108,7 +110,7 @@ def runs_user_function(kind: str) -> bool:
     return kind in _ASYNCHRONOUS_KINDS and kind not in _BUFFER_KINDS
 
 
-def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
+def pipeline_stages(dataset) -> Dict[str, Stage]:
     """The pipeline's stages by the dataset op names the profiler shows.
 
     Args:
@@ -117,7 +119,7 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
     Returns:
         A dict from dataset op name as the trace shows it (the op's metadata
         name, e.g. "MapDataset:1", or the `name=` the user gave) to the
-        `pipeline_graph.Stage` of that op.
+        `Stage` of that op.
     """
     from tensorflow.core.framework import dataset_metadata_pb2
 
@@ -125,10 +127,10 @@ def pipeline_stages(dataset) -> Dict[str, "pipeline_graph.Stage"]:
     # Over stand-ins of large in-memory arrays, as the lint reads it: the maps
     # keep their op names (the user's functions), other stages may be named
     # by kind only.
-    light = pipeline_graph.without_large_sources(dataset, MAX_IN_MEMORY_BYTES)
+    light = without_large_sources(dataset, MAX_IN_MEMORY_BYTES)
     rebuilt = light is not None and light is not dataset
     dataset = light if light is not None else dataset
-    pipeline = pipeline_graph.read_pipeline(dataset)
+    pipeline = read_pipeline(dataset)
     by_node = {stage.node: stage for stage in pipeline.stages}
     # The Stages are keyed by graph node; the metadata names are in the nodes.
     graph = tf.compat.v1.GraphDef()
@@ -171,7 +173,7 @@ class RebuiltStages(dict):
         self.by_kind = {kind: found[0] for kind, found in counts.items() if len(found) == 1}
 
 
-def stage_of_kind(iterator_kind_name: str, stages) -> Optional["pipeline_graph.Stage"]:
+def stage_of_kind(iterator_kind_name: str, stages) -> Optional[Stage]:
     """The stage an iterator of a rebuilt pipeline's kind stands for, when unique.
 
     Args:
@@ -198,20 +200,20 @@ class KerasInputStages(dict):
     for what the user wrote.
 
     Attributes:
-        keras_input: the `pipeline_graph.Stage` of the user's input.
+        keras_input: the `Stage` of the user's input.
     """
 
-    def __init__(self, stages: Dict[str, "pipeline_graph.Stage"], keras_input):
+    def __init__(self, stages: Dict[str, Stage], keras_input):
         super().__init__({name: keras_input for name in stages})
         self.keras_input = keras_input
 
 
-def as_keras_input(stages: Dict[str, "pipeline_graph.Stage"], keras_input) -> KerasInputStages:
+def as_keras_input(stages: Dict[str, Stage], keras_input) -> KerasInputStages:
     """Renames a pipeline Keras built after the input the user gave `fit`.
 
     Args:
         stages: `pipeline_stages` of Keras' pipeline.
-        keras_input: the `pipeline_graph.Stage` standing for the user's input
+        keras_input: the `Stage` standing for the user's input
             (e.g. the PyDataset's, as `lint_py_dataset` names it).
 
     Returns:
@@ -220,7 +222,7 @@ def as_keras_input(stages: Dict[str, "pipeline_graph.Stage"], keras_input) -> Ke
     return KerasInputStages(stages, keras_input)
 
 
-def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"]):
+def stage_of(dataset_op: Optional[str], stages: Dict[str, Stage]):
     """The user's stage behind a dataset op of the trace, if known.
 
     Args:
@@ -229,7 +231,7 @@ def stage_of(dataset_op: Optional[str], stages: Dict[str, "pipeline_graph.Stage"
         stages: `pipeline_stages` of the pipeline.
 
     Returns:
-        The `pipeline_graph.Stage`; of fused ops, the first that runs a user
+        The `Stage`; of fused ops, the first that runs a user
         function (the map of a map-and-batch). `None` when unknown.
     """
     found = [stages[name] for name in _op_names(dataset_op) if name in stages]
@@ -245,7 +247,7 @@ def stage_label(iterator: str, dataset_op: Optional[str] = None, stage=None) -> 
     Args:
         iterator: the profiler iterator name.
         dataset_op: the dataset op name the trace gives for it, if known.
-        stage: its `pipeline_graph.Stage` (see `stage_of`), if known.
+        stage: its `Stage` (see `stage_of`), if known.
 
     Returns:
         The stage as code when known, e.g. "map(load_image)"; otherwise the

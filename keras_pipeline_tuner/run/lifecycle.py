@@ -30,7 +30,8 @@ from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
-from keras_pipeline_tuner.pipeline.graph import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run import run_report
@@ -432,7 +433,7 @@ class Run:
         epochs after it, known once two have ended.
         """
         pipeline = getattr(self.findings, "pipeline", None)
-        if pipeline is None or not any(stage.kind == "cache" for stage in pipeline.stages):
+        if pipeline is None or not any(stage.kind == kinds.CACHE for stage in pipeline.stages):
             return False
         return sum(1 for epoch in self.clock.epochs if epoch.kind == TRAIN) < 2
 

@@ -21,7 +21,7 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.instrumentation import what_if_replay
-from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
+from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing.step_clock import TRAIN

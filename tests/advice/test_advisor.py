@@ -12,8 +12,8 @@ from keras_pipeline_tuner.advice import recommendation
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
-from keras_pipeline_tuner.pipeline.findings import Finding
-from keras_pipeline_tuner.pipeline.findings import Severity
+from keras_pipeline_tuner.pipeline.lint.findings import Finding
+from keras_pipeline_tuner.pipeline.lint.findings import Severity
 from keras_pipeline_tuner.profiling.evidence import IteratorTime
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_stats import StepStats

@@ -227,7 +227,7 @@ def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
 def _cache_advice(dataset, also=()):
     """The cache advice for the dataset's map, as the advisor writes it."""
     from keras_pipeline_tuner.advice.recommendation import Recommendation
-    from keras_pipeline_tuner.pipeline.graph import read_pipeline
+    from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 
     node = [s.node for s in read_pipeline(dataset).stages if s.kind == "map"][0]
     return Recommendation(
@@ -283,7 +283,7 @@ def _ranked(cache_after_ms=None):
     import numpy as np
 
     from keras_pipeline_tuner.advice import advisor
-    from keras_pipeline_tuner.pipeline.findings import Finding
+    from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import IteratorTime
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.timing.step_stats import StepStats

@@ -9,9 +9,9 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-from keras_pipeline_tuner.pipeline.graph import Pipeline
-from keras_pipeline_tuner.pipeline.graph import Stage
-from keras_pipeline_tuner.pipeline.lint import lint
+from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+from keras_pipeline_tuner.pipeline.graph.model import Stage
+from keras_pipeline_tuner.pipeline.lint.tf_data_rules import lint
 from keras_pipeline_tuner.advice.scale_out import OFFLOAD
 from keras_pipeline_tuner.advice.scale_out import STRAGGLER
 from keras_pipeline_tuner.timing.step_stats import StepStats

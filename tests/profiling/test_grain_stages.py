@@ -6,8 +6,8 @@ import grain
 import numpy as np
 import pytest
 
-from keras_pipeline_tuner.pipeline.catalogue import CATALOGUE
-from keras_pipeline_tuner.pipeline.grain_findings import grain_stage_findings
+from keras_pipeline_tuner.pipeline.lint.catalogue import CATALOGUE
+from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 

@@ -87,8 +87,8 @@ def test_py_dataset_with_one_worker_gets_worker_advice_first(tmp_path):
 
 
 def test_datasets_an_interleave_opens_are_the_interleave():
-    from keras_pipeline_tuner.pipeline.graph import Stage
-    from keras_pipeline_tuner.pipeline.graph import StageFunction
+    from keras_pipeline_tuner.pipeline.graph.model import Stage
+    from keras_pipeline_tuner.pipeline.graph.model import StageFunction
     from keras_pipeline_tuner.profiling.evidence import rank_iterators
 
     interleave = Stage(

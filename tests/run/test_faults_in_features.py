@@ -15,7 +15,7 @@ import keras
 import pytest
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.pipeline import lint as pipeline_lint
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.run import lifecycle
 from keras_pipeline_tuner.run import run_files

@@ -1,0 +1,201 @@
+"""In-memory tensors a dataset holds, and its pipeline without the large ones.
+
+Serialising a dataset's graph copies every tensor its `from_tensor_slices` /
+`from_tensors` sources hold (about 1 s per 100 MB here), and so does anything
+that reads or rebuilds the pipeline from its graph. This module estimates
+those bytes without copying anything, and rebuilds the pipeline over
+one-element stand-ins of its large sources, for what needs the pipeline's
+structure and functions, not its data.
+"""
+
+from typing import Optional
+
+from keras_pipeline_tuner._util.tf_import import tensorflow
+
+
+class InMemoryDataTooLarge(ValueError):
+    """The dataset embeds more in-memory data than its graph should be read with."""
+
+
+def in_memory_bytes(dataset) -> int:
+    """Estimates the bytes of tensors a dataset holds in memory.
+
+    Counts the tensors of `from_tensor_slices` / `from_tensors` sources and
+    those the functions of its transformations capture or hold as constants
+    (such as an array sliced inside a `flat_map`), through all its inputs.
+    String tensors are counted at 64 bytes an element.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+
+    Returns:
+        The estimate in bytes.
+
+    Example:
+
+    >>> in_memory_bytes(tf.data.Dataset.from_tensor_slices(np.zeros((100, 4), np.float32)))
+    1600
+    """
+    tf = tensorflow()
+    total, seen, frontier = 0, set(), [dataset]
+    while frontier:
+        current = frontier.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for value in vars(current).values():
+            function = getattr(value, "function", None)
+            # Arrays a function uses are constants of its graph (e.g. the
+            # `from_tensor_slices(array)` inside a `flat_map`), not captures.
+            total += _constant_bytes(getattr(function, "graph", None), tf)
+            captured = getattr(function, "captured_inputs", None)
+            tensors = captured if captured is not None else value
+            if not isinstance(tensors, (tf.Tensor, list, tuple, dict, tf.SparseTensor)):
+                continue
+            for tensor in tf.nest.flatten(tensors, expand_composites=True):
+                if isinstance(tensor, tf.Tensor) and tensor.shape.is_fully_defined():
+                    size = 64 if tensor.dtype == tf.string else tensor.dtype.size
+                    if tensor.dtype not in (tf.resource, tf.variant):
+                        total += tensor.shape.num_elements() * size
+        try:
+            frontier.extend(current._inputs())  # pylint: disable=protected-access
+        except (AttributeError, NotImplementedError):
+            pass
+    return total
+
+
+def _constant_bytes(graph, tf) -> int:
+    # Read from the ops' output shapes: no constant is copied or serialised.
+    if not isinstance(graph, tf.Graph):
+        return 0
+    total = 0
+    for operation in graph.get_operations():
+        if operation.type != "Const":
+            continue
+        output = operation.outputs[0]
+        if output.dtype in (tf.resource, tf.variant) or not output.shape.is_fully_defined():
+            continue
+        size = 64 if output.dtype == tf.string else output.dtype.size
+        total += output.shape.num_elements() * size
+    return total
+
+
+def without_large_sources(dataset, limit: int):
+    """The pipeline rebuilt over one-element stand-ins of its large in-memory sources.
+
+    Serialising a dataset's graph copies every tensor of its
+    `from_tensor_slices` / `from_tensors` sources (about 1 s per 100 MB here).
+    The lint needs the pipeline's structure and functions, not the data: each
+    transformation is applied again, with its own function and arguments, to a
+    stand-in source of the same element structure holding one element.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+        limit: sources holding more than this many bytes are replaced.
+
+    Returns:
+        The rebuilt dataset, or `None` when a transformation on the way to a
+        large source is one this function does not rebuild (the caller then
+        refuses as before).
+
+    Example:
+
+    >>> ds = tf.data.Dataset.from_tensor_slices(np.zeros((1000, 4), np.float32)).batch(10)
+    >>> light = without_large_sources(ds, limit=1000)
+    >>> in_memory_bytes(ds), in_memory_bytes(light), light.element_spec == ds.element_spec
+    (16009, 25, True)
+    """
+    try:
+        return _light(dataset, limit)
+    except _NotRebuilt:
+        return None
+
+
+class _NotRebuilt(Exception):
+    """A transformation `_light` does not know how to apply again."""
+
+
+def _light(dataset, limit: int):
+    tf = tensorflow()
+    if in_memory_bytes(dataset) <= limit:
+        return dataset
+    kind = type(dataset).__name__
+    if kind == "_TensorSliceDataset":
+        return tf.data.Dataset.from_tensor_slices(
+            tf.nest.map_structure(lambda spec: _zeros(spec, 1), dataset.element_spec)
+        )
+    if kind == "_TensorDataset":
+        return tf.data.Dataset.from_tensors(
+            tf.nest.map_structure(lambda spec: _zeros(spec, None), dataset.element_spec)
+        )
+    if kind == "_ZipDataset":
+        inputs = dataset._datasets  # pylint: disable=protected-access
+        return tf.data.Dataset.zip(tf.nest.map_structure(lambda d: _light(d, limit), inputs))
+    source = getattr(dataset, "_input_dataset", None)
+    if source is None:
+        raise _NotRebuilt(kind)
+    light = _light(source, limit)
+    attrs = vars(dataset)
+    if kind in ("_MapDataset", "_ParallelMapDataset"):
+        from tensorflow.python.data.ops import dataset_ops
+        from tensorflow.python.ops import gen_dataset_ops
+
+        function = attrs["_map_func"].function
+        common = dict(
+            f=function,
+            use_inter_op_parallelism=attrs["_use_inter_op_parallelism"],
+            preserve_cardinality=attrs["_preserve_cardinality"],
+            **dataset._common_args,  # pylint: disable=protected-access
+        )
+        variant = light._variant_tensor  # pylint: disable=protected-access
+        if kind == "_MapDataset":
+            made = gen_dataset_ops.map_dataset(
+                variant,
+                function.captured_inputs,
+                force_synchronous=attrs.get("_force_synchronous", False),
+                **common,
+            )
+        else:
+            made = gen_dataset_ops.parallel_map_dataset_v2(
+                variant,
+                function.captured_inputs,
+                num_parallel_calls=attrs["_num_parallel_calls"],
+                deterministic=attrs["_deterministic"],
+                use_unbounded_threadpool=attrs.get("_use_unbounded_threadpool", False),
+                **common,
+            )
+        return dataset_ops._VariantDataset(made, dataset.element_spec)  # pylint: disable=protected-access
+    if kind == "_ShuffleDataset":
+        return light.shuffle(
+            int(attrs["_buffer_size"]),
+            reshuffle_each_iteration=attrs["_reshuffle_each_iteration"],
+        )
+    if kind in ("_BatchDataset", "_ParallelBatchDataset"):
+        return light.batch(
+            int(attrs["_batch_size"]),
+            drop_remainder=bool(attrs["_drop_remainder"]),
+            num_parallel_calls=(
+                int(attrs["_num_parallel_calls"]) if "_num_parallel_calls" in attrs else None
+            ),
+        )
+    if kind == "_PrefetchDataset":
+        return light.prefetch(int(attrs["_buffer_size"]))
+    if kind == "CacheDataset":
+        return light.cache(attrs["_filename"].numpy().decode())
+    if kind == "_RepeatDataset":
+        return light.repeat(int(attrs["_count"]))
+    if kind in ("_TakeDataset", "_SkipDataset"):
+        count = int(attrs["_count"])
+        return light.take(count) if kind == "_TakeDataset" else light.skip(count)
+    if kind == "_OptionsDataset":
+        return light.with_options(attrs["_options_attr"])
+    raise _NotRebuilt(kind)
+
+
+def _zeros(spec, rows: Optional[int]):
+    tf = tensorflow()
+    if not isinstance(spec, tf.TensorSpec) or not spec.shape.is_fully_defined():
+        raise _NotRebuilt(type(spec).__name__)
+    shape = ([rows] if rows is not None else []) + spec.shape.as_list()
+    return tf.zeros(shape, spec.dtype)
+

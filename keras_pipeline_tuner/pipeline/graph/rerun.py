@@ -1,0 +1,168 @@
+"""Whether a pipeline can run again without changing what training reads from it.
+
+The probes after training (the contention check, the what-if replay, the
+timing of the advised fixes) read the user's pipeline again, on iterators of
+their own. That is safe for a pipeline that computes its elements from data and
+files: a new iterator starts over, and so do the random ops tf.data runs in its
+functions (`tf.random.uniform` and the like keep their state per iterator). It
+is not where a pass changes state that outlives it:
+
+- a Python function (`tf.py_function`, a stateful `tf.numpy_function`): a
+  counter or a NumPy generator inside it moves on (TensorFlow itself never
+  runs such a function in parallel or twice for one element);
+- a `tf.random.Generator`, or a Keras random layer, whose random state is a
+  variable, or an op that writes a variable or a table;
+- a source a second reader takes elements from: a Python generator (it may
+  read a queue, a live feed) and the tf.data service (a job others share).
+
+A `tf.numpy_function(..., stateful=False)` is its author's promise that its
+results depend on its inputs only: it may run again.
+"""
+
+import re
+from typing import List, Optional
+
+from keras_pipeline_tuner.pipeline.graph import kinds
+
+# In-memory tensors above this are read as one-element stand-ins (as the lint
+# reads them): their graph would copy them, and they hold no state.
+_READ_MAX_IN_MEMORY_BYTES = 16 * 2**20
+
+# Stateful ops that read but never change state: a function holding only these
+# gives the same result whatever order or thread runs it.
+READ_ONLY_STATEFUL_OPS = frozenset(
+    {
+        "ReadVariableOp",
+        "ResourceGather",
+        "VarHandleOp",
+        "LookupTableFind",
+        "LookupTableFindV2",
+        "LookupTableSize",
+        "LookupTableSizeV2",
+        "HashTable",
+        "HashTableV2",
+    }
+)
+# Python function ops whose Python may keep state (`PyFuncStateless` is
+# `tf.numpy_function(stateful=False)`: declared free of it).
+_STATEFUL_PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc"})
+# Random ops whose state is a variable (`tf.random.Generator`): a pass moves it.
+_VARIABLE_RANDOM_OPS = frozenset({"RngReadAndSkip", "RngSkip"})
+_DATASET_OP = re.compile(r"Dataset(V\d+)?$")
+# Sources a second reader takes elements from.
+_SHARED_SOURCES = {
+    kinds.FROM_GENERATOR: (
+        "it reads a Python generator (from_generator), which may be a queue or a live feed "
+        "whose elements a second reader would take from training"
+    ),
+    kinds.DISTRIBUTE: (
+        "it reads from the tf.data service, whose job a second reader would take elements "
+        "from"
+    ),
+}
+
+
+def side_effects(function) -> List[str]:
+    """The ops of a stage's function that change state outside the pipeline.
+
+    Args:
+        function: a `graph.model.StageFunction`.
+
+    Returns:
+        The op types, sorted; empty when it changes nothing (reads, random
+        draws, Python calls and datasets built inside aside).
+    """
+    allowed = set(function.py_function_ops) | set(function.io_ops) | READ_ONLY_STATEFUL_OPS
+    return sorted(
+        op
+        for op in function.stateful_ops
+        # Datasets built inside a function (e.g. the reader an interleave
+        # opens) are marked stateful but change nothing outside themselves.
+        if op not in allowed and op not in function.random_ops and not _DATASET_OP.search(op)
+    )
+
+
+def state_changing_stages(pipeline) -> List[str]:
+    """Labels of the stages whose functions change state outside the pipeline.
+
+    Args:
+        pipeline: the pipeline, from `graph.reader.read_pipeline`.
+
+    Returns:
+        The labels, e.g. `["map(count)"]` for a map that assigns a variable.
+    """
+    return [
+        stage.label
+        for stage in pipeline.stages
+        if stage.function is not None and side_effects(stage.function)
+    ]
+
+
+def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
+    """Why reading the pipeline again would change what training reads, or `None`.
+
+    Args:
+        pipeline: the pipeline, from `graph.reader.read_pipeline`.
+        allow_python: the user vouches that the pipeline's Python functions
+            keep no state (`allow_unverified=True`): they may run again.
+
+    Returns:
+        A clause that completes "The pipeline is not run again: ...", or
+        `None` when a pass of a probe leaves the user's later passes as they
+        would have been.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+    >>> rerun_hazard(read_pipeline(tf.data.Dataset.range(8).map(lambda x: x + 1)))
+    >>> tagged = tf.data.Dataset.range(8).map(
+    ...     lambda x: tf.py_function(lambda v: v, [x], tf.int64))
+    >>> rerun_hazard(read_pipeline(tagged)).startswith("map(<lambda>) calls Python")
+    True
+    """
+    for stage in pipeline.stages:
+        shared = _SHARED_SOURCES.get(stage.kind)
+        if shared is not None:
+            return shared
+        function = stage.function
+        if function is None:
+            continue
+        python = sorted(set(function.py_function_ops) & _STATEFUL_PYTHON_OPS)
+        if python and not allow_python:
+            return (
+                f"{stage.label} calls Python ({', '.join(python)}), whose state (a counter, "
+                "a NumPy generator) a second run would move on; a tf.numpy_function(..., "
+                "stateful=False) may run again"
+            )
+        random_state = sorted(
+            op
+            for op in function.random_ops
+            if op in _VARIABLE_RANDOM_OPS or op.startswith("Stateful")
+        )
+        if random_state:
+            return (
+                f"{stage.label} draws from a tf.random.Generator ({', '.join(random_state)}), "
+                "whose state a second run would move on"
+            )
+        changed = side_effects(function)
+        if changed:
+            return (
+                f"{stage.label} changes state outside the pipeline ({', '.join(changed)}, "
+                "e.g. a Keras random layer's seed), which a second run would change again"
+            )
+    return None
+
+
+def dataset_rerun_hazard(dataset, allow_python: bool = False) -> Optional[str]:
+    """`rerun_hazard` of a `tf.data.Dataset`'s pipeline (some 10 ms to read).
+
+    Args:
+        dataset: the dataset a probe would read again.
+        allow_python: as for `rerun_hazard`.
+
+    Returns:
+        As `rerun_hazard`.
+    """
+    from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+
+    return rerun_hazard(read_pipeline(dataset, _READ_MAX_IN_MEMORY_BYTES), allow_python)

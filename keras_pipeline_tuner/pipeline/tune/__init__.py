@@ -1,0 +1,1 @@
+"""`kpt.tune`: rewrites of a pipeline's graph, rebuilt, checked and timed side by side."""

@@ -1,0 +1,257 @@
+"""The original pipeline's elements, and the checks of a rewritten pipeline's against them.
+
+No rewrite may change what the model sees. The original's first epoch is read
+twice: when both reads agree, a rewritten pipeline must give the same values
+in the same order (any order for a rewrite that may reorder them, within a
+tolerance for a vectorised map's floating-point values); when they do not, the
+pipeline is random, and only the number, types and shapes of its elements are
+compared. Elements are compared by digests of their bytes.
+"""
+
+import hashlib
+import itertools
+import time
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
+
+# Relative tolerance for floating-point elements of a vectorised map: the same
+# element-wise ops on a batch may take other (vectorised) code paths.
+VECTORIZE_RTOL = 1e-6
+# Elements compared between two passes at a cache point in a random pipeline.
+_REPEAT_CHECK_ELEMENTS = 256
+
+
+class ElementChecks:
+    """The reference elements of one tuning session, and the checks against them.
+
+    Args:
+        plan: the `PassPlan` of the session (its `num_batches` bound an epoch).
+        budget: the session's `Budget`: every epoch read counts against it.
+        build: makes the dataset with given rewrites applied (the session's).
+
+    Attributes:
+        reference: `(values, structure)` digests of the original's first
+            epoch's elements (see `read_reference`).
+        repeatable: whether the original gives the same elements every pass.
+        ordered: False once a kept rewrite may reorder elements: later checks
+            then compare the elements as a multiset.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.pipeline.tune.budget import Budget
+    >>> from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
+    >>> plan = PassPlan(epochs=1)
+    >>> checks = ElementChecks(plan, Budget(plan, 10.0), build=None)
+    >>> _ = checks.read_reference(tf.data.Dataset.range(4), None)
+    >>> checks.repeatable, checks.description
+    (True, 'equal')
+    >>> digests, _ = checks.epoch_digests(tf.data.Dataset.range(5), None)
+    >>> checks.mismatch(digests)
+    'it gave 5 batches in an epoch instead of 4'
+    """
+
+    def __init__(self, plan, budget, build: Callable[[list], object]):
+        self.plan = plan
+        self.budget = budget
+        self._build = build
+        self.reference: List[Tuple[str, str]] = []
+        self.repeatable = True
+        self.ordered = True
+        self._reference_rows: Optional[List[str]] = None
+
+    @property
+    def description(self) -> str:
+        """How the elements were checked, as `TuneResult.elements_check` says it."""
+        if not self.ordered:
+            return "same elements, any order"
+        return "equal" if self.repeatable else "structure"
+
+    def read_reference(self, dataset, time_limit_s: Optional[float]) -> float:
+        """Reads the original's first epoch twice: the reference, and whether it repeats.
+
+        Args:
+            dataset: the original dataset (or a copy with seeds of its own).
+            time_limit_s: the longest the first read may take; `None` for no limit.
+
+        Returns:
+            The seconds of the first read.
+
+        Raises:
+            ValueError: if the first read takes longer than `time_limit_s`.
+        """
+        reference, epoch_s = self.epoch_digests(dataset, time_limit_s)
+        again, _ = self.epoch_digests(dataset, None)
+        self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
+        self.reference = reference
+        return epoch_s
+
+    def epoch_digests(self, dataset, time_limit_s: Optional[float]):
+        """Digests of an epoch's elements (`num_batches` of them at most), and its seconds.
+
+        Raises:
+            ValueError: if the epoch takes longer than `time_limit_s`.
+        """
+        self.budget.epochs_run += 1
+        began = time.perf_counter()
+        found = []
+        iterator = iter(dataset)
+        while self.plan.num_batches is None or len(found) < self.plan.num_batches:
+            try:
+                element = next(iterator)
+            except StopIteration:
+                break
+            found.append(_digest(element))
+            if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
+                raise ValueError(
+                    f"One epoch of the dataset takes longer than {time_limit_s:.0f} s, too "
+                    f"long for budget_s={self.budget.budget_s:g}: pass num_batches=... to time "
+                    "fewer batches per epoch, or a larger budget_s."
+                )
+        return found, time.perf_counter() - began
+
+    def first_digests(self, dataset) -> List[str]:
+        """Value digests of the first elements of a pass, to compare two passes."""
+        self.budget.epochs_run += 1
+        iterator = iter(dataset)
+        found = []
+        for _ in range(_REPEAT_CHECK_ELEMENTS):
+            try:
+                found.append(_digest(next(iterator))[0])
+            except StopIteration:
+                break
+        return found
+
+    def mismatch(self, digests) -> Optional[str]:
+        """How an epoch's digests differ from the reference's, or `None`."""
+        if len(digests) != len(self.reference):
+            return (
+                f"it gave {len(digests)} batches in an epoch instead of {len(self.reference)}"
+            )
+        # Digests are (values, structure): values when the pipeline repeats itself.
+        index = 0 if self.repeatable else 1
+        for position, (got, want) in enumerate(zip(digests, self.reference)):
+            if got[index] != want[index]:
+                what = "values" if self.repeatable else "types or shapes"
+                return f"batch {position} has other {what} than the original's"
+        return None
+
+    def check(self, rewrite, kept, trial) -> Tuple[Optional[str], str]:
+        """Compares the elements with the rewrite to those without: (mismatch, how).
+
+        Args:
+            rewrite: the `Rewrite` tried.
+            kept: the rewrites kept before it.
+            trial: `kept` and `rewrite`.
+
+        Returns:
+            Why the elements differ (`None` when they do not), and how they
+            were compared (`RewriteOutcome.elements_check`).
+        """
+        dataset = self._build(trial)
+        if not self.repeatable:
+            digests, _ = self.epoch_digests(dataset, None)
+            return self.mismatch(digests), "structure"
+        if rewrite.changes_order or not self.ordered:
+            rows = self._rows(dataset)
+            if self._reference_rows is None:
+                self._reference_rows = self._rows(self._build([]))
+            if rows != self._reference_rows:
+                return "it gave other elements than the original's (in any order)", (
+                    "same elements, any order"
+                )
+            return None, "same elements, any order"
+        digests, _ = self.epoch_digests(dataset, None)
+        mismatch = self.mismatch(digests)
+        if mismatch is None or rewrite.kind != VECTORIZE:
+            return mismatch, "equal"
+        close = self._close(self._build(kept), self._build(trial))
+        if close is not None:
+            return f"{mismatch}: {close}", "equal"
+        return None, f"equal within rtol={VECTORIZE_RTOL:g}"
+
+    def _close(self, without, with_) -> Optional[str]:
+        """Why two datasets' elements differ beyond the vectorisation tolerance, or None."""
+        tf = tensorflow()
+        self.budget.epochs_run += 2
+        for position, (one, other) in enumerate(itertools.zip_longest(
+            _take(without, self.plan.num_batches), _take(with_, self.plan.num_batches)
+        )):
+            if one is None or other is None:
+                return "the number of batches differs"
+            for a, b in zip(
+                tf.nest.flatten(one, expand_composites=True),
+                tf.nest.flatten(other, expand_composites=True),
+            ):
+                a, b = a.numpy(), b.numpy()
+                if a.dtype != b.dtype or a.shape != b.shape:
+                    return f"batch {position} has other types or shapes"
+                if a.dtype.kind in "fc":
+                    if not np.allclose(a, b, rtol=VECTORIZE_RTOL, atol=0.0, equal_nan=True):
+                        return f"batch {position} differs by more than rtol={VECTORIZE_RTOL:g}"
+                elif not np.array_equal(a, b):
+                    return f"batch {position} has other values"
+        return None
+
+    def _rows(self, dataset) -> List[str]:
+        """Sorted digests of an epoch's elements, batches split into rows."""
+        self.budget.epochs_run += 1
+        rows = []
+        for element in _take(dataset, self.plan.num_batches):
+            rows.extend(_row_digests(element))
+        return sorted(rows)
+
+
+def _take(dataset, count: Optional[int]):
+    iterator = iter(dataset)
+    taken = 0
+    while count is None or taken < count:
+        try:
+            yield next(iterator)
+        except StopIteration:
+            return
+        taken += 1
+
+
+def _row_digests(element) -> List[str]:
+    """Digests of an element's rows (a batch's examples), or of the element itself."""
+    tf = tensorflow()
+    arrays = [t.numpy() for t in tf.nest.flatten(element, expand_composites=True)]
+    rows = {array.shape[0] if array.ndim else None for array in arrays}
+    if len(rows) != 1 or None in rows:
+        return [_digest(element)[0]]
+    (count,) = rows
+    found = []
+    for index in range(count):
+        digest = hashlib.blake2b(digest_size=16)
+        for array in arrays:
+            row = array[index]
+            digest.update(f"{array.dtype}{row.shape};".encode())
+            if array.dtype == object:
+                for item in np.ravel(row):
+                    digest.update(len(item).to_bytes(8, "little"))
+                    digest.update(item)
+            else:
+                digest.update(np.ascontiguousarray(row).tobytes())
+        found.append(digest.hexdigest())
+    return found
+
+
+def _digest(element) -> Tuple[str, str]:
+    """Digests of an element's values and of its structure (types and shapes)."""
+    tf = tensorflow()
+    values = hashlib.blake2b(digest_size=16)
+    structure = hashlib.blake2b(digest_size=16)
+    for tensor in tf.nest.flatten(element, expand_composites=True):
+        array = tensor.numpy() if hasattr(tensor, "numpy") else tensor
+        structure.update(f"{tensor.dtype.name}{tuple(array.shape)};".encode())
+        if array.dtype == object:
+            for item in array.ravel():
+                values.update(len(item).to_bytes(8, "little"))
+                values.update(item)
+        else:
+            values.update(array.tobytes())
+    return values.hexdigest(), structure.hexdigest()

@@ -1,0 +1,80 @@
+"""Side-by-side timing of real datasets: what a pass consumes, and the rotation."""
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from keras_pipeline_tuner.pipeline.tune import paired_timing
+
+
+class CountingDataset:
+    """Wraps a dataset to count the iterators and batches a pass takes from it."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.iterators = 0
+        self.batches = 0
+
+    def __iter__(self):
+        self.iterators += 1
+        for element in self.dataset:
+            self.batches += 1
+            yield element
+
+
+@pytest.mark.parametrize(
+    "plan, iterators, batches",
+    [
+        # Whole epochs: one iterator each, as model.fit makes.
+        (paired_timing.PassPlan(epochs=3), 3, 15),
+        # Epochs of num_batches continue one iterator, as with steps_per_epoch,
+        # and a new one starts when it runs out.
+        (paired_timing.PassPlan(epochs=3, num_batches=2), 2, 6),
+        (paired_timing.PassPlan(epochs=2, num_batches=4), 2, 8),
+    ],
+)
+def test_a_pass_consumes_what_fit_would(plan, iterators, batches):
+    counted = CountingDataset(tf.data.Dataset.range(5))
+    paired_timing.time_pass(counted, plan)
+    assert (counted.iterators, counted.batches) == (iterators, batches)
+
+
+def test_consumer_step_is_part_of_the_pass():
+    plan = paired_timing.PassPlan(epochs=1, consumer_step_s=0.01)
+    assert paired_timing.time_pass(tf.data.Dataset.range(5), plan) >= 0.05
+
+
+def test_side_by_side_builds_fresh_datasets_and_rotates_the_order():
+    order = []
+
+    def factory(name):
+        def build():
+            order.append(name)
+            return tf.data.Dataset.range(2)
+
+        return build
+
+    times = paired_timing.side_by_side(
+        {"a": factory("a"), "b": factory("b"), "c": factory("c")},
+        paired_timing.PassPlan(epochs=1),
+        rounds=3,
+    )
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert {name: len(values) for name, values in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_deadline_stops_after_the_first_round():
+    times = paired_timing.side_by_side(
+        {"a": lambda: tf.data.Dataset.range(2)},
+        paired_timing.PassPlan(epochs=1),
+        rounds=5,
+        deadline=time.perf_counter() - 1,
+    )
+    assert len(times["a"]) == 1
+
+
+def test_median_ratio():
+    assert paired_timing.median_ratio([1.0, 3.0, 2.0], [2.0, 2.0, 2.0]) == 1.0
+    with pytest.raises(ValueError, match="positive"):
+        paired_timing.median_ratio([1.0], [0.0])
