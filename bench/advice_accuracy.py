@@ -29,7 +29,8 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable
+from typing import Dict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -203,9 +204,8 @@ class Case:
     fixes: Dict[str, Callable[[], object]]
 
 
-def cases(directory) -> list:
-    files = slow_records(directory)
-    images = tf.data.Dataset.from_tensor_slices((encoded_images(), arrays()[1]))
+def _map_cases() -> list:
+    """Sequential maps of Python and of random TF ops."""
     return [
         Case(
             "sleep-bound py_function map",
@@ -245,6 +245,12 @@ def cases(directory) -> list:
                 .batch(BATCH),
             },
         ),
+    ]
+
+
+def _source_cases(files) -> list:
+    """Slow sources: files read one after another, a generator, a PyDataset."""
+    return [
         Case(
             "sequential interleave of files",
             "four files on slow storage read one after another",
@@ -274,6 +280,12 @@ def cases(directory) -> list:
             lambda: SlowBatches(workers=1),
             {"py-dataset-workers": lambda: SlowBatches(workers=4, use_multiprocessing=False)},
         ),
+    ]
+
+
+def _cache_cases(images) -> list:
+    """An expensive map without a cache, and two healthy pipelines."""
+    return [
         Case(
             "missing cache of an expensive map",
             "parallel PNG decoding and resizing redone every epoch",
@@ -306,6 +318,12 @@ def cases(directory) -> list:
             {},
         ),
     ]
+
+
+def cases(directory) -> list:
+    files = slow_records(directory)
+    images = tf.data.Dataset.from_tensor_slices((encoded_images(), arrays()[1]))
+    return _map_cases() + _source_cases(files) + _cache_cases(images)
 
 
 # Timing.
@@ -409,7 +427,7 @@ def judge(line) -> str:
     else:
         ratio = predicted / top
         verdicts.append(
-            f"within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE"
+            "within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE"
         )
     return "; ".join(verdicts)
 

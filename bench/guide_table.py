@@ -20,8 +20,8 @@ import argparse
 import dataclasses
 import logging
 import os
-import sys
 import statistics
+import sys
 from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -29,12 +29,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+
 # The guide's pipelines live with the tests, which share them with the benches.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.helpers import guide_pipelines as guide  # noqa: E402
 from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of  # noqa: E402
 from keras_pipeline_tuner.pipeline.tune import paired_timing  # noqa: E402
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild  # noqa: E402
+from tests.helpers import guide_pipelines as guide  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -129,7 +130,10 @@ def main():
         for outcome in result.rewrites:
             ratio = f"{outcome.ratio:.2f}" if outcome.ratio is not None else "-"
             print(f"      {outcome.kind:<20} {outcome.status:<20} {ratio:>5}  {outcome.reason}")
-        print(f"      tuning took {result.elapsed_s:.1f} s, {result.epochs_run} epochs of the pipeline")
+        print(
+            f"      tuning took {result.elapsed_s:.1f} s, "
+            f"{result.epochs_run} epochs of the pipeline"
+        )
         if result.code:
             print("      code:")
             for line in result.code.splitlines():

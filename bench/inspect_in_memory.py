@@ -64,7 +64,10 @@ def main():
     base = statistics.median(times["0.4 MB"])
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"kpt.inspect {name:<42} median {median * 1e3:8.1f} ms  ({median / base:.2f}x the 0.4 MB one)")
+        print(
+            f"kpt.inspect {name:<42} median {median * 1e3:8.1f} ms  "
+            f"({median / base:.2f}x the 0.4 MB one)"
+        )
 
 
 if __name__ == "__main__":

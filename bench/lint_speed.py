@@ -11,8 +11,8 @@ Usage: python bench/lint_speed.py [--runs 30]
 import argparse
 import gc
 import os
-import sys
 import statistics
+import sys
 import tempfile
 import time
 
@@ -22,11 +22,12 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+
 # The guide's pipelines live with the tests, which share them with the benches.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.helpers import guide_pipelines as guide  # noqa: E402
 from keras_pipeline_tuner.pipeline.graph import reader  # noqa: E402
 from keras_pipeline_tuner.pipeline.lint import tf_data_rules  # noqa: E402
+from tests.helpers import guide_pipelines as guide  # noqa: E402
 
 TARGET_MS = 50.0
 no_autograph = tf.autograph.experimental.do_not_convert

@@ -22,10 +22,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
-from keras_pipeline_tuner.outputs import trace as trace_export  # noqa: E402
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard  # noqa: E402
-from keras_pipeline_tuner.timing.step_clock import StepClock  # noqa: E402
+from keras_pipeline_tuner.outputs import trace as trace_export  # noqa: E402
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink  # noqa: E402
+from keras_pipeline_tuner.timing.step_clock import StepClock  # noqa: E402
 
 
 def filled_clock(steps: int) -> StepClock:

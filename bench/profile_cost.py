@@ -22,9 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from overhead import make_case  # noqa: E402  (bench/ is on the path when run as a script)
 
 import keras_pipeline_tuner as kpt  # noqa: E402
-from overhead import make_case  # noqa: E402  (bench/ is on the path when run as a script)
 
 WINDOW = (10, 30)
 STEPS = 50

@@ -183,7 +183,6 @@ def callback_dispatch_us(calls: int = 20000) -> float:
     callback, alternated; the difference per step, median of rounds.
     """
     import keras
-
     from overhead import empty_callback
 
     def per_step(callbacks) -> float:
@@ -215,9 +214,10 @@ def main():
         import torch
 
         torch.set_num_threads(1)
-    import keras_pipeline_tuner as kpt
     from overhead import make_case
     from overhead import timed_fit
+
+    import keras_pipeline_tuner as kpt
 
     totals = dict.fromkeys(_PARTS + ("keras",), 0.0)
     instrument(args.backend, totals)

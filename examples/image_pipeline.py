@@ -4,8 +4,9 @@ list_files -> parallel decode map (TensorFlow ops, no Python) -> cache -> shuffl
 -> batch -> random augmentation map -> prefetch. `kpt.inspect` finds nothing to
 warn about, and the tuner prints how much of each epoch's step time still went to
 input: after the first epoch the decoded images come from the cache, so what is
-left is the cost of shuffling, batching and augmenting. The images are synthetic JPEG files of circles and squares written to a temporary
-directory first; point `pattern` at your own files instead.
+left is the cost of shuffling, batching and augmenting. The images are synthetic
+JPEG files of circles and squares written to a temporary directory first; point
+`pattern` at your own files instead.
 
 Run it as is:
 
@@ -74,8 +75,13 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 tuner = kpt.PipelineTuner(log_dir="logs/image_pipeline")
 model.fit(dataset, epochs=EPOCHS, callbacks=[tuner], verbose=2)
 report = tuner.report
-print("Warnings or errors:", len(findings.of_severity("warning")) + len(findings.of_severity("error")))
+print(
+    "Warnings or errors:", len(findings.of_severity("warning")) + len(findings.of_severity("error"))
+)
 for epoch in report.epochs:
     if epoch.kind == "train":
         share = epoch.stats.input_fraction
-        print(f"Epoch {epoch.epoch + 1}: {share:.0%} of step time is input wait ({epoch.stats.verdict.value})")
+        print(
+            f"Epoch {epoch.epoch + 1}: {share:.0%} of step time is input wait "
+            f"({epoch.stats.verdict.value})"
+        )

@@ -52,7 +52,10 @@ print(f"Tuned:    {result.tuned_pipeline}")
 for outcome in result.rewrites:
     ratio = "-" if outcome.ratio is None else f"{outcome.ratio:.2f}"
     print(f"  {outcome.kind:<20} {outcome.status:<22} ratio {ratio}  {outcome.reason}")
-print(f"Speed-up: {result.speedup:.2f}x per pass ({result.original_s:.3f} s -> {result.tuned_s:.3f} s)")
+print(
+    f"Speed-up: {result.speedup:.2f}x per pass "
+    f"({result.original_s:.3f} s -> {result.tuned_s:.3f} s)"
+)
 
 same = all(
     np.array_equal(a, b) for a, b in zip(dataset.as_numpy_iterator(), tuned.as_numpy_iterator())

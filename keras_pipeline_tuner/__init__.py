@@ -12,9 +12,9 @@ print(tuner.report.verdict)
 """
 
 from keras_pipeline_tuner.advice.recommendation import Recommendation
-from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
 from keras_pipeline_tuner.timing.step_clock import FirstStep
 from keras_pipeline_tuner.timing.step_clock import StepClock

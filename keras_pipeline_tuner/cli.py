@@ -3,8 +3,8 @@
 import argparse
 import os
 import sys
-from typing import List, Optional
-
+from typing import List
+from typing import Optional
 
 # Exit statuses, one per cause (listed in `--help`).
 OK = 0
@@ -19,7 +19,10 @@ EXIT_STATUSES = (
     (CHECK_FAILED, "check: the input share of step time is above --max-input-fraction"),
     (USAGE, "the command line is wrong (argparse's message says how)"),
     (NO_REPORT, "no report.json where the path points"),
-    (UNREADABLE, "a report.json that is not a report this version reads (the field at fault is named)"),
+    (
+        UNREADABLE,
+        "a report.json that is not a report this version reads (the field at fault is named)",
+    ),
     (NOTHING_MEASURED, "the report holds no measured training step, or no input share to judge"),
     (OUT_OF_RANGE, "check: the report's figures are out of range (an edited or corrupt file)"),
 )
@@ -131,7 +134,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _compare(args.run_a, args.run_b)
     if args.command == "check":
         return _check(args.log_dir, args.max_input_fraction)
-    if args.log_dir is not None and os.path.exists(args.log_dir) and not os.path.isdir(args.log_dir):
+    if (
+        args.log_dir is not None
+        and os.path.exists(args.log_dir)
+        and not os.path.isdir(args.log_dir)
+    ):
         return _failed(
             ValueError(
                 f"--log-dir {args.log_dir} is a file, not a folder: pass a folder (new or "

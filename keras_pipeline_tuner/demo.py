@@ -194,12 +194,7 @@ def run_demo(
     from keras_pipeline_tuner._util.tf_import import tensorflow
 
     tensorflow()
-    import keras
-
-    from keras_pipeline_tuner.run.tuner import PipelineTuner
-    from keras_pipeline_tuner.pipeline.tune.tuning import tune
     from keras_pipeline_tuner.outputs.dashboard.summaries import write_tune_result
-    from keras_pipeline_tuner.outputs.terminal import verdict_line
 
     console = console or Console(highlight=False, soft_wrap=True)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kpt-demo-")
@@ -211,68 +206,19 @@ def run_demo(
 
     console.rule("1/3  Training on the pipeline as first written")
     naive = naive_pipeline(pattern, batch_size)
-    naive_tuner = PipelineTuner(log_dir=os.path.join(log_dir, "naive"), verbose=1)
-    keras.utils.set_random_seed(0)
-    # shuffle=False: the pipeline shuffles its files itself (Keras only warns).
-    naive_history = small_cnn().fit(
-        naive, epochs=epochs, callbacks=[naive_tuner], verbose=2, shuffle=False
-    )
-    naive_report = naive_tuner.report
+    naive_history, naive_report = _train(naive, os.path.join(log_dir, "naive"), epochs)
 
     console.rule("2/3  kpt.tune: rewriting the pipeline and timing each rewrite")
     compute_s = (naive_report.train.compute.median_ms or 0.0) / 1e3
-    # Passes of a few batches, not whole epochs: every rewrite gets measured
-    # side by side within the budget instead of the budget running out. The
-    # loader runs Python (Pillow) and keeps no state: running it on several
-    # threads is safe, which tune cannot prove by itself.
-    tuned, tune_result = tune(
-        naive,
-        consumer_step_s=compute_s,
-        budget_s=budget_s,
-        num_batches=tune_batches,
-        allow_unverified=True,
-    )
-    console.print(f"Original: {tune_result.pipeline}")
-    console.print(f"Tuned:    {tune_result.tuned_pipeline}")
-    for outcome in tune_result.rewrites:
-        if outcome.status != "not applicable":
-            console.print(f"  {outcome.kind}: {outcome.status} ({outcome.reason})")
+    tuned, tune_result = _tune(naive, compute_s, budget_s, tune_batches, console)
 
     console.rule("3/3  Training on the tuned pipeline")
-    tuned_tuner = PipelineTuner(log_dir=os.path.join(log_dir, "tuned"), verbose=1)
-    keras.utils.set_random_seed(0)
-    tuned_history = small_cnn().fit(
-        tuned, epochs=epochs, callbacks=[tuned_tuner], verbose=2, shuffle=False
-    )
-    tuned_report = tuned_tuner.report
+    tuned_history, tuned_report = _train(tuned, os.path.join(log_dir, "tuned"), epochs)
     # Beside the tuned run, for the Input pipeline tab.
     write_tune_result(os.path.join(log_dir, "tuned"), tune_result)
 
     console.rule("Result")
-    console.print(f"Naive pipeline: {verdict_line(naive_report)}")
-    console.print(f"Tuned pipeline: {verdict_line(tuned_report)}")
-    before, after = steady_step_ms(naive_report), steady_step_ms(tuned_report)
-    kept = tune_result.applied
-    speedup = None
-    if not kept:
-        console.print(
-            "[bold]No speed-up to report:[/bold] kpt.tune kept no rewrite (none was "
-            "measured faster), so both fits ran the same pipeline"
-            + (
-                f" (steady-state step {before:.1f} ms and {after:.1f} ms: the difference "
-                "is noise, not tuning)."
-                if before is not None and after is not None
-                else "."
-            )
-        )
-    elif before is not None and after is not None and after > 0:
-        speedup = before / after
-        changes = "; ".join(f"{outcome.kind}: {outcome.change}" for outcome in kept)
-        console.print(
-            f"[bold]Speed-up: {speedup:.2f}x[/bold] (steady-state training step, median of "
-            f"the last epoch: {before:.1f} ms -> {after:.1f} ms, measured in the two fits "
-            f"above), from the rewrites kpt.tune kept: {changes}"
-        )
+    speedup = _print_speedup(naive_report, tuned_report, tune_result, console)
     accuracy = _last(tuned_history.history.get("accuracy"))
     console.print(
         f"Accuracy (training, last epoch): naive pipeline "
@@ -287,6 +233,74 @@ def run_demo(
     console.print(f"Print the reports again: keras-pipeline-tuner report {log_dir}")
     console.print(f"Compare the runs: keras-pipeline-tuner compare {naive_dir} {tuned_dir}")
     return DemoResult(log_dir, naive_report, tuned_report, tune_result, speedup, accuracy)
+
+
+def _train(dataset, log_dir: str, epochs: int):
+    """Fits a fresh model on `dataset` with a tuner: `(history, report)`."""
+    import keras
+
+    from keras_pipeline_tuner.run.tuner import PipelineTuner
+
+    tuner = PipelineTuner(log_dir=log_dir, verbose=1)
+    keras.utils.set_random_seed(0)
+    # shuffle=False: the pipeline shuffles its files itself (Keras only warns).
+    history = small_cnn().fit(dataset, epochs=epochs, callbacks=[tuner], verbose=2, shuffle=False)
+    return history, tuner.report
+
+
+def _tune(naive, compute_s: float, budget_s: float, batches: int, console: Console):
+    """Runs `kpt.tune` on the naive pipeline and prints what it did: `(tuned, result)`."""
+    from keras_pipeline_tuner.pipeline.tune.tuning import tune
+
+    # Passes of a few batches, not whole epochs: every rewrite gets measured
+    # side by side within the budget instead of the budget running out. The
+    # loader runs Python (Pillow) and keeps no state: running it on several
+    # threads is safe, which tune cannot prove by itself.
+    tuned, result = tune(
+        naive,
+        consumer_step_s=compute_s,
+        budget_s=budget_s,
+        num_batches=batches,
+        allow_unverified=True,
+    )
+    console.print(f"Original: {result.pipeline}")
+    console.print(f"Tuned:    {result.tuned_pipeline}")
+    for outcome in result.rewrites:
+        if outcome.status != "not applicable":
+            console.print(f"  {outcome.kind}: {outcome.status} ({outcome.reason})")
+    return tuned, result
+
+
+def _print_speedup(naive_report, tuned_report, tune_result, console: Console) -> Optional[float]:
+    """Prints the verdicts and the measured speed-up of the two fits; returns it."""
+    from keras_pipeline_tuner.outputs.terminal import verdict_line
+
+    console.print(f"Naive pipeline: {verdict_line(naive_report)}")
+    console.print(f"Tuned pipeline: {verdict_line(tuned_report)}")
+    before, after = steady_step_ms(naive_report), steady_step_ms(tuned_report)
+    kept = tune_result.applied
+    if not kept:
+        console.print(
+            "[bold]No speed-up to report:[/bold] kpt.tune kept no rewrite (none was "
+            "measured faster), so both fits ran the same pipeline"
+            + (
+                f" (steady-state step {before:.1f} ms and {after:.1f} ms: the difference "
+                "is noise, not tuning)."
+                if before is not None and after is not None
+                else "."
+            )
+        )
+        return None
+    if before is None or after is None or after <= 0:
+        return None
+    speedup = before / after
+    changes = "; ".join(f"{outcome.kind}: {outcome.change}" for outcome in kept)
+    console.print(
+        f"[bold]Speed-up: {speedup:.2f}x[/bold] (steady-state training step, median of "
+        f"the last epoch: {before:.1f} ms -> {after:.1f} ms, measured in the two fits "
+        f"above), from the rewrites kpt.tune kept: {changes}"
+    )
+    return speedup
 
 
 def steady_step_ms(report) -> Optional[float]:

@@ -19,7 +19,8 @@ import shutil
 import sys
 import tempfile
 import uuid
-from typing import Iterator, List
+from typing import Iterator
+from typing import List
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 

@@ -4,7 +4,9 @@ import dataclasses
 import enum
 import math
 import typing
-from typing import Any, Dict, List
+from typing import Any
+from typing import Dict
+from typing import List
 
 
 def reject_constant(name: str):

@@ -20,7 +20,9 @@ present (no public accessor exists).
 import contextlib
 import random
 import sys
-from typing import Callable, Iterator, List
+from typing import Callable
+from typing import Iterator
+from typing import List
 
 import numpy as np
 

@@ -11,7 +11,8 @@ variables of `fit`'s own frame.
 
 import inspect
 import sys
-from typing import Any, List
+from typing import Any
+from typing import List
 
 # Frames searched above the caller (the tuner's hook is called from the
 # `CallbackList`, through a few frames of the tuner's own).

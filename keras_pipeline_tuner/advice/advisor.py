@@ -39,27 +39,31 @@ import dataclasses
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING
+from typing import Iterable
+from typing import List
+from typing import Optional
+from typing import Tuple
 
+from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
+from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
-from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
-from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
-from keras_pipeline_tuner.advice.recommendation import PROFILER
-from keras_pipeline_tuner.advice.recommendation import LINT
-from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
+from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import MEASURED
-from keras_pipeline_tuner.advice.recommendation import BOUND
-from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
+from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
+from keras_pipeline_tuner.advice.recommendation import PROFILER
+from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
-from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
-from keras_pipeline_tuner.advice import fix_timing
-from keras_pipeline_tuner.advice import scale_out as scale_out_advice
+from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.graph import keras_made
@@ -71,14 +75,14 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import PARALLELISING
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
-from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import format_ms
 
 if TYPE_CHECKING:
-    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 

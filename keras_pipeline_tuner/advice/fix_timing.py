@@ -32,7 +32,10 @@ understated rather than overstated.
 import dataclasses
 import logging
 import math
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import MEASURED
@@ -184,7 +187,11 @@ def checked_budget(measure_fixes) -> float:
     """
     if isinstance(measure_fixes, bool):
         return DEFAULT_BUDGET_S if measure_fixes else 0.0
-    if isinstance(measure_fixes, (int, float)) and math.isfinite(measure_fixes) and measure_fixes > 0:
+    if (
+        isinstance(measure_fixes, (int, float))
+        and math.isfinite(measure_fixes)
+        and measure_fixes > 0
+    ):
         return float(measure_fixes)
     raise ValueError(
         f"`measure_fixes` must be True, False or a positive number of seconds, got "
@@ -523,7 +530,4 @@ def _rule(timing: FixTiming, compute: float, before: float, after: float) -> str
             "Without a prefetch at the end the next batch is prepared only after a step "
             "ends: a step takes about compute + batch"
         )
-    return (
-        f"{how}; with {compute:.2f} ms of compute, {before:.2f} ms now and {after:.2f} ms "
-        "after"
-    )
+    return f"{how}; with {compute:.2f} ms of compute, {before:.2f} ms now and {after:.2f} ms after"

@@ -5,7 +5,8 @@ Plain data shared by the advisor, the scale-out rules and every output.
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.timing.step_stats import StepStats
 

@@ -17,7 +17,10 @@ rules do not use:
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING
+from typing import List
+from typing import Optional
+from typing import Sequence
 
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import LINT
@@ -35,8 +38,8 @@ from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.workers.exchange import task_folder
 
 if TYPE_CHECKING:
-    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
     from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
     from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 WORKERS = "workers"

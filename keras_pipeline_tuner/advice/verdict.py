@@ -31,7 +31,9 @@ clock timed whole steps only, the profiler window's split decides.
 """
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import List
+from typing import Optional
+from typing import Sequence
 
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
@@ -132,7 +134,8 @@ def judge(
             total = share.plus(epoch_starts)
             one_off.append(
                 f"Epoch starts: the first {EPOCH_START_STEPS} steps of each epoch waited "
-                f"{epoch_starts.wait_ms:.1f} ms in all ({_percent(epoch_starts.wait_ms, total.step_ms)}"
+                f"{epoch_starts.wait_ms:.1f} ms in all "
+                f"({_percent(epoch_starts.wait_ms, total.step_ms)}"
                 " of training step time): new iterators, refilling shuffle buffers; left "
                 "out of the verdict."
             )
@@ -159,11 +162,11 @@ def judge(
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
     verdict = verdict_for(fraction)
-    line = _line(verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared)
-    line += _window_agreement(profile, verdict, warm_up_steps)
-    return Judgement(
-        verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms
+    line = _line(
+        verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
     )
+    line += _window_agreement(profile, verdict, warm_up_steps)
+    return Judgement(verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms)
 
 
 def _fetch_floor_ms(what_if) -> Optional[float]:
@@ -296,7 +299,8 @@ def _line(
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
             f"steps took {compared[1]:.2f} ms ({compared[2]}) on replayed cached batches "
             f"against {compared[0]:.2f} ms with the pipeline{_alongside(what_if)}, "
-            f"which shares the CPU; the wait at the fetch alone was {wait_fraction * 100:.1f} %{beyond} (step clock)."
+            f"which shares the CPU; the wait at the fetch alone was "
+            f"{wait_fraction * 100:.1f} %{beyond} (step clock)."
         )
     else:
         line = (
@@ -327,8 +331,7 @@ def _window_agreement(profile, verdict, warm_up_steps: int) -> str:
             "whose one-off work is left out of the verdict (below); the later epochs decide."
         )
     return line + (
-        "; it saw those steps only, while the step clock saw every step, so the step "
-        "clock decides."
+        "; it saw those steps only, while the step clock saw every step, so the step clock decides."
     )
 
 

@@ -11,7 +11,8 @@ linted) from what Keras built itself (where the advice differs).
 import dataclasses
 import logging
 import sys
-from typing import Any, Optional
+from typing import Any
+from typing import Optional
 
 from keras_pipeline_tuner._util.running_fit import running_call_local
 from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint

@@ -48,17 +48,20 @@ import logging
 import math
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 
+from keras_pipeline_tuner._util.backend_import import backend_module
+from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner.instrumentation.timing_source import StampedIterator
 from keras_pipeline_tuner.instrumentation.timing_source import StandIn
-from keras_pipeline_tuner._util.backend_import import backend_module
-from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.timing.device_stall import stall_rows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION

@@ -9,7 +9,10 @@ those and calls in under its lock.
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing.step_clock import TRAIN

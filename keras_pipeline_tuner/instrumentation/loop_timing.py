@@ -28,14 +28,19 @@ import logging
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple
+from typing import Any
+from typing import Callable
+from typing import Iterable
+from typing import Iterator
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.backend_import import backend_module
-from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.instrumentation import traced_steps
-
 from keras_pipeline_tuner.instrumentation.loop_record import KINDS
 from keras_pipeline_tuner.instrumentation.loop_record import LoopRecord
 from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint

@@ -11,16 +11,18 @@ TensorFlow's legacy random ops (see `TensorFlowFitTiming`).
 
 import functools
 import time
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import OnError
 from keras_pipeline_tuner.instrumentation.timing_source import OnFallback
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
+from keras_pipeline_tuner.timing import timed_step_function
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
-from keras_pipeline_tuner.timing import timed_step_function
 
 
 class TensorFlowFitTiming(FitTiming):

@@ -14,7 +14,10 @@ come; the run keeps them back and records them together (see
 
 import time
 import weakref
-from typing import Callable, Dict, List, Optional
+from typing import Callable
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 

@@ -21,14 +21,18 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from typing import Callable
+from typing import Dict
+from typing import List
+from typing import Optional
 
+from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner._util.running_fit import running_call_local
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner.instrumentation.timing_source import StampedIterator
 from keras_pipeline_tuner.instrumentation.timing_source import StandIn
-from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 
@@ -162,16 +166,16 @@ class TorchFitTiming(FitTiming):
         Returns:
             Keras' logs.
         """
-        called_at = _now()
-        began = time.perf_counter()
         # The fetch of this step's batch; none when the loader is not stamped.
-        fetch = self._fetch.pop(kind, None) or (called_at, math.nan)
+        fetch = self._fetch.pop(kind, None) or (_now(), math.nan)
         try:
             logs = function(data)
         except BaseException as error:
             self._on_error(error)
             raise
-        self._on_rows(kind, fetch + (_now(),), time.perf_counter() - began, called_at)
+        end = _now()
+        # A call's wall time runs from its fetch, as on the other backends.
+        self._on_rows(kind, fetch + (end,), end - fetch[0], fetch[0])
         return logs
 
     def _wrap_loader(self, model, kind: str) -> None:

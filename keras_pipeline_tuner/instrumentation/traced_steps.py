@@ -11,7 +11,9 @@ says why, and the step then runs untouched.
 import dataclasses
 import functools
 import sys
-from typing import Any, Callable, Optional
+from typing import Any
+from typing import Callable
+from typing import Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 

@@ -18,21 +18,24 @@ before and put back after. Training itself is not touched.
 
 import dataclasses
 import logging
-from typing import Callable, List, Optional
+from typing import Callable
+from typing import List
+from typing import Optional
 
 import numpy as np
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
+from keras_pipeline_tuner._util.argument_checks import positive_int
+from keras_pipeline_tuner._util.random_state import preserved_random_state
+from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.pipeline.graph import rerun
 from keras_pipeline_tuner.pipeline.tune import rebuild as pipeline_rewrite
 from keras_pipeline_tuner.timing import timed_step_function
-from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
+from keras_pipeline_tuner.timing.step_clock import split_rows
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
-from keras_pipeline_tuner._util.random_state import preserved_random_state
-from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -61,7 +64,7 @@ class ReplayUnsupported(ValueError):
 
 @dataclasses.dataclass
 class ReplayRound:
-    """One round of a replay timed around the real pipeline: its steps, and the replay's beside them.
+    """One round of a replay timed around the real pipeline: its steps and the replay's.
 
     Attributes:
         pipeline_ms: mean step time on the real pipeline in this round.
@@ -218,8 +221,7 @@ def _what_if(model, dataset, steps, cached_batches, pipeline_stats, another_roun
         pipeline_step, source = _stats(pipeline_rows).step, "measured"
         notes.append(
             "The real pipeline's steps were timed on a fresh iterator, between two parts "
-            "of the replay"
-            + (f", in {len(rounds)} rounds." if len(rounds) > 1 else ".")
+            "of the replay" + (f", in {len(rounds)} rounds." if len(rounds) > 1 else ".")
         )
     if found < cached_batches:
         notes.append(f"The dataset has only {found} batches; they were all replayed.")
@@ -377,7 +379,14 @@ def checked_steps(what_if) -> int:
 
 
 def _replay(
-    model, run_steps, variables_touched, dataset, steps, cached_batches, pipeline_stats, another_round
+    model,
+    run_steps,
+    variables_touched,
+    dataset,
+    steps,
+    cached_batches,
+    pipeline_stats,
+    another_round,
 ):
     """Caches a few batches and times the replay (and the pipeline); restores the model."""
     cached = dataset.take(cached_batches).cache()
@@ -491,9 +500,7 @@ def _pipeline_call(run_steps, iterator, dataset, found):
 def _stats(rows: np.ndarray) -> StepStats:
     if rows.shape[0] == 0:
         return StepStats()
-    start, ready, end = rows[:, 0], rows[:, 1], rows[:, 2]
-    return StepStats.from_arrays(np.maximum(ready - start, 0.0), np.maximum(end - ready, 0.0))
-
+    return StepStats.from_arrays(*split_rows(rows))
 
 
 def _timed_steps_of(model) -> Callable:
@@ -501,7 +508,10 @@ def _timed_steps_of(model) -> Callable:
     reason = timed_step_function.unsupported_reason(model)
     if reason is None and model.run_eagerly:
         reason = "the model runs eagerly (run_eagerly=True)"
-    if reason is None and type(model.distribute_strategy).__name__ != "_DefaultDistributionStrategy":
+    if (
+        reason is None
+        and type(model.distribute_strategy).__name__ != "_DefaultDistributionStrategy"
+    ):
         reason = "the model trains under a distribution strategy, which the replay does not support"
     if reason is not None:
         raise ReplayUnsupported(f"The training step cannot be timed here: {reason}.")

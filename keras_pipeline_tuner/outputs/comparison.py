@@ -7,7 +7,8 @@ medians beyond the larger of the two runs' spreads is called out as real.
 """
 
 import dataclasses
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import Distribution

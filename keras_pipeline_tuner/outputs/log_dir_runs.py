@@ -22,10 +22,14 @@ import os
 import re
 import socket
 import time
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
+
+# The name of a run's report file, in its folder.
+REPORT_FILENAME = "report.json"
 
 RUN = PROFILE_RUN
 CLAIM_FILENAME = "run.json"
@@ -147,6 +151,12 @@ def list_runs(log_dir: str) -> List[RunEntry]:
     return sorted(found, key=lambda entry: entry.started)
 
 
+def _state(entry: RunEntry) -> str:
+    if entry.finished:
+        return "finished"
+    return "running" if entry.live else "ended early"
+
+
 def describe_runs(runs: List[RunEntry], this_run: Optional[str]) -> Optional[str]:
     """A sentence listing the runs of a log dir, or `None` when it holds one run at most.
 
@@ -158,14 +168,15 @@ def describe_runs(runs: List[RunEntry], this_run: Optional[str]) -> Optional[str
 
     >>> describe_runs([RunEntry("pipeline_tuner", "fit", "h", 1, 0.0, True),
     ...                RunEntry("pipeline_tuner/evaluate-2", "evaluate", "h", 1, 1.0, True)],
-    ...               "pipeline_tuner")
-    'This log dir holds 2 runs: pipeline_tuner (fit, finished), pipeline_tuner/evaluate-2 (evaluate, finished); this report is that of pipeline_tuner, its latest training run.'
+    ...               "pipeline_tuner")  # doctest: +NORMALIZE_WHITESPACE
+    'This log dir holds 2 runs: pipeline_tuner (fit, finished),
+    pipeline_tuner/evaluate-2 (evaluate, finished); this report is that of
+    pipeline_tuner, its latest training run.'
     """
     if len(runs) < 2:
         return None
     listed = ", ".join(
-        f"{entry.run} ({entry.kind}, {'finished' if entry.finished else 'running' if entry.live else 'ended early'})"
-        for entry in runs
+        f"{entry.run} ({entry.kind}, {_state(entry)})" for entry in runs
     )
     line = f"This log dir holds {len(runs)} runs: {listed}"
     if this_run is not None:
@@ -185,7 +196,7 @@ def _is_live(entry: RunEntry, folder: str) -> bool:
     if entry.host == _this_host():
         return _process_alive(entry.pid)
     try:
-        written = files.modified_time(os.path.join(folder, "report.json"))
+        written = files.modified_time(os.path.join(folder, REPORT_FILENAME))
     except OSError:
         written = entry.started
     return time.time() - written < LIVE_S

@@ -9,16 +9,17 @@ of a line into italics, and `<img src=...>` is text, not an image.
 
 import html
 import re
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
-from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
-from keras_pipeline_tuner.workers.exchange import worker_rows
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import format_ms
+from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
+from keras_pipeline_tuner.workers.exchange import worker_rows
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]{}|#])")
 # Iterators shown in the profile table; the rest hold little time.

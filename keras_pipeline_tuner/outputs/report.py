@@ -1,11 +1,10 @@
 """The report: everything the tuner found, as plain data that round-trips JSON."""
 
 import dataclasses
-import enum
 import json
-import math
-import typing
-from typing import Any, Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner._util.files import write_atomically
 from keras_pipeline_tuner._util.json_codec import encode_json_value
@@ -13,19 +12,19 @@ from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME  # noqa: F401 - re-exported
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
-from keras_pipeline_tuner.timing import measurement as measured_by
-from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.pipeline.lint.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.timing import measurement as measured_by
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
 from keras_pipeline_tuner.timing.step_clock import FirstStep
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
-from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
-REPORT_FILENAME = "report.json"
 SCHEMA_VERSION = 1
 
 

@@ -45,15 +45,15 @@ import numpy as np
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
-from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.outputs.report import Report
-from keras_pipeline_tuner.timing.step_stats import step_seconds
+from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import StepClock
-from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.timing.step_stats import step_seconds
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -224,7 +224,9 @@ class TensorBoardSink:
                 # NaN reaches TensorBoard.
                 whole = ~measured
                 self._write_scalar_rows(
-                    (WHOLE_STEP_TAG,), points[whole], (step[whole] * 1e3)[None, :].astype(np.float32)
+                    (WHOLE_STEP_TAG,),
+                    points[whole],
+                    (step[whole] * 1e3)[None, :].astype(np.float32),
                 )
             if measured.any():
                 wait, step = wait[measured], step[measured]
@@ -271,7 +273,13 @@ class TensorBoardSink:
             found = self._row_blocks.add(
                 numbers,
                 np.stack(
-                    [new["epoch"].astype(np.float64), new["start"], new["wait"], new["compute"], step],
+                    [
+                        new["epoch"].astype(np.float64),
+                        new["start"],
+                        new["wait"],
+                        new["compute"],
+                        step,
+                    ],
                     axis=1,
                 ),
                 final,
@@ -367,9 +375,7 @@ class TensorBoardSink:
             else:
                 tf = tensorflow()
                 tf.io.gfile.makedirs(self.run_dir)
-                with tf.io.gfile.GFile(
-                    os.path.join(self.run_dir, TIMELINE_FILENAME), "wb"
-                ) as file:
+                with tf.io.gfile.GFile(os.path.join(self.run_dir, TIMELINE_FILENAME), "wb") as file:
                     file.write(png)
                 image = tf.expand_dims(tf.io.decode_png(png, channels=4), 0)
                 with self._summaries():
@@ -452,8 +458,8 @@ class TensorBoardSink:
             return (), ""
         rows = self._profile_rows.get(profile.xplane_path)
         if rows is None:
-            from keras_pipeline_tuner.profiling import evidence as profile_evidence
             from keras_pipeline_tuner.outputs import timeline_image
+            from keras_pipeline_tuner.profiling import evidence as profile_evidence
 
             stages = {
                 iterator.iterator: iterator.stage

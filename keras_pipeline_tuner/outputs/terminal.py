@@ -3,7 +3,9 @@
 import dataclasses
 import enum
 import re
-from typing import IO, Any, Optional
+from typing import IO
+from typing import Any
+from typing import Optional
 
 from rich.console import Console
 from rich.padding import Padding
@@ -11,14 +13,14 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
-from keras_pipeline_tuner.workers.exchange import worker_rows
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.log_dir_runs import describe_runs
 from keras_pipeline_tuner.outputs.report import Report
-from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import format_ms
+from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
+from keras_pipeline_tuner.workers.exchange import worker_rows
 
 _VERDICT_STYLE = {
     Verdict.HIGHLY_INPUT_BOUND: "bold red",

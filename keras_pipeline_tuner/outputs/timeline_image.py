@@ -14,7 +14,10 @@ pyplot, so no global figure state is touched and no display is needed.
 
 import dataclasses
 import io
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict
+from typing import List
+from typing import Sequence
+from typing import Tuple
 
 import numpy as np
 

@@ -7,7 +7,9 @@ into step by step. The file uses the Trace Event Format's JSON object form.
 """
 
 import json
-from typing import Any, Dict, List
+from typing import Any
+from typing import Dict
+from typing import List
 
 import numpy as np
 

@@ -9,7 +9,8 @@ import array
 import dataclasses
 import logging
 import time
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 import numpy as np
 

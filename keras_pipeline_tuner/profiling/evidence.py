@@ -22,7 +22,11 @@ import os
 import re
 import time
 import typing
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Sequence
+from typing import Tuple
 
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling import stage_names
@@ -277,26 +281,7 @@ def analyze_capture(
     evidence.cost.conversion_s = time.perf_counter() - began
 
     steps_table, iterators_table = _analyzer_tables(analysis)
-    steps = _analyzer_steps(steps_table)
-    if steps:
-        evidence.source = ANALYZER
-        evidence.conclusion = steps_table.get("p", {}).get("input_conclusion", "")
-    else:
-        steps = trace_steps(events)
-        if steps:
-            evidence.source = TRACE
-            evidence.notes.append(
-                "xprof's input-pipeline analyzer found no steps in this window (it "
-                "does not, with steps_per_execution > 1); the per-step input and "
-                "compute times were computed from the trace instead: the time each "
-                "step marker spent in a batch fetch while no step op ran."
-            )
-        else:
-            evidence.notes.append(
-                "The window could not be analysed: neither the analyzer nor the "
-                f"trace shows a step marker named {STEP_MARKER!r} (was training "
-                "running while the profiler was on?)."
-            )
+    steps = _read_steps(evidence, steps_table, events)
     evidence.steps = steps
     evidence.input_fraction = _input_fraction(steps)
     evidence.verdict = verdict_for(evidence.input_fraction)
@@ -308,7 +293,47 @@ def analyze_capture(
     evidence.iterators = rank_iterators(
         iterators_table, _iterator_ops(events), stages or {}
     )
+    bottleneck = _named_bottleneck(evidence, window_steps)
+    if bottleneck is not None:
+        evidence.bottleneck = bottleneck.stage
+        evidence.bottleneck_iterator = bottleneck.iterator
+        evidence.bottleneck_node = bottleneck.stage_node
+    if not evidence.iterators:
+        evidence.notes.append("The capture holds no tf.data iterator activity.")
+    return evidence
+
+
+def _read_steps(evidence: ProfileEvidence, steps_table: dict, events) -> list:
+    """The window's steps: the analyzer's, else the trace's; sets `evidence.source`."""
+    steps = _analyzer_steps(steps_table)
+    if steps:
+        evidence.source = ANALYZER
+        evidence.conclusion = steps_table.get("p", {}).get("input_conclusion", "")
+        return steps
+    steps = trace_steps(events)
+    if steps:
+        evidence.source = TRACE
+        evidence.notes.append(
+            "xprof's input-pipeline analyzer found no steps in this window (it "
+            "does not, with steps_per_execution > 1); the per-step input and "
+            "compute times were computed from the trace instead: the time each "
+            "step marker spent in a batch fetch while no step op ran."
+        )
+    else:
+        evidence.notes.append(
+            "The window could not be analysed: neither the analyzer nor the "
+            f"trace shows a step marker named {STEP_MARKER!r} (was training "
+            "running while the profiler was on?)."
+        )
+    return steps
+
+
+def _named_bottleneck(
+    evidence: ProfileEvidence, window_steps: Optional[int]
+) -> Optional[IteratorTime]:
+    """The stage named the bottleneck: the busiest not waiting, when the window can say."""
     bottleneck = next((it for it in evidence.iterators if not it.waiting), None)
+    steps = evidence.steps
     covered = len(steps) if window_steps is None else max(window_steps, len(steps))
     if not steps:
         covered = 0
@@ -319,21 +344,15 @@ def analyze_capture(
             f"The window holds {covered} step(s), fewer than the {MIN_STEPS} it needs to "
             "name a bottleneck: its stage table is shown, no stage is named."
         )
-        bottleneck = None
-    elif bottleneck is not None and not evidence.verdict.input_bound:
+        return None
+    if bottleneck is not None and not evidence.verdict.input_bound:
         evidence.notes.append(
             f"The window measured {evidence.input_fraction * 100:.1f} % input "
             f"({evidence.verdict.value}): no stage limits training, so none is named "
             "the bottleneck."
         )
-        bottleneck = None
-    if bottleneck is not None:
-        evidence.bottleneck = bottleneck.stage
-        evidence.bottleneck_iterator = bottleneck.iterator
-        evidence.bottleneck_node = bottleneck.stage_node
-    if not evidence.iterators:
-        evidence.notes.append("The capture holds no tf.data iterator activity.")
-    return evidence
+        return None
+    return bottleneck
 
 
 def rank_iterators(

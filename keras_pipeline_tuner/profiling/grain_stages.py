@@ -22,7 +22,10 @@ import dataclasses
 import re
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.profiling.evidence import IteratorTime
@@ -189,27 +192,8 @@ def time_stages(
             f"time_stages() takes a grain.MapDataset or grain.IterDataset, got "
             f"{type(dataset).__name__}."
         )
-    import grain
-
-    if isinstance(dataset, grain.MapDataset):
-        dataset = dataset.to_iter_dataset()
-    options = grain.experimental.DatasetOptions(
-        execution_tracking_mode=grain.experimental.ExecutionTrackingMode.STAGE_TIMING
-    )
     began = time.perf_counter()
-    iterator = iter(grain.experimental.WithOptionsIterDataset(dataset, options))
-    read = 0
-    try:
-        for _ in range(batches):
-            next(iterator)
-            read += 1
-            if time.perf_counter() - began > max_pass_s:
-                break
-    except StopIteration:
-        pass
-    finally:
-        # Stops read-ahead threads; what they recorded is still folded in.
-        iterator.close()
+    iterator, read = _timed_pass(dataset, batches, began + max_pass_s)
     pass_s = time.perf_counter() - began
     summary = _wait_for_summary(iterator, read, began + pass_s + max_wait_s)
     rows = _rows(summary)
@@ -232,6 +216,35 @@ def time_stages(
         "steps; a stage read on several threads adds up the time of all of them."
     )
     return evidence
+
+
+def _timed_pass(dataset, batches: int, deadline: float):
+    """Reads up to `batches` elements with Grain's stage timing on, until `deadline`.
+
+    Returns:
+        The (closed) iterator, which holds Grain's timing, and the elements read.
+    """
+    import grain
+
+    if isinstance(dataset, grain.MapDataset):
+        dataset = dataset.to_iter_dataset()
+    options = grain.experimental.DatasetOptions(
+        execution_tracking_mode=grain.experimental.ExecutionTrackingMode.STAGE_TIMING
+    )
+    iterator = iter(grain.experimental.WithOptionsIterDataset(dataset, options))
+    read = 0
+    try:
+        for _ in range(batches):
+            next(iterator)
+            read += 1
+            if time.perf_counter() > deadline:
+                break
+    except StopIteration:
+        pass
+    finally:
+        # Stops read-ahead threads; what they recorded is still folded in.
+        iterator.close()
+    return iterator, read
 
 
 def _wait_for_summary(iterator, read: int, deadline: float):

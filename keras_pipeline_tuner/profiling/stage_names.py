@@ -9,7 +9,9 @@ user's functions. This module joins the two, and nothing else.
 """
 
 import re
-from typing import Dict, Iterable, Optional
+from typing import Dict
+from typing import Iterable
+from typing import Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.graph.in_memory import without_large_sources

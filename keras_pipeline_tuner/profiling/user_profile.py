@@ -9,9 +9,11 @@ window wins, and its capture becomes the tuner's evidence.
 
 import dataclasses
 import os
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner._util import files
+
 
 @dataclasses.dataclass
 class ProfileRequest:

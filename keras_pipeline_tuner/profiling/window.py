@@ -13,19 +13,21 @@ inside a step.
 import contextlib
 import logging
 import os
-from typing import List, Optional, Tuple, Union
+from typing import List
+from typing import Optional
+from typing import Tuple
+from typing import Union
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.running_fit import current_fit_callbacks
+from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import user_profile
-from keras_pipeline_tuner._util.feature_guard import FeatureGuard
-
 from keras_pipeline_tuner.profiling.capture import Capture
 from keras_pipeline_tuner.profiling.capture import ProfilerBusy
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import TRAIN
-from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
 

@@ -8,7 +8,8 @@ state starts after it). The final report refines it.
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable
+from typing import Optional
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.outputs import terminal as terminal_summary

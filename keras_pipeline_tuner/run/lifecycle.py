@@ -18,7 +18,9 @@ import dataclasses
 import logging
 import time
 import weakref
-from typing import Callable, List, Optional
+from typing import Callable
+from typing import List
+from typing import Optional
 
 import numpy as np
 

@@ -7,7 +7,9 @@ ends the run with the probes that apply to a loop.
 """
 
 import functools
-from typing import Callable, Iterable, Optional
+from typing import Callable
+from typing import Iterable
+from typing import Optional
 
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import TimedIterator

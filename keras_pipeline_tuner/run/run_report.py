@@ -107,24 +107,25 @@ def environment() -> dict:
 
     Example:
 
+    >>> import keras
     >>> found = environment()
     >>> found["backend"] in ("tensorflow", "jax", "torch")
     True
     >>> sorted(set(found) & {"keras", "python"})
     ['keras', 'python']
     """
-    import keras
-
     found = {}
     # Named only when the run used them: the torch and JAX backends may run
-    # without TensorFlow, and no framework is imported just to name it.
-    for name in ("tensorflow", "jax", "torch"):
+    # without TensorFlow, a custom loop without Keras, and no framework is
+    # imported just to name it (importing Keras takes seconds).
+    for name in ("tensorflow", "jax", "torch", "keras"):
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "__version__"):
             found[name] = str(module.__version__)
-    found.update(
-        keras=keras.__version__, backend=keras.backend.backend(), python=sys.version.split()[0]
-    )
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend"):
+        found["backend"] = keras.backend.backend()
+    found["python"] = sys.version.split()[0]
     return found
 
 

@@ -9,7 +9,8 @@ the training thread, about once a second. Keras' `CallbackList` decides its
 dispatch once per fit the same way.
 """
 
-from typing import Callable, Optional
+from typing import Callable
+from typing import Optional
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.timing.step_clock import TRAIN

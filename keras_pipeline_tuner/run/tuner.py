@@ -11,7 +11,10 @@ loop_timing`).
 import copy
 import os
 import threading
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable
+from typing import Optional
+from typing import Tuple
+from typing import Union
 
 import keras
 
@@ -20,17 +23,17 @@ from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.running_fit import current_fit_callbacks
 from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.instrumentation import fit_input
+from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
-from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.window import EPOCH_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run.arguments import TunerArguments
 from keras_pipeline_tuner.run.lifecycle import Run
-from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.lifecycle import RunSettings
+from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.probes import AfterTraining
 from keras_pipeline_tuner.run.probes import ProbeSettings
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps

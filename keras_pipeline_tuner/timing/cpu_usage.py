@@ -19,7 +19,9 @@ the quota is.
 import dataclasses
 import os
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict
+from typing import Optional
+from typing import Tuple
 
 _PROC_STAT = "/proc/stat"
 # Fields of a /proc/stat cpu line that are idle time: idle and iowait.

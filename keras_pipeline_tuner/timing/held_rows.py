@@ -6,7 +6,9 @@ each call's rows here (a list append) and hands them to the clock in `flush`,
 about once a second, at each epoch's end and before any output is written.
 """
 
-from typing import Callable, Dict, List
+from typing import Callable
+from typing import Dict
+from typing import List
 
 import numpy as np
 

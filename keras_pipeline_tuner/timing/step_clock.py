@@ -16,7 +16,10 @@ totals per epoch, and summarises them as `StepStats`.
 import dataclasses
 import math
 import time
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 import numpy as np
 
@@ -141,6 +144,34 @@ class _Totals:
         return Share(self.measured_steps, self.wait_s * 1e3, self.step_s * 1e3)
 
 
+
+def split_rows(rows) -> Tuple[np.ndarray, np.ndarray]:
+    """The input wait and compute of `(start, ready, end)` rows, in seconds.
+
+    The one rule for every row: wait is `ready - start`, compute `end - ready`,
+    neither below zero. Where `ready` was not observed (NaN) the wait is NaN
+    and the whole step counts as compute.
+
+    Args:
+        rows: an (n, 3) array (or one row) of seconds.
+
+    Returns:
+        `(wait, compute)`, two arrays of n seconds.
+
+    Example:
+
+    >>> wait, compute = split_rows([[0.0, 0.05, 0.06], [1.0, float("nan"), 1.02]])
+    >>> wait.round(3).tolist(), compute.round(3).tolist()
+    ([0.05, nan], [0.01, 0.02])
+    """
+    rows = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+    start, ready, end = rows[:, 0], rows[:, 1], rows[:, 2]
+    observed = ~np.isnan(ready)
+    wait = np.where(observed, np.maximum(ready - start, 0.0), np.nan)
+    compute = np.maximum(end - np.where(observed, np.fmax(ready, start), start), 0.0)
+    return wait, compute
+
+
 class StepClock:
     """Bounded per-step timing records with per-epoch summaries.
 
@@ -223,10 +254,8 @@ class StepClock:
         self._note_setup(kind, rows, called_at)
         if rows.shape[0] == 0:
             return
-        start, ready, end = rows[:, 0], rows[:, 1], rows[:, 2]
-        began = np.fmax(ready, start)
-        wait = np.where(np.isnan(ready), np.nan, np.maximum(ready - start, 0.0))
-        compute = np.maximum(end - np.where(np.isnan(ready), start, began), 0.0)
+        start, end = rows[:, 0], rows[:, 2]
+        wait, compute = split_rows(rows)
         previous_end = np.concatenate(
             [[self._last_end.get(kind, np.nan)], end[:-1]]
         )

@@ -21,7 +21,9 @@ random state as they would Keras' own, or Keras' own when it has already run.
 
 import logging
 import time
-from typing import Callable, List, Optional
+from typing import Callable
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
@@ -146,6 +148,9 @@ class TimedFunction:
         self._steps_per_execution = steps_per_execution
         strategy = model.distribute_strategy
 
+        # As Keras: neither function is converted by AutoGraph (`strategy.run`
+        # converts the user's step itself).
+        @tf.autograph.experimental.do_not_convert
         def one_step_on_data(data):
             outputs = strategy.run(step_function, args=(data,))
             return reduce_per_replica(outputs, strategy, reduction="auto")
@@ -156,15 +161,7 @@ class TimedFunction:
             )
         one_step_on_data = model._autoconvert_optionals(one_step_on_data)
 
-        def after(tensors, structure):
-            # A timestamp that cannot run before `structure` is computed: the
-            # control edge on a nested function call waits for all its side
-            # effects (the weight updates), not just its return values.
-            with tf.control_dependencies(
-                tf.nest.flatten(structure, expand_composites=True) + list(tensors)
-            ):
-                return tf.timestamp()
-
+        @tf.autograph.experimental.do_not_convert
         def timed_steps(iterator):
             # The graph mirrors Keras' own `_make_function` op for op, because
             # its races are part of what training computes: with one step per
@@ -173,73 +170,9 @@ class TimedFunction:
             # the last `get_next` of an unknown-length dataset fails, and Keras
             # counts that step. Timestamps only observe: nothing of the step
             # waits on them, so the step starts exactly when Keras' would.
-            start = tf.timestamp()
             if steps_per_execution == 1:
-                with tf.control_dependencies([start]):
-                    # Raises OutOfRangeError at the end of the data, which
-                    # Keras' epoch iterator turns into the end of the epoch.
-                    data = iterator.get_next()
-                ready = after([], data)
-                outputs = one_step_on_data(data)
-                end = after([], outputs)
-                return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
-
-            # As Keras: optional fetches, and the next batch fetched while
-            # nothing waits on it so that it overlaps the step (an implicit
-            # one-batch prefetch). An empty first fetch ends the epoch.
-            with tf.control_dependencies([start]):
-                first_inputs = iterator.get_next_as_optional()
-            first_ready = after([], first_inputs.has_value())
-            output_spec = []
-
-            def first_step():
-                step_outputs = one_step_on_data(first_inputs.get_value())
-                first = tf.experimental.Optional.from_value(step_outputs)
-                # tf.cond traces this branch first; the empty branch needs its spec.
-                output_spec.append(first.element_spec)
-                return first, after([], step_outputs)
-
-            def no_step():
-                return tf.experimental.Optional.empty(output_spec[0]), first_ready
-
-            outputs, first_end = tf.cond(first_inputs.has_value(), first_step, no_step)
-            rows = tf.TensorArray(tf.float64, size=steps_per_execution)
-            rows = rows.write(0, tf.stack([start, first_ready, first_end]))
-            # After an empty first fetch, Keras fetches no more (nor do we).
-            next_inputs = tf.cond(
-                first_inputs.has_value(), iterator.get_next_as_optional, lambda: first_inputs
-            )
-            next_ready = after([], next_inputs.has_value())
-
-            def cond(step, outputs, next_inputs, next_ready, previous_end, rows):
-                return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
-
-            def body(step, outputs, next_inputs, next_ready, previous_end, rows):
-                step_outputs = one_step_on_data(next_inputs.get_value())
-                outputs = tf.experimental.Optional.from_value(step_outputs)
-                end = after([], step_outputs)
-                rows = rows.write(step, tf.stack([previous_end, next_ready, end]))
-                following = tf.cond(
-                    step + 1 < steps_per_execution,
-                    iterator.get_next_as_optional,
-                    lambda: next_inputs,
-                )
-                return (
-                    step + 1,
-                    outputs,
-                    following,
-                    after([], following.has_value()),
-                    end,
-                    rows,
-                )
-
-            steps, outputs, _, _, _, rows = tf.while_loop(
-                cond,
-                body,
-                loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, first_end, rows],
-            )
-            steps = tf.where(first_inputs.has_value(), steps, 0)
-            return outputs, rows.stack()[:steps]
+                return _timed_one_step(iterator, one_step_on_data)
+            return _timed_several_steps(iterator, one_step_on_data, steps_per_execution)
 
         if not model.run_eagerly:
             timed_steps = tf.function(timed_steps, reduce_retracing=True)
@@ -339,3 +272,85 @@ class TimedFunction:
                 raise StopIteration
             outputs = outputs.get_value()
         return outputs
+
+
+def _stamp_after(structure):
+    """A timestamp that cannot run before `structure` is computed.
+
+    The control edge on a nested function call waits for all its side effects
+    (the weight updates), not just its return values.
+    """
+    tf = tensorflow()
+    with tf.control_dependencies(tf.nest.flatten(structure, expand_composites=True)):
+        return tf.timestamp()
+
+
+def _timed_one_step(iterator, one_step_on_data):
+    """One step per call: `(outputs, rows)`, one `(start, ready, end)` row."""
+    tf = tensorflow()
+    start = tf.timestamp()
+    with tf.control_dependencies([start]):
+        # Raises OutOfRangeError at the end of the data, which Keras' epoch
+        # iterator turns into the end of the epoch.
+        data = iterator.get_next()
+    ready = _stamp_after(data)
+    outputs = one_step_on_data(data)
+    end = _stamp_after(outputs)
+    return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
+
+
+def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
+    """Several steps per call, as Keras runs them: `(outputs, rows)`, a row per step.
+
+    As Keras: optional fetches, and the next batch fetched while nothing waits
+    on it so that it overlaps the step (an implicit one-batch prefetch). An
+    empty first fetch ends the epoch.
+    """
+    tf = tensorflow()
+    start = tf.timestamp()
+    with tf.control_dependencies([start]):
+        first_inputs = iterator.get_next_as_optional()
+    first_ready = _stamp_after(first_inputs.has_value())
+    output_spec = []
+
+    def first_step():
+        step_outputs = one_step_on_data(first_inputs.get_value())
+        first = tf.experimental.Optional.from_value(step_outputs)
+        # tf.cond traces this branch first; the empty branch needs its spec.
+        output_spec.append(first.element_spec)
+        return first, _stamp_after(step_outputs)
+
+    def no_step():
+        return tf.experimental.Optional.empty(output_spec[0]), first_ready
+
+    outputs, first_end = tf.cond(first_inputs.has_value(), first_step, no_step)
+    rows = tf.TensorArray(tf.float64, size=steps_per_execution)
+    rows = rows.write(0, tf.stack([start, first_ready, first_end]))
+    # After an empty first fetch, Keras fetches no more (nor do we).
+    next_inputs = tf.cond(
+        first_inputs.has_value(), iterator.get_next_as_optional, lambda: first_inputs
+    )
+    next_ready = _stamp_after(next_inputs.has_value())
+
+    def cond(step, outputs, next_inputs, next_ready, previous_end, rows):
+        return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
+
+    def body(step, outputs, next_inputs, next_ready, previous_end, rows):
+        step_outputs = one_step_on_data(next_inputs.get_value())
+        outputs = tf.experimental.Optional.from_value(step_outputs)
+        end = _stamp_after(step_outputs)
+        rows = rows.write(step, tf.stack([previous_end, next_ready, end]))
+        following = tf.cond(
+            step + 1 < steps_per_execution,
+            iterator.get_next_as_optional,
+            lambda: next_inputs,
+        )
+        return step + 1, outputs, following, _stamp_after(following.has_value()), end, rows
+
+    steps, outputs, _, _, _, rows = tf.while_loop(
+        cond,
+        body,
+        loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, first_end, rows],
+    )
+    steps = tf.where(first_inputs.has_value(), steps, 0)
+    return outputs, rows.stack()[:steps]

@@ -31,15 +31,19 @@ import math
 import os
 import socket
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Sequence
+from typing import Tuple
 
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
+from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
-from keras_pipeline_tuner._util.tf_import import tensorflow
 
 logger = logging.getLogger("keras_pipeline_tuner")
 

@@ -115,7 +115,11 @@ def test_input_bound_bottleneck_finding_ranks_first():
     top = ranked[0]
     assert top.stage == "map(load_image)"
     assert top.title == "Parallelise map(load_image)"
-    assert [e.source for e in top.evidence] == [recommendation.LINT, recommendation.PROFILER, recommendation.STEP_CLOCK]
+    assert [e.source for e in top.evidence] == [
+        recommendation.LINT,
+        recommendation.PROFILER,
+        recommendation.STEP_CLOCK,
+    ]
     assert "the bottleneck stage" in top.evidence[1].detail
     # Free, the stage gives back 75 % of the 30 ms wait: 40 ms -> 17.5 ms. No
     # figure is worked out from the core count.
@@ -158,7 +162,10 @@ def test_bottleneck_without_finding_is_recommended_from_the_profile():
     ranked = advisor.advise(stats(30.0, 10.0), profile("map(decode_jpeg)"), [])
     assert [r.id for r in ranked] == [advisor.BOTTLENECK_STAGE]
     assert "map(decode_jpeg" in ranked[0].fix and "num_parallel_calls" in ranked[0].fix
-    assert {e.source for e in ranked[0].evidence} == {recommendation.PROFILER, recommendation.STEP_CLOCK}
+    assert {e.source for e in ranked[0].evidence} == {
+        recommendation.PROFILER,
+        recommendation.STEP_CLOCK,
+    }
 
 
 def test_input_bound_without_any_other_evidence_says_where_to_look():
@@ -214,9 +221,9 @@ def test_every_recommendation_rests_on_evidence(wait_ms, compute_ms, drawn, bott
     step_stats = stats(wait_ms, compute_ms)
     evidence = profile(bottleneck) if bottleneck else None
     ranked = advisor.advise(step_stats, evidence, findings, cpu_count=4)
-    for recommendation in ranked:
-        assert recommendation.evidence, recommendation
-        gain = recommendation.expected_gain
+    for ranked_one in ranked:
+        assert ranked_one.evidence, ranked_one
+        gain = ranked_one.expected_gain
         if gain is not None and gain.speedup is not None:
             # Nothing in the input pipeline beats free input.
             assert 1.0 <= gain.speedup <= 1.0 / (1.0 - step_stats.input_fraction) + 1e-9
@@ -305,7 +312,10 @@ def test_graph_nodes_tell_apart_stages_written_alike():
     evidence.bottleneck_node = evidence.iterators[1].stage_node = "MapDataset/_4"
     ranked = advisor.advise(stats(30.0, 10.0), evidence, [first, second])
     assert [r.id for r in ranked] == ["py-function-in-map", "sequential-map"]
-    assert [e.source for e in ranked[1].evidence] == [recommendation.LINT, recommendation.STEP_CLOCK]
+    assert [e.source for e in ranked[1].evidence] == [
+        recommendation.LINT,
+        recommendation.STEP_CLOCK,
+    ]
 
 
 def test_unmeasured_wait_gives_advice_without_a_number():
@@ -313,13 +323,15 @@ def test_unmeasured_wait_gives_advice_without_a_number():
     ranked = advisor.advise(whole_steps, None, MIXED_FINDINGS)
     assert ranked[0].id == "cache-after-random"
     speed = [r for r in ranked if r.severity != "error"]
-    assert speed and all(recommendation.describe_gain(r.expected_gain) == "gain not measured" for r in speed)
+    assert speed and all(
+        recommendation.describe_gain(r.expected_gain) == "gain not measured" for r in speed
+    )
 
 
 def replayed(pipeline_ms: float, replay_ms: float):
     """A what-if replay that timed the real pipeline's step and the replayed one."""
-    from keras_pipeline_tuner.timing.step_stats import Distribution
     from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.timing.step_stats import Distribution
 
     return WhatIfResult(
         speedup_if_input_free=pipeline_ms / replay_ms,

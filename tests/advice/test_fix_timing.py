@@ -11,8 +11,8 @@ import io
 import logging
 import time
 
-import pytest
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
@@ -109,7 +109,11 @@ def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
         assert top.stage == "map(count_in_python)"
         assert top.id != "sequential-map"
         assert "sequential-map" in top.also
-        folded = [e.detail for e in top.evidence if e.detail.startswith("Also at this stage: Parallel")]
+        folded = [
+            e.detail
+            for e in top.evidence
+            if e.detail.startswith("Also at this stage: Parallel")
+        ]
         assert folded and "Timed: no clear gain (measured: the change timed" in folded[0]
     else:
         # Threads cannot run it two at a time: far from the 2x two cores give a
@@ -150,9 +154,7 @@ def test_python_is_not_run_again_unless_allowed():
 
 def test_a_shuffled_pipeline_is_not_run_again():
     dataset = cached_source(48).shuffle(48, seed=1).map(sleep_in_python).batch(BATCH)
-    tuner = kpt.PipelineTuner(
-        verbose=0, profile="off", measure_fixes=True, allow_unverified=True
-    )
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=True, allow_unverified=True)
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     gains = [r.expected_gain for r in tuner.report.recommendations if r.expected_gain]
     assert all(gain.likely_speedup is None for gain in gains)
@@ -173,9 +175,17 @@ def test_arrays_given_to_fit_are_said_to_be_untimed():
 
 def _timing(before, after, overlapped_before, overlapped_after):
     return fix_timing.FixTiming(
-        "missing-prefetch", "batch(4)", "BatchDatasetV2/_5", "batch(4).prefetch(AUTOTUNE)",
-        "measured", batch_ms_before=before, batch_ms_after=after, rounds=3, batches=8,
-        overlapped_before=overlapped_before, overlapped_after=overlapped_after,
+        "missing-prefetch",
+        "batch(4)",
+        "BatchDatasetV2/_5",
+        "batch(4).prefetch(AUTOTUNE)",
+        "measured",
+        batch_ms_before=before,
+        batch_ms_after=after,
+        rounds=3,
+        batches=8,
+        overlapped_before=overlapped_before,
+        overlapped_after=overlapped_after,
     )
 
 
@@ -302,8 +312,15 @@ def _ranked(cache_after_ms=None):
         verdict=Verdict.HIGHLY_INPUT_BOUND,
         iterators=[
             IteratorTime(
-                iterator=iterator, stage=stage, stage_node=node, dataset_op="MapDataset:3",
-                calls=20, self_ms=300.0, total_ms=320.0, self_share=0.9, waiting=False,
+                iterator=iterator,
+                stage=stage,
+                stage_node=node,
+                dataset_op="MapDataset:3",
+                calls=20,
+                self_ms=300.0,
+                total_ms=320.0,
+                self_share=0.9,
+                waiting=False,
             )
         ],
         bottleneck=stage,
@@ -313,9 +330,18 @@ def _ranked(cache_after_ms=None):
 
     def timing(fix_id, after_ms, status="measured"):
         return fix_timing.FixTiming(
-            fix_id, stage, node, "the change", status, "" if after_ms else "no room",
-            batch_ms_before=40.0 if after_ms else None, batch_ms_after=after_ms,
-            rounds=3, batches=8, overlapped_before=True, overlapped_after=True,
+            fix_id,
+            stage,
+            node,
+            "the change",
+            status,
+            "" if after_ms else "no room",
+            batch_ms_before=40.0 if after_ms else None,
+            batch_ms_after=after_ms,
+            rounds=3,
+            batches=8,
+            overlapped_before=True,
+            overlapped_after=True,
         )
 
     timings = [
@@ -341,17 +367,21 @@ def test_fixes_timed_at_one_stage_lead_by_their_figures():
 
 
 def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
+    import numpy as np
+
     from keras_pipeline_tuner.advice.recommendation import Recommendation
     from keras_pipeline_tuner.timing.step_stats import StepStats
-    import numpy as np
 
     # The limit lowered below this pipeline's 3 kB of arrays, rather than
     # hundreds of megabytes allocated for the test.
     monkeypatch.setattr(fix_timing, "MAX_IN_MEMORY_BYTES", 1000)
     dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
     advised = Recommendation(
-        id="sequential-map", title="Parallelise", severity="warning",
-        stage="map(sleep_in_python)", stage_node="MapDataset/_3",
+        id="sequential-map",
+        title="Parallelise",
+        severity="warning",
+        stage="map(sleep_in_python)",
+        stage_node="MapDataset/_3",
     )
     stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
     (timing,) = fix_timing.time_fixes(dataset, [advised], stats, 3.0, allow_unverified=True)

@@ -6,15 +6,15 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.advice.advisor import advise
-from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+from keras_pipeline_tuner.advice.scale_out import OFFLOAD
+from keras_pipeline_tuner.advice.scale_out import STRAGGLER
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline
 from keras_pipeline_tuner.pipeline.graph.model import Stage
 from keras_pipeline_tuner.pipeline.lint.tf_data_rules import lint
-from keras_pipeline_tuner.advice.scale_out import OFFLOAD
-from keras_pipeline_tuner.advice.scale_out import STRAGGLER
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.workers.exchange import WorkerSummary
 
 BUSY = CpuUsage(wall_s=20.0, cpu_count=2, process_cores=1.95, host_busy=0.97)

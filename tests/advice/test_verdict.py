@@ -219,7 +219,11 @@ def fit(dataset, epochs=3, model=None, **tuner_kwargs):
 
 
 def speed_advice(report):
-    return [r for r in report.recommendations if r.id != advisor.NOT_THE_BOTTLENECK and r.expected_gain is not None]
+    return [
+        r
+        for r in report.recommendations
+        if r.id != advisor.NOT_THE_BOTTLENECK and r.expected_gain is not None
+    ]
 
 
 def test_cache_shuffle_batch_prefetch_over_memory_is_not_input_bound():

@@ -513,6 +513,61 @@ def custom_loop():
     }
 
 
+def _rows_handed_over(drive) -> dict:
+    """What reaches the run's one way in (`Run.add_rows`) while `drive()` trains.
+
+    Every timing source (each backend's fit source, the custom loop's) hands
+    the run the same thing: per call, `(kind, rows, wall_s, called_at)`, rows
+    of `(start, ready, end)` seconds; the run keeps the first call apart.
+    """
+    from keras_pipeline_tuner.run.lifecycle import Run
+
+    calls = []
+    add_rows = Run.add_rows
+
+    def spy(self, kind, rows, wall_s, called_at, tracing_s=None):
+        calls.append((kind, np.asarray(rows, dtype=np.float64).reshape(-1, 3), wall_s))
+        return add_rows(self, kind, rows, wall_s, called_at, tracing_s)
+
+    Run.add_rows = spy
+    try:
+        report = drive()
+    finally:
+        Run.add_rows = add_rows
+    rows = np.concatenate([r for _, r, _ in calls]) if calls else np.zeros((0, 3))
+    later = np.concatenate([r for _, r, _ in calls[1:]]) if len(calls) > 1 else rows[:0]
+    return {
+        "kinds": sorted({kind for kind, _, _ in calls}),
+        "rows": int(rows.shape[0]),
+        "first_call_rows": int(calls[0][1].shape[0]) if calls else 0,
+        "ordered": bool(np.all(rows[:, 0] <= rows[:, 2])),
+        "ready_seen": bool(np.all(np.isfinite(later[:, 1]))),
+        "ready_inside": bool(np.all((later[:, 0] <= later[:, 1]) & (later[:, 1] <= later[:, 2]))),
+        "median_wait_ms": float(np.median(later[:, 1] - later[:, 0]) * 1e3) if len(later) else None,
+        "wall_covers_rows": all(
+            wall + 1e-3 >= float(r[-1, 2] - r[0, 0]) for _, r, wall in calls
+        ),
+        "report_steps": report.train.steps,
+        "first_step_apart": "train" in report.first_steps,
+    }
+
+
+def source_rows():
+    """The rows each timing source hands the run: fit, and a custom loop's `iterate`."""
+    def fit():
+        tuner = kpt.PipelineTuner(verbose=0)
+        tiny_model().fit(SlowPyDataset(8, SLOW_S), epochs=1, callbacks=[tuner], verbose=0)
+        return tuner.report
+
+    def loop():
+        tuner = kpt.PipelineTuner(verbose=0)
+        for _ in tuner.iterate(SlowPyDataset(8, SLOW_S)):
+            time.sleep(0.001)
+        return tuner.close()
+
+    return {"fit": _rows_handed_over(fit), "loop": _rows_handed_over(loop)}
+
+
 class FailingPyDataset(SlowPyDataset):
     """Raises ValueError when batch `fail_at` is loaded."""
 
@@ -852,6 +907,7 @@ SCENARIOS = {
     "grain_identical": grain_identical,
     "grain_failing": grain_failing,
     "grain_loop": grain_loop,
+    "source_rows": source_rows,
 }
 
 

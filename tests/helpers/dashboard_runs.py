@@ -82,7 +82,9 @@ def _write_workers_report(log_dir: pathlib.Path, slow, fast) -> None:
     tasks = ("worker:0", "worker:1")
     identity = exchange.WorkerIdentity(task=tasks[0], chief=tasks[0], tasks=tasks)
     workers = [
-        exchange.WorkerSummary(task=tasks[0], chief=True, final=True, epochs=EPOCHS, train=fast.train),
+        exchange.WorkerSummary(
+            task=tasks[0], chief=True, final=True, epochs=EPOCHS, train=fast.train
+        ),
         exchange.WorkerSummary(task=tasks[1], final=True, epochs=EPOCHS, train=slow.train),
     ]
     report = dataclasses.replace(fast, workers=exchange.compare(identity, workers, final=True))

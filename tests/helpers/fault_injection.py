@@ -1,7 +1,6 @@
 """Helpers of the fault-injection tests: a reference training run and its checks."""
 
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -10,9 +9,9 @@ import textwrap
 import keras
 import numpy as np
 
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
-from tests.helpers.paths import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
 EPOCHS = 2

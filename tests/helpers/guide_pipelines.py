@@ -20,7 +20,9 @@ for case in guide.CASES.values():
 import dataclasses
 import os
 import time
-from typing import Callable, Dict, List
+from typing import Callable
+from typing import Dict
+from typing import List
 
 import numpy as np
 

@@ -14,7 +14,8 @@ import os
 import shutil
 import signal
 import subprocess
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 import pytest
 

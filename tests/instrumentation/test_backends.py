@@ -37,7 +37,7 @@ LOOP_SOURCE_MS = 50.0
 # given, the verdict both ways, the first step, identical training, outputs.
 # The others (loaders' advice, custom loops, the profiler window, Grain,
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
-CORE = ("inputs", "slow", "fast", "first_step", "identical", "outputs")
+CORE = ("inputs", "slow", "fast", "first_step", "identical", "outputs", "source_rows")
 
 
 def on(scenario, *backends):
@@ -150,6 +150,22 @@ def test_input_bound_source_is_judged_highly_input_bound(backend, measured):
 def test_source_with_no_delay_is_not_input_bound(backend, measured):
     assert measured["input_fraction"] < 0.05, measured
     assert measured["verdict"] == "not input-bound"
+
+
+@on("source_rows")
+@pytest.mark.parametrize("driver", ["fit", "loop"])
+def test_every_timing_source_hands_the_run_the_same_rows(backend, driver, measured):
+    """Each backend's fit source and the custom loop's speak one contract to the run."""
+    rows = measured[driver]
+    # Eight batches, each 80 ms late: one (start, ready, end) row per step, the
+    # first call's kept apart by the run, every later one's ready observed.
+    assert rows["kinds"] == ["train"] and rows["rows"] == 8, rows
+    assert rows["first_call_rows"] == 1 and rows["first_step_apart"], rows
+    assert rows["report_steps"] == 7, rows
+    assert rows["ordered"] and rows["ready_seen"] and rows["ready_inside"], rows
+    assert 0.9 * SLOW_MS <= rows["median_wait_ms"] < 2 * SLOW_MS, rows
+    # A call's wall time covers its rows (from its fetch to its last step's end).
+    assert rows["wall_covers_rows"], rows
 
 
 @on("first_step")

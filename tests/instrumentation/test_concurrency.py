@@ -158,16 +158,21 @@ def test_evaluate_after_fit_keeps_the_fits_report_where_report_and_check_look(tm
         ("pipeline_tuner/evaluate-2", "evaluate", True),
     ]
     # The evaluate run's own report sits in its own folder.
-    own = kpt.Report.from_json((tmp_path / "pipeline_tuner" / "evaluate-2" / "report.json").read_text())
+    own_path = tmp_path / "pipeline_tuner" / "evaluate-2" / "report.json"
+    own = kpt.Report.from_json(own_path.read_text())
     assert own.validation.steps == 3 and not own.train.steps
     check = subprocess.run(
         [sys.executable, "-m", "keras_pipeline_tuner.cli", "check", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert check.returncode == 0, check.stdout + check.stderr
     report = subprocess.run(
         [sys.executable, "-m", "keras_pipeline_tuner.cli", "report", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert report.returncode == 0
     assert "This log dir holds 2 runs" in report.stdout
@@ -180,7 +185,8 @@ from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import cached_source, tiny_model
 tuner = kpt.PipelineTuner(log_dir=sys.argv[1], verbose=0, profile="off")
 # Both fits overlap: each waits for the other's run folder to be claimed.
-tiny_model(compute_delay_s=0.1).fit(cached_source(40).batch(4), epochs=1, callbacks=[tuner], verbose=0)
+model = tiny_model(compute_delay_s=0.1)
+model.fit(cached_source(40).batch(4), epochs=1, callbacks=[tuner], verbose=0)
 print(tuner.report.run)
 """
 
@@ -191,7 +197,11 @@ def test_two_processes_on_one_log_dir_each_get_a_run_of_their_own(tmp_path):
     processes = [
         subprocess.Popen(
             [sys.executable, "-c", TWO_PROCESSES, str(tmp_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
         )
         for _ in range(2)
     ]

@@ -692,3 +692,51 @@ def test_profiler_window_in_a_custom_loop_names_the_slow_source(tmp_path):
     assert evidence.input_fraction > 0.5
     assert evidence.bottleneck.startswith("from_generator")
     assert list(tmp_path.rglob("*.xplane.pb"))
+
+
+def _spinning_first_step_loop(tuner, batches=10, delay_s=0.05):
+    """A loop whose first step keeps a core busy for 1.5 s (as tracing would); the
+    later steps and the source sleep."""
+
+    def source():
+        for index in range(batches):
+            time.sleep(delay_s)
+            yield index
+
+    @tuner.instrument
+    def step(batch):
+        if batch == 0:
+            end = time.process_time() + 1.5
+            while time.process_time() < end:
+                pass
+        return batch
+
+    for batch in tuner.iterate(source()):
+        step(batch)
+    return tuner.close()
+
+
+def test_loop_cpu_figure_leaves_the_first_call_out():
+    report = _spinning_first_step_loop(kpt.PipelineTuner(verbose=0))
+    assert report.train.steps == 9
+    # With the first call, the process would have kept about 0.75 of a core busy
+    # (1.5 s of CPU over some 2 s); over the sleeping steps it keeps nearly none.
+    # The process's own CPU time: other processes on the machine do not count.
+    assert report.cpu is not None and report.cpu.wall_s < 1.4, report.cpu
+    assert report.cpu.process_cores < 0.4, report.cpu
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        ({}, "The contention check did not run: it replays the model's compiled train step"),
+        ({"what_if": True}, "The what-if replay did not run: it replays the model's compiled"),
+        ({"measure_fixes": True}, "measure_fixes timed no fix: it times rewrites of a tf.data"),
+    ],
+    ids=["contention-check", "what-if", "measure-fixes"],
+)
+def test_loop_report_says_which_probes_did_not_run(arguments, expected):
+    # A custom loop hands the tuner no model step and here no tf.data dataset:
+    # each probe the user asked for (or would expect) says why it did not run.
+    report = _spinning_first_step_loop(kpt.PipelineTuner(verbose=0, **arguments), batches=4)
+    assert any(note.startswith(expected) for note in report.notes), report.notes

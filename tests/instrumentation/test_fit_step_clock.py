@@ -1,6 +1,5 @@
 """The step clock inside model.fit, against pipelines with known injected delays."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
-from tests.helpers.paths import REPO_ROOT
 
 SOURCE_DELAY_S = 0.015
 COMPUTE_DELAY_S = 0.030
@@ -123,7 +122,7 @@ def test_mirrored_strategy_on_two_logical_cpus():
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(l for l in done.stdout.splitlines() if l.startswith("REPORT"))
+    line = next(row for row in done.stdout.splitlines() if row.startswith("REPORT"))
     report = kpt.Report.from_json(line[len("REPORT"):])
     assert report.measurement == "in-step"
     assert report.train.steps == 9

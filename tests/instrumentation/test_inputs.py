@@ -44,7 +44,9 @@ def batches():
         ("generator", lambda: (batches(),), {}, 3),
         (
             "dict elements",
-            lambda: (tf.data.Dataset.from_tensor_slices(({"a": X[:, :4], "b": X[:, 4:]}, Y)).batch(4),),
+            lambda: (
+                tf.data.Dataset.from_tensor_slices(({"a": X[:, :4], "b": X[:, 4:]}, Y)).batch(4),
+            ),
             {},
             7,
         ),
@@ -102,9 +104,11 @@ class RaggedSum(keras.Model):
 
 def test_ragged_nested_elements_with_a_custom_train_step():
     ragged = tf.ragged.constant([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0], [7.0]] * 8)
-    dataset = tf.data.Dataset.from_tensor_slices(((ragged,), Y)).map(
-        lambda nested, target: (nested[0], target)
-    ).ragged_batch(4)
+    dataset = (
+        tf.data.Dataset.from_tensor_slices(((ragged,), Y))
+        .map(lambda nested, target: (nested[0], target))
+        .ragged_batch(4)
+    )
     model = RaggedSum()
     model.compile("sgd")
     report, history = fit(model, dataset, epochs=1)

@@ -136,7 +136,9 @@ def _two_fits(with_tuner, **tuner_kwargs):
     return history.history, model.get_weights(), ran
 
 
-@pytest.mark.parametrize("tuner_kwargs", [{}, {"what_if": True}], ids=["contention-check", "what-if"])
+@pytest.mark.parametrize(
+    "tuner_kwargs", [{}, {"what_if": True}], ids=["contention-check", "what-if"]
+)
 def test_a_replay_after_fit_leaves_the_next_fits_shuffle_order_alone(tuner_kwargs):
     # The replay after fit passes over the training data: on the dataset itself
     # it would move the shuffle's seed on, and the next fit would train on
@@ -147,6 +149,8 @@ def test_a_replay_after_fit_leaves_the_next_fits_shuffle_order_alone(tuner_kwarg
     assert history == plain_history
     for got, expected in zip(weights, plain_weights):
         np.testing.assert_array_equal(got, expected)
+
+
 def _load_drawing(x, y):
     def load(value):
         # Python that draws from the global generators, as user code may.
@@ -190,7 +194,9 @@ def test_timing_the_fixes_after_fit_changes_nothing_of_the_training():
     (iterations, history, weights), draws, tuner = _train_then_draw(True)
     # The pipeline ran again after fit to time the fixes (or the test would
     # prove nothing): timed, or run and then out of budget on a busy machine.
-    statements = [r.expected_gain.statement for r in tuner.report.recommendations if r.expected_gain]
+    statements = [
+        r.expected_gain.statement for r in tuner.report.recommendations if r.expected_gain
+    ]
     assert any(
         "Timed after training" in text or "The change was not timed (not measured" in text
         for text in statements
@@ -220,7 +226,12 @@ def _train_on_shuffled_arrays(with_tuner):
     # Two fits: the second shuffles and drops out as it would have after the first.
     histories = [
         model.fit(
-            x, y, batch_size=4, epochs=2, shuffle=True, verbose=0,
+            x,
+            y,
+            batch_size=4,
+            epochs=2,
+            shuffle=True,
+            verbose=0,
             callbacks=[tuner] if tuner else [],
         ).history
         for _ in range(2)
@@ -236,8 +247,8 @@ def _train_on_shuffled_arrays(with_tuner):
 
 
 def test_the_contention_check_on_shuffled_arrays_changes_nothing_of_the_training():
-    (plain_iterations, plain_histories, plain_weights), plain_draws, _ = (
-        _train_on_shuffled_arrays(False)
+    (plain_iterations, plain_histories, plain_weights), plain_draws, _ = _train_on_shuffled_arrays(
+        False
     )
     (iterations, histories, weights), draws, tuner = _train_on_shuffled_arrays(True)
     # The check ran, on the dataset Keras built from the arrays: its replay

@@ -12,7 +12,6 @@ import tensorflow as tf
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.timing.step_stats import StepStats
-
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import replayable_source
@@ -257,7 +256,7 @@ def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WARNINGS 0 []" in done.stdout, done.stdout
-    line = next(l for l in done.stdout.splitlines() if l.startswith("REPORT"))
+    line = next(row for row in done.stdout.splitlines() if row.startswith("REPORT"))
     report = kpt.Report.from_json(line[len("REPORT"):])
     assert report.what_if is None
     assert any(
@@ -277,7 +276,9 @@ def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
     tiny_model().fit(replayable_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
     slow = tiny_model(compute_delay_s=0.02)
     dataset = replayable_source(24, 0.0).batch(2)
-    result = kpt.what_if(slow, dataset, steps=4, cached_batches=2, pipeline_stats=quick.report.train)
+    result = kpt.what_if(
+        slow, dataset, steps=4, cached_batches=2, pipeline_stats=quick.report.train
+    )
     assert result.speedup_if_input_free < 1
     assert any("below 1" in note and "No input-pipeline change" in note for note in result.notes)
 

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.outputs.dashboard.summaries import PLUGIN_NAME
@@ -107,7 +106,8 @@ def test_demo_quick(tmp_path):
     # The profiler's own log lines stay out of the output.
     assert "Profiler session" not in done.stderr and "Collecting XSpace" not in done.stderr
     report = run("report", str(log_dir))
-    assert report.returncode == 0 and "== naive ==" in report.stdout and "== tuned ==" in report.stdout
+    assert report.returncode == 0
+    assert "== naive ==" in report.stdout and "== tuned ==" in report.stdout
     assert f"tensorboard --logdir {log_dir}" in done.stdout
     for name in ("naive", "tuned"):
         assert (log_dir / name / "report.json").is_file()

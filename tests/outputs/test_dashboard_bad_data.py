@@ -71,7 +71,10 @@ def test_the_run_listing_answers_with_the_good_runs_and_names_the_bad_ones(serve
         run = listed[f"{name}/{summaries.RUN}"]
         assert run["verdict"] is None
         assert field in run["unreadable"], run
-    assert "not JSON" in listed[BAD_TAG]["unreadable"] or "invalid JSON" in listed[BAD_TAG]["unreadable"]
+    assert (
+        "not JSON" in listed[BAD_TAG]["unreadable"]
+        or "invalid JSON" in listed[BAD_TAG]["unreadable"]
+    )
 
 
 @pytest.mark.parametrize("run", [f"a_list/{summaries.RUN}", BAD_TAG])

@@ -198,7 +198,9 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         # A real click (copying needs a user's gesture), then the label it leaves.
         x, y = browser.evaluate(_COPY_BUTTON)
         for kind in ("mousePressed", "mouseReleased"):
-            browser.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+            browser.call(
+                "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
+            )
         copied = browser.wait_until(_COPY_LABEL, bool)
         dragged = browser.evaluate(_DRAG)
         zoomed = browser.wait_until(_ZOOMED, bool)

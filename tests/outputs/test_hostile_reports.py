@@ -19,9 +19,9 @@ from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.profiling.evidence import IteratorTime
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
 

@@ -73,8 +73,19 @@ def test_rows_of_blocks_of_steps_say_which_steps_and_keep_a_stall_visible():
     blocks = []
     for last in range(1010, 3001, 10):
         stalled = last == 2510
-        blocks.append([last, 0, single[-1, 2] + (last - 1000) * 0.01, 0.0035 if not stalled else 0.1035,
-                       0.002, last - 9, 1.0 if stalled else 0.009, 0.002, 1.002 if stalled else 0.011])
+        blocks.append(
+            [
+                last,
+                0,
+                single[-1, 2] + (last - 1000) * 0.01,
+                0.0035 if not stalled else 0.1035,
+                0.002,
+                last - 9,
+                1.0 if stalled else 0.009,
+                0.002,
+                1.002 if stalled else 0.011,
+            ]
+        )
     data = np.concatenate([single, np.array(blocks)])
     series = downsample(data, first=2401, last=2600, points=2000)
     assert not series.single_steps

@@ -9,12 +9,12 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import timeline_image
 from keras_pipeline_tuner.outputs import trace as trace_export
-from keras_pipeline_tuner._util.feature_guard import FeatureGuard
-from keras_pipeline_tuner.profiling.evidence import trace_events
 from keras_pipeline_tuner.outputs.markdown import render_markdown
+from keras_pipeline_tuner.profiling.evidence import trace_events
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from tests.helpers import advised_fits
 from tests.helpers.training_data import cached_source

@@ -6,7 +6,6 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline.benchmark import UNKNOWN_LENGTH_BATCHES
-
 from tests.helpers.training_data import slow_source
 
 ELEMENT_S = 0.02

@@ -109,7 +109,9 @@ def test_datasets_an_interleave_opens_are_the_interleave():
         ],
     }
     ranked = rank_iterators(
-        table, {"Iterator::Root::Interleave": "InterleaveDataset:3"}, {"InterleaveDataset:3": interleave}
+        table,
+        {"Iterator::Root::Interleave": "InterleaveDataset:3"},
+        {"InterleaveDataset:3": interleave},
     )
     assert [it.stage for it in ranked] == [interleave.label] * 3
     assert {it.stage_node for it in ranked} == {"InterleaveDataset/_3"}
@@ -135,7 +137,9 @@ def test_a_custom_loop_over_large_arrays_names_its_map(tmp_path):
     def train_step(batch):
         return tf.reduce_sum(model(batch))
 
-    for batch in tuner.iterate(tf.data.Dataset.from_tensor_slices(x).map(load_rows).batch(2).take(14)):
+    for batch in tuner.iterate(
+        tf.data.Dataset.from_tensor_slices(x).map(load_rows).batch(2).take(14)
+    ):
         train_step(batch)
     report = tuner.close()
     assert "cache-missing" in [finding.id for finding in report.findings]

@@ -1,11 +1,12 @@
 """The scripts under examples/ run as they are."""
 
-import pytest
 import os
-import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
+
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from tests.helpers.paths import EXAMPLES
@@ -75,8 +76,8 @@ def test_tune_pipeline_example_keeps_the_elements(tmp_path):
 
 
 def test_data_service_example_trains_on_a_local_service(tmp_path):
-    from tests.helpers import private_network
     from keras_pipeline_tuner.outputs.report import Report
+    from tests.helpers import private_network
 
     # A dispatcher and two workers in the example's process; they listen on every
     # interface, so the example runs where loopback is the only one.

@@ -15,20 +15,20 @@ import keras
 import pytest
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
 from keras_pipeline_tuner._util import features
-from keras_pipeline_tuner.run import lifecycle
-from keras_pipeline_tuner.run import run_files
-from keras_pipeline_tuner.run import run_report
-from keras_pipeline_tuner.profiling import capture as profile_capture
-from keras_pipeline_tuner.profiling import evidence as profile_evidence
-from keras_pipeline_tuner.profiling import window as profiler_window
+from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.outputs import markdown as report_markdown
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs import timeline_image
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard_summaries
-from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
+from keras_pipeline_tuner.profiling import capture as profile_capture
+from keras_pipeline_tuner.profiling import evidence as profile_evidence
+from keras_pipeline_tuner.profiling import window as profiler_window
+from keras_pipeline_tuner.run import lifecycle
+from keras_pipeline_tuner.run import run_files
+from keras_pipeline_tuner.run import run_report
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from tests.helpers.fault_injection import EPOCHS

@@ -17,9 +17,9 @@ from tensorboard.backend.event_processing import event_accumulator
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util import files
-from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+from keras_pipeline_tuner.profiling import window as profiler_window
 from tests.helpers.fault_injection import STEPS_PER_EPOCH
 from tests.helpers.fault_injection import assert_training_intact
 from tests.helpers.fault_injection import run_script

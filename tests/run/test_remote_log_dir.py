@@ -1,17 +1,16 @@
 """A log dir on a TensorFlow file system (`ram://`, TensorFlow's in-memory one, stands in
 for `gs://`): every file the tuner writes goes there, and reads back from there."""
 
-import json
 import os
 
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.trace import TRACE_FILENAME
 from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.workers import exchange
-from keras_pipeline_tuner import cli
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
 

@@ -60,7 +60,9 @@ def test_a_custom_make_train_function_runs_and_is_timed_whole(caplog):
 
 
 def small_model():
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(256), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(256), keras.layers.Dense(1)]
+    )
     model.compile("adam", "mse")
     return model
 

@@ -6,7 +6,6 @@ network namespace, see `private_network`) that fit the same model in lockstep.
 
 import json
 import os
-import pathlib
 import sys
 
 import pytest

@@ -8,15 +8,15 @@ import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.outputs.markdown import render_markdown
+from keras_pipeline_tuner.outputs.terminal import print_summary
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run.lifecycle import Run
 from keras_pipeline_tuner.run.lifecycle import RunSettings
-from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.timing.step_stats import StepStats
-from keras_pipeline_tuner.outputs.terminal import print_summary
+from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.workers.exchange import WorkerExchange
 from keras_pipeline_tuner.workers.exchange import WorkerSummary
 

@@ -1,4 +1,4 @@
-"""The "Input pipeline" TensorBoard dashboard: what the tuner writes for it and the plugin that serves it.
+"""The "Input pipeline" TensorBoard dashboard: what the tuner writes, the plugin serving it.
 
 - `summaries`: the plugin-tagged summaries the tuner writes (step rows in
   blocks, the report, the profiler window's stage rows, a `kpt.tune` result).

@@ -16,7 +16,10 @@ Routes, under `/data/plugin/keras_pipeline_tuner/`:
 
 import dataclasses
 import importlib.resources
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
+from typing import Dict
+from typing import Optional
+from typing import Tuple
 
 from tensorboard import plugin_util
 from tensorboard.backend import http_util

@@ -12,19 +12,23 @@ import dataclasses
 import json
 import os
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 import numpy as np
 from tensorboard.data import provider
 
-from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import Report
 
 SUMMARIES = "summaries"
-REPORT_FILE = "report.json"
+REPORT_FILE = REPORT_FILENAME
 # Tags of the per-step scalars, which runs written before the dashboard hold.
 _SCALAR_PLUGIN = "scalars"
 _WAIT_TAG = "input_pipeline/input_wait_ms"
@@ -266,7 +270,9 @@ class RunData:
             raise UnreadableRun(f"{tag} of {run} is not a JSON object")
         return data
 
-    def _read_blocks(self, ctx, experiment_id: str, run: str, versions: Dict[str, bytes]) -> np.ndarray:
+    def _read_blocks(
+        self, ctx, experiment_id: str, run: str, versions: Dict[str, bytes]
+    ) -> np.ndarray:
         read = self._provider.read_tensors(
             ctx,
             experiment_id=experiment_id,

@@ -10,7 +10,9 @@ fit's first steps a row itself stands for a block of steps (see
 """
 
 import dataclasses
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 import numpy as np
 
@@ -119,7 +121,8 @@ def downsample(
     counts = selected[:, 0] - selected[:, 5] + 1
     ends = selected[:, 2] + counts * (np.nan_to_num(wait) + compute)
     series.step = np.minimum.reduceat(selected[:, 5], edges).astype(np.int64).tolist()
-    series.last = selected[np.minimum(edges + size, selected.shape[0]) - 1, 0].astype(np.int64).tolist()
+    last_rows = np.minimum(edges + size, selected.shape[0]) - 1
+    series.last = selected[last_rows, 0].astype(np.int64).tolist()
     series.single_steps = bool(series.step == series.last)
     series.epoch = selected[edges, 1].astype(np.int64).tolist()
     series.start_s = selected[edges, 2].tolist()

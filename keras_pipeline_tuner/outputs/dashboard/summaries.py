@@ -22,7 +22,11 @@ Tags (under `input_pipeline/dashboard/`):
 import dataclasses
 import json
 import os
-from typing import TYPE_CHECKING, Any, Iterator, Tuple, Union
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import Iterator
+from typing import Tuple
+from typing import Union
 
 import numpy as np
 

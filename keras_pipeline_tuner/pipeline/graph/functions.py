@@ -9,7 +9,11 @@ decodes, parses or resizes, reads files, changes state. The graph reader
 """
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import StageFunction

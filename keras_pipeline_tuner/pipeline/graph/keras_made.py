@@ -18,7 +18,9 @@ Stages here are duck-typed (`kind`, `function`, `params`, `label`), so that the
 graph reader can use this module without importing back.
 """
 
-from typing import Iterable, Optional, Tuple
+from typing import Iterable
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 

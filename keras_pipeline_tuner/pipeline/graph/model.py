@@ -9,7 +9,11 @@ lint, the rewrites and the advice read it; nothing here reads a graph.
 """
 
 import dataclasses
-from typing import Dict, Iterator, List, Optional, Union
+from typing import Dict
+from typing import Iterator
+from typing import List
+from typing import Optional
+from typing import Union
 
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds

@@ -20,7 +20,8 @@ results depend on its inputs only: it may run again.
 """
 
 import re
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 

@@ -3,7 +3,9 @@
 import dataclasses
 import enum
 import io
-from typing import Iterable, List, Optional
+from typing import Iterable
+from typing import List
+from typing import Optional
 
 # Errors first: they mean the model trains on the wrong data.
 _SEVERITY_ORDER = ("error", "warning", "info")

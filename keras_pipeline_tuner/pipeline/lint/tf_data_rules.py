@@ -8,7 +8,10 @@ the end) is reported as "info", never asked of the user.
 """
 
 import re
-from typing import Callable, Iterable, List, Optional
+from typing import Callable
+from typing import Iterable
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds

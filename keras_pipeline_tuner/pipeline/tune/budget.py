@@ -9,7 +9,9 @@ tens of milliseconds is at the mercy of one scheduling slice.
 """
 
 import time
-from typing import Dict, List, Optional
+from typing import Dict
+from typing import List
+from typing import Optional
 
 MIN_ROUNDS = 3
 _MAX_ROUNDS = 9

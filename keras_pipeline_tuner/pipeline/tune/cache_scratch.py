@@ -15,7 +15,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import List, Optional, Tuple
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE

@@ -7,7 +7,10 @@ stage the tuning changed to the end: the lines before it stay as they are.
 """
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any
+from typing import Dict
+from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline

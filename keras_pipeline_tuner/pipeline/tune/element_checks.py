@@ -11,7 +11,10 @@ compared. Elements are compared by digests of their bytes.
 import hashlib
 import itertools
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 import numpy as np
 

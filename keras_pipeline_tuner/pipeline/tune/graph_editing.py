@@ -11,7 +11,11 @@ import dataclasses
 import itertools
 import re
 import uuid
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any
+from typing import Dict
+from typing import Iterable
+from typing import List
+from typing import Tuple
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of

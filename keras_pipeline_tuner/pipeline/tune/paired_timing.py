@@ -13,7 +13,11 @@ import dataclasses
 import gc
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable
+from typing import Dict
+from typing import List
+from typing import Optional
+from typing import Sequence
 
 
 @dataclasses.dataclass

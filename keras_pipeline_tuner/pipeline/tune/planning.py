@@ -9,7 +9,9 @@ left alone. Whether a rewrite is worth it is measured (`tuning`).
 """
 
 import os
-from typing import List, Optional, Tuple
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline

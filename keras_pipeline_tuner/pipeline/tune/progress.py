@@ -33,7 +33,10 @@ class PassProgress:
             return
         # rich writes no cursor codes when its output is not a terminal: a
         # log file gets the final line only.
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import BarColumn
+        from rich.progress import MofNCompleteColumn
+        from rich.progress import Progress
+        from rich.progress import TextColumn
 
         self._progress = Progress(
             TextColumn("kpt.tune: timed passes"),

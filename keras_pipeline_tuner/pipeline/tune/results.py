@@ -7,7 +7,8 @@ the statuses an outcome can have.
 
 import dataclasses
 import math
-from typing import List, Optional
+from typing import List
+from typing import Optional
 
 # What became of a rewrite (`RewriteOutcome.status`).
 KEPT = "kept"

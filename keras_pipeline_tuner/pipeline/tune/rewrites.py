@@ -14,7 +14,9 @@ is measured (`tuning`).
 """
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Any
+from typing import Dict
+from typing import Optional
 
 PARALLEL_MAP = "parallel-map"
 PARALLEL_INTERLEAVE = "parallel-interleave"

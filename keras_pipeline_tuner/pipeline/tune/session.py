@@ -9,12 +9,15 @@ candidates in turn (`search`); `time_rewrites` times each alone (`measure`).
 
 import statistics
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable
+from typing import List
+from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
-from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE
 from keras_pipeline_tuner.pipeline.tune.budget import Budget
 from keras_pipeline_tuner.pipeline.tune.cache_point import draws_randomly
@@ -38,6 +41,7 @@ from keras_pipeline_tuner.pipeline.tune.results import TimedRewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.vectorize import vectorized_trace_problem
+
 
 class TuningSession:
     """The state of one `tune` or `time_rewrites` call.

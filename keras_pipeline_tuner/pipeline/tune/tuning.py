@@ -12,7 +12,9 @@ its own, with the same machinery (`session`).
 """
 
 import os
-from typing import List, Optional, Union
+from typing import List
+from typing import Optional
+from typing import Union
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner._util.argument_checks import positive_int

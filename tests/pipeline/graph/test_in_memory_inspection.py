@@ -46,7 +46,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-@pytest.mark.parametrize("name", ["shuffle, map, cache, batch", "parallel map, fixed prefetch", "zipped sources"])
+@pytest.mark.parametrize(
+    "name", ["shuffle, map, cache, batch", "parallel map, fixed prefetch", "zipped sources"]
+)
 def test_large_arrays_are_inspected_like_small_ones_without_a_copy(arrays, name):
     x, y = arrays
     build = pipelines(x, y)[name]

@@ -128,7 +128,8 @@ def test_the_other_keras_utilities_are_named_too(tmp_path):
 
 def test_a_lambda_the_user_wrote_keeps_its_name():
     paths = tf.data.Dataset.from_tensor_slices(["a.png", "b.png"])
-    labels = [stage.label for stage in read_pipeline(paths.map(lambda p: tf.strings.length(p))).stages]
+    pipeline = read_pipeline(paths.map(lambda p: tf.strings.length(p)))
+    labels = [stage.label for stage in pipeline.stages]
     assert labels == ["from_tensor_slices()", "map(<lambda>)"]
 
 

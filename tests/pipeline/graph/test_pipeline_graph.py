@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import guide_pipelines as guide
 from keras_pipeline_tuner.pipeline.graph.model import AUTOTUNE
 from keras_pipeline_tuner.pipeline.graph.reader import pipeline_from_graph_def
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from tests.helpers import guide_pipelines as guide
 
 no_autograph = tf.autograph.experimental.do_not_convert
 

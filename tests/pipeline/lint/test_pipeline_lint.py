@@ -10,11 +10,11 @@ import tensorflow as tf
 from hypothesis import strategies as st
 
 import keras_pipeline_tuner as kpt
-from tests.helpers import guide_pipelines as guide
+from keras_pipeline_tuner.pipeline.lint.catalogue import CATALOGUE
 from keras_pipeline_tuner.pipeline.lint.findings import Finding
 from keras_pipeline_tuner.pipeline.lint.findings import Findings
 from keras_pipeline_tuner.pipeline.lint.findings import Severity
-from keras_pipeline_tuner.pipeline.lint.catalogue import CATALOGUE
+from tests.helpers import guide_pipelines as guide
 
 no_autograph = tf.autograph.experimental.do_not_convert
 

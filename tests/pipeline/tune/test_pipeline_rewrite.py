@@ -17,7 +17,6 @@ from keras_pipeline_tuner.pipeline.tune.graph_editing import cut_at
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild
 from keras_pipeline_tuner.pipeline.tune.vectorize import vectorized_trace_problem
-
 from tests.helpers.training_data import slow_source
 
 

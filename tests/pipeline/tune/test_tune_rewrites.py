@@ -17,7 +17,6 @@ from keras_pipeline_tuner.pipeline.tune.code import tuned_code
 from keras_pipeline_tuner.pipeline.tune.graph_editing import apply_rewrites
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild
-
 from tests.helpers import guide_pipelines as guide
 from tests.helpers.training_data import slow_source
 
