@@ -344,15 +344,40 @@ class _Run:
         self.profile = profile
         self.cpu_count = cpu_count
         self.pipeline = None
-        self.bound = free_input_gain(stats)
         self.clock_evidence = _clock_evidence(stats)
         replayed = _replayed_gain(what_if)
         if replayed is not None:
-            self.bound = replayed
             self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
         self.judgement = judgement
         self.verdict = judgement.verdict
-        self.bound = _at_least_the_verdicts(self.bound, judgement)
+        self.bound = input_free_gain(stats, what_if, judgement)
+
+
+def input_free_gain(stats: StepStats, what_if, judgement: Judgement) -> Optional[ExpectedGain]:
+    """The one "input free" figure of a run: how much faster steps would be with free input.
+
+    Decided here once, for the report, the advice's ceilings, the Text tab and
+    the dashboard: the replay's measured step with input free when one ran,
+    raised to what the verdict's input share implies (the wait and the replay
+    each measure part of the input's cost; the verdict takes the larger).
+
+    Args:
+        stats: `StepStats` of the training steps.
+        what_if: the run's `WhatIfResult`, or `None`.
+        judgement: the run's `Judgement`.
+
+    Returns:
+        The `ExpectedGain` (a ceiling), or `None` when the wait was not measured.
+
+    Example:
+
+    >>> import numpy as np
+    >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
+    >>> round(input_free_gain(stats, None, judge(stats)).speedup, 2)
+    4.0
+    """
+    bound = _replayed_gain(what_if) or free_input_gain(stats)
+    return _at_least_the_verdicts(bound, judgement)
 
 
 def _free_input_ceiling(fraction: float) -> float:

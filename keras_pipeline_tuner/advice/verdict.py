@@ -41,6 +41,8 @@ from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import Share
+from keras_pipeline_tuner.timing.step_stats import HIGHLY_INPUT_BOUND_FRACTION
+from keras_pipeline_tuner.timing.step_stats import MODERATELY_INPUT_BOUND_FRACTION
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import verdict_for
@@ -54,6 +56,17 @@ WARMUP_MIN_MS = 1.0
 # noise of these machines (steps come out two-valued in 10 ms thread slices;
 # a healthy cached pipeline beside a 20 ms model measured 1.00-1.17 here).
 CONTENTION_MIN_SPEEDUP = 1.15
+
+# A fetch of a batch already in memory takes at most about this long inside a
+# step, even on a busy machine (the replay measured 0.05-0.6 ms here): the wait
+# beyond it is the pipeline's for certain.
+FETCH_FLOOR_BOUND_MS = 1.0
+# The wait alone decides "highly input-bound" when, less that bound, it is still
+# this far above the boundary: the contention check could only raise the share.
+WAIT_DECIDES_MARGIN = 0.05
+# A share this close to a class boundary (relative to it) is borderline: fits of
+# the same pipeline on a busy machine may read either side, and the line says so.
+BORDERLINE_MARGIN = 0.2
 
 _SEVERITY = {
     Verdict.NOT_INPUT_BOUND: 0,
@@ -82,6 +95,9 @@ class Judgement:
         contention_fraction: `1 - replayed / real` step time, when a replay ran.
         fetch_floor_ms: the wait per step for a batch already in memory, as
             the replay measured it; left out of `wait_fraction`.
+        borderline: the class boundary the input share is near (within
+            `BORDERLINE_MARGIN` of it), e.g. 0.2, or `None`: repeated fits of
+            the same pipeline may read either class, and the line says so.
     """
 
     verdict: Verdict = Verdict.UNKNOWN
@@ -92,6 +108,7 @@ class Judgement:
     wait_fraction: Optional[float] = None
     contention_fraction: Optional[float] = None
     fetch_floor_ms: Optional[float] = None
+    borderline: Optional[float] = None
 
 
 def judge(
@@ -165,8 +182,66 @@ def judge(
     line = _line(
         verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
     )
-    line += _window_agreement(profile, verdict, warm_up_steps)
-    return Judgement(verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms)
+    near = borderline(fraction)
+    line += _borderline_line(near) + _window_agreement(profile, verdict, warm_up_steps)
+    return Judgement(
+        verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms, near
+    )
+
+
+def wait_decides(judgement: "Judgement", step_ms: Optional[float]) -> bool:
+    """Whether the wait alone makes a run highly input-bound, whatever a replay would add.
+
+    The contention check after training can only raise the input's share (it
+    counts the pipeline's cost inside the step), or lower it by a fetch floor
+    under `FETCH_FLOOR_BOUND_MS` a step: when the wait less that bound is still
+    above the "highly" boundary by `WAIT_DECIDES_MARGIN`, the check cannot
+    change the verdict and is not worth its time.
+
+    Args:
+        judgement: the run's `Judgement` before any replay (the steady state,
+            one-off costs left out).
+        step_ms: the training steps' mean time.
+
+    Returns:
+        True when the wait decides.
+
+    Example:
+
+    >>> wait_decides(Judgement(wait_fraction=0.98), step_ms=81.0)
+    True
+    >>> wait_decides(Judgement(wait_fraction=0.6), step_ms=0.5)
+    False
+    """
+    if judgement.wait_fraction is None or not step_ms or step_ms <= 0:
+        return False
+    beyond = judgement.wait_fraction - FETCH_FLOOR_BOUND_MS / step_ms
+    return beyond >= HIGHLY_INPUT_BOUND_FRACTION + WAIT_DECIDES_MARGIN
+
+
+def borderline(fraction: Optional[float]) -> Optional[float]:
+    """The class boundary `fraction` is near (within `BORDERLINE_MARGIN` of it), or `None`.
+
+    Example:
+
+    >>> borderline(0.19), borderline(0.052), borderline(0.5), borderline(0.10)
+    (0.2, 0.05, None, None)
+    """
+    if fraction is None:
+        return None
+    for boundary in (MODERATELY_INPUT_BOUND_FRACTION, HIGHLY_INPUT_BOUND_FRACTION):
+        if abs(fraction - boundary) <= BORDERLINE_MARGIN * boundary:
+            return boundary
+    return None
+
+
+def _borderline_line(near: Optional[float]) -> str:
+    if near is None:
+        return ""
+    return (
+        f" Borderline: within {BORDERLINE_MARGIN:.0%} of the {near:.0%} boundary between "
+        "classes, so fits of the same pipeline may read either side of it."
+    )
 
 
 def _fetch_floor_ms(what_if) -> Optional[float]:

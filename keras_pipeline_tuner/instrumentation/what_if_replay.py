@@ -18,9 +18,11 @@ before and put back after. Training itself is not touched.
 
 import dataclasses
 import logging
+import time
 from typing import Callable
 from typing import List
 from typing import Optional
+from typing import Tuple
 
 import numpy as np
 
@@ -182,8 +184,8 @@ def what_if(
     return _what_if(model, dataset, steps, cached_batches, pipeline_stats)
 
 
-def _what_if(model, dataset, steps, cached_batches, pipeline_stats, another_round=None):
-    """`what_if` on checked arguments; `another_round(round)` asks for a second round."""
+def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None):
+    """`what_if` on checked arguments; `control` (a `RoundControl`) sizes its rounds by time."""
     hazard = rerun.dataset_rerun_hazard(dataset)
     if hazard is not None:
         # Reading it again would change what a later fit reads from it.
@@ -211,7 +213,7 @@ def _what_if(model, dataset, steps, cached_batches, pipeline_stats, another_roun
             steps,
             cached_batches,
             pipeline_stats,
-            another_round,
+            control,
         )
     replay = _stats(replay_rows)
     notes = []
@@ -281,11 +283,15 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
     return what_if(model, found.replay_dataset, steps=steps, pipeline_stats=train_stats)
 
 
-# The contention check after fit: a replay bounded to about a second.
+# The contention check after fit: a replay sized by time, within the tuner's budget.
 CONTENTION_MIN_STEPS = 10
-CONTENTION_STEPS = 20
+# Timed steps a side in a round: at least this many (fewer leave a mean to a
+# few scheduling slices), at most this many (short steps: enough already).
+CONTENTION_MIN_TIMED = 5
 CONTENTION_MAX_STEPS = 200
-CONTENTION_BUDGET_S = 1.0
+# The first round may take this share of what is left of the budget: the
+# outputs need the rest (a second round runs only if it still fits).
+CONTENTION_BUDGET_SHARE = 0.75
 CONTENTION_CACHED_BATCHES = 4
 # Rounds of pipeline steps in a contention check, at most.
 MAX_ROUNDS = 2
@@ -310,35 +316,148 @@ def can_replay(model) -> bool:
     return found is not None and found.replay_dataset is not None
 
 
+@dataclasses.dataclass
+class ContentionPlan:
+    """How long a contention check runs: its steps, sized by time.
+
+    Attributes:
+        steps: timed steps a side (pipeline, replay) in a round.
+        estimate_s: what the first round is expected to take, all in: tracing
+            the step twice, filling the replay's cache, warm-up calls, a fresh
+            iterator of the pipeline and the timed steps.
+        round_s: what one more round is expected to take.
+        step_s: the training's mean step time, which a step on the real
+            pipeline takes at least.
+    """
+
+    steps: int
+    estimate_s: float
+    round_s: float
+    step_s: float = 0.0
+
+
+def contention_plan(
+    step_ms: float, tracing_s: float, fresh_iterator_s: float, budget_s: float
+) -> Tuple[Optional[ContentionPlan], float]:
+    """Sizes a contention check by time: as many steps as fit in the budget.
+
+    Args:
+        step_ms: the training steps' mean time.
+        tracing_s: the training's first-step tracing, which the check pays
+            twice (its variable search and its timed function trace the step).
+        fresh_iterator_s: what a new iterator of the pipeline took to give its
+            first steps in training (set-up, a shuffle buffer filling).
+        budget_s: what is left of the tuner's budget.
+
+    Returns:
+        `(plan, smallest_s)`: the plan, or `None` when even the smallest check
+        (`CONTENTION_MIN_TIMED` steps a side) would not fit in its share of the
+        budget; and what that smallest check would take.
+
+    Example:
+
+    >>> plan, _ = contention_plan(2.0, 0.1, 0.0, budget_s=2.0)
+    >>> plan.steps
+    200
+    >>> contention_plan(300.0, 0.5, 1.0, budget_s=2.0)[0] is None
+    True
+    """
+    step_s = max(step_ms, 0.0) / 1e3
+    fixed_s = (
+        2 * tracing_s
+        + (CONTENTION_CACHED_BATCHES + 2 * _WARMUP_CALLS) * step_s
+        + fresh_iterator_s
+    )
+    smallest_s = fixed_s + 2 * CONTENTION_MIN_TIMED * step_s
+    allowed_s = CONTENTION_BUDGET_SHARE * budget_s
+    if smallest_s > allowed_s:
+        return None, smallest_s
+    steps = CONTENTION_MAX_STEPS
+    if step_s > 0:
+        steps = min(steps, int((allowed_s - fixed_s) / (2 * step_s)))
+    round_s = fresh_iterator_s + (_WARMUP_CALLS + 2 * steps) * step_s
+    return ContentionPlan(steps, fixed_s + 2 * steps * step_s, round_s, step_s), smallest_s
+
+
+@dataclasses.dataclass
+class RoundControl:
+    """Sizes a contention check's rounds by time, and decides on a second round.
+
+    Attributes:
+        shows_contention: the verdict's rule, `shows_contention(pipeline_ms,
+            replay_ms)`: a round that shows contention is checked by another.
+        deadline: `time.monotonic()` by which the check must end.
+        pipeline_step_s: the training's mean step time, which a step on the
+            real pipeline takes at least.
+    """
+
+    shows_contention: Callable[[float, float], bool]
+    deadline: float
+    pipeline_step_s: float
+    # The steps a side the first round timed (`steps_for`).
+    sized_steps: int = 0
+
+    def steps_for(self, steps: int, call_s: float) -> int:
+        """The timed steps a side that fit before the deadline, at most `steps`.
+
+        Args:
+            steps: the planned steps a side.
+            call_s: what one replayed call took, measured on the warm-up calls.
+
+        Raises:
+            ReplayUnsupported: when not even `CONTENTION_MIN_TIMED` fit.
+        """
+        remaining_s = self.deadline - time.monotonic()
+        # A step of each side, with room for the pipeline's fresh iterator and
+        # its epoch ends (measured here: blocks take up to about twice this).
+        side_s = 2 * (call_s + max(call_s, self.pipeline_step_s))
+        fitting = min(steps, int(remaining_s / side_s)) if side_s > 0 else steps
+        if fitting < CONTENTION_MIN_TIMED:
+            raise ReplayUnsupported(
+                "Its set-up (copying the pipeline, filling its cache, finding what the "
+                "step changes) used the tuner's time budget before any step was timed; "
+                "PipelineTuner(cost_budget_s=...) gives it more. The wait decides."
+            )
+        self.sized_steps = fitting
+        return fitting
+
+    def another_round(self, last: "ReplayRound", round_s: float) -> bool:
+        """Whether one more round runs: the last showed contention, and one as long fits.
+
+        Args:
+            last: the last round's figures.
+            round_s: the wall time the last round took.
+        """
+        in_time = time.monotonic() + round_s < self.deadline
+        return in_time and self.shows_contention(last.pipeline_ms, last.replay_ms)
+
+
 def contention_check(
-    model, train_stats: StepStats, shows_contention: Callable[[float, float], bool]
+    model,
+    shows_contention: Callable[[float, float], bool],
+    plan: ContentionPlan,
+    deadline: float,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
     Args:
         model: the model `fit` trained (TensorFlow backend; a tf.data
             dataset, or NumPy arrays, which Keras turns into one).
-        train_stats: the step clock's statistics of the training steps.
         shows_contention: `shows_contention(pipeline_ms, replay_ms)`, whether
             a round's steps show the pipeline slowing the step (the verdict's
-            rule). When the first round does, a second one runs: one burst of
-            another load on the machine during the first round's pipeline
-            steps would look the same, and seldom falls on both.
+            rule). When the first round does, a second one runs if it fits
+            before `deadline`: one burst of another load on the machine during
+            the first round's pipeline steps would look the same, and seldom
+            falls on both.
+        plan: the `ContentionPlan` (`contention_plan`).
+        deadline: `time.monotonic()` after which no second round starts.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
-    # Replay and pipeline steps together take about CONTENTION_BUDGET_S: many
-    # short steps, so that one scheduling hiccup (these machines slice time in
-    # 10 ms) cannot decide, and few long ones.
-    step_s = (train_stats.step.mean_ms or 0.0) / 1e3
-    found_steps = CONTENTION_STEPS
-    if step_s > 0:
-        found_steps = int(CONTENTION_BUDGET_S / (2 * step_s))
-    # At least CONTENTION_STEPS a side however slow the steps: fewer would
-    # leave a mean to a few scheduling slices.
-    found_steps = max(CONTENTION_STEPS, min(found_steps, CONTENTION_MAX_STEPS))
     found = fit_input.find_fit_input(model)
+    control = RoundControl(shows_contention, deadline, plan.step_s)
+
     # The real pipeline's steps are timed here too, between parts of the
     # replay, rather than taken from training: both then run under the same
     # load, which on a shared machine changes between training and the check.
@@ -347,10 +466,10 @@ def contention_check(
     result = _what_if(
         model,
         found.replay_dataset,
-        found_steps,
+        plan.steps,
         CONTENTION_CACHED_BATCHES,
         None,
-        lambda last: shows_contention(last.pipeline_ms, last.replay_ms),
+        control,
     )
     result.method = CONTENTION_METHOD
     return result
@@ -386,7 +505,7 @@ def _replay(
     steps,
     cached_batches,
     pipeline_stats,
-    another_round,
+    control,
 ):
     """Caches a few batches and times the replay (and the pipeline); restores the model."""
     cached = dataset.take(cached_batches).cache()
@@ -405,7 +524,7 @@ def _replay(
     try:
         if pipeline_stats is None:
             replay_rows, pipeline_rows, rounds = _run_rounds(
-                run_steps, replayed, dataset, steps, another_round
+                run_steps, replayed, dataset, steps, control
             )
         else:
             replay_rows, pipeline_rows, rounds = _run_replay(run_steps, replayed, steps), None, []
@@ -422,7 +541,7 @@ def _run_replay(run_steps, replayed, steps) -> np.ndarray:
     return np.concatenate(_calls(run_steps, replay_iterator, steps))[:steps]
 
 
-def _run_rounds(run_steps, replayed, dataset, steps, another_round):
+def _run_rounds(run_steps, replayed, dataset, steps, control):
     """Times the replay and the real pipeline in turn: A-B-A, then B-A per more round.
 
     The real pipeline's steps run between two parts of the replay: drift in
@@ -430,16 +549,23 @@ def _run_rounds(run_steps, replayed, dataset, steps, another_round):
     the real pipeline lives while the replay runs (its threads would keep
     working, and slow the replayed steps they should not touch). Each round
     compares its pipeline steps with the replayed steps just before and after;
-    `another_round(round)` decides whether one more runs, up to `MAX_ROUNDS`.
+    `control` (a `RoundControl`, or `None` for one round of `steps`) sizes the
+    steps by the time the warm-up calls took and decides whether one more
+    round runs, up to `MAX_ROUNDS`.
     """
     replay_iterator = iter(replayed)
     for _ in range(_WARMUP_CALLS):
+        # The last warm-up call times a call: the first ones trace the step.
+        began = time.monotonic()
         run_steps(replay_iterator)
+    if control is not None:
+        steps = control.steps_for(steps, time.monotonic() - began)
     first_part = (steps + 1) // 2
     replay_parts = [_block(run_steps, replay_iterator, first_part)]
     pipeline_parts: List[np.ndarray] = []
     rounds: List[ReplayRound] = []
     while True:
+        round_began = time.monotonic()
         pipeline_parts.append(_pipeline_block(run_steps, dataset, steps))
         replay_parts.append(_block(run_steps, replay_iterator, steps - first_part))
         around = np.concatenate(replay_parts[-2:])
@@ -449,7 +575,9 @@ def _run_rounds(run_steps, replayed, dataset, steps, another_round):
                 replay_ms=_stats(around).step.mean_ms,
             )
         )
-        if len(rounds) >= MAX_ROUNDS or another_round is None or not another_round(rounds[-1]):
+        if len(rounds) >= MAX_ROUNDS or control is None:
+            break
+        if not control.another_round(rounds[-1], time.monotonic() - round_began):
             break
     return np.concatenate(replay_parts), np.concatenate(pipeline_parts), rounds
 

@@ -1,17 +1,23 @@
 """Two runs' reports side by side: step time, input wait, compute, and whether they differ.
 
-A difference between two runs means something only when it is larger than how
-much steps vary within each run. The spread of a timing here is its p90 minus
-its median (both measured over the run's retained steps): a difference of
-medians beyond the larger of the two runs' spreads is called out as real.
+Each run is compared in its steady state: its last training epoch when it ran
+two or more (the first may fill a cache or warm up, which is a one-off cost the
+verdict leaves out too), else all its steps. A difference between two runs
+means something only when it is larger than how much steps vary within each
+run. The spread of a timing here is its p90 minus its median (both over the
+steps compared): a difference of medians beyond the larger of the two runs'
+spreads is called out as real.
 """
 
 import dataclasses
 from typing import List
 from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_stats import Distribution
+from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
 
 
@@ -50,6 +56,8 @@ class RunComparison:
         input_fraction_b: run B's.
         verdict_a: run A's verdict.
         verdict_b: run B's verdict.
+        scope_a: which of run A's steps were compared, e.g. "epoch 3 of 3".
+        scope_b: which of run B's.
     """
 
     timings: List[TimingComparison]
@@ -57,6 +65,8 @@ class RunComparison:
     input_fraction_b: Optional[float]
     verdict_a: str
     verdict_b: str
+    scope_a: str = "all steps"
+    scope_b: str = "all steps"
 
 
 def compare_reports(a: Report, b: Report) -> RunComparison:
@@ -78,8 +88,9 @@ def compare_reports(a: Report, b: Report) -> RunComparison:
     >>> round(step.ratio, 3), step.beyond_spread
     (0.275, True)
     """
+    (stats_a, scope_a), (stats_b, scope_b) = steady_steps(a), steady_steps(b)
     timings = [
-        _compare(name, getattr(a.train, field), getattr(b.train, field))
+        _compare(name, getattr(stats_a, field), getattr(stats_b, field))
         for name, field in (("step", "step"), ("input wait", "input_wait"), ("compute", "compute"))
     ]
     return RunComparison(
@@ -88,7 +99,30 @@ def compare_reports(a: Report, b: Report) -> RunComparison:
         input_fraction_b=b.input_fraction,
         verdict_a=a.verdict.value,
         verdict_b=b.verdict.value,
+        scope_a=scope_a,
+        scope_b=scope_b,
     )
+
+
+def steady_steps(report: Report) -> Tuple[StepStats, str]:
+    """The training steps a run is compared by, and which they are.
+
+    Args:
+        report: the run's `Report`.
+
+    Returns:
+        `(stats, scope)`: the last training epoch's `StepStats` when two or
+        more ran (e.g. "epoch 3 of 3"), else all training steps ("all steps").
+
+    Example:
+
+    >>> steady_steps(Report())[1]
+    'all steps'
+    """
+    train = [epoch for epoch in report.epochs if epoch.kind == TRAIN and epoch.stats.steps]
+    if len(train) < 2:
+        return report.train, "all steps"
+    return train[-1].stats, f"epoch {train[-1].epoch + 1} of {len(train)}"
 
 
 def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> str:
@@ -108,7 +142,7 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
     >>> slow = Report(train=StepStats.from_arrays(np.full(10, 0.03), np.full(10, 0.01)))
     >>> text = format_comparison(compare_reports(slow, slow), "monday", "tuesday")
     >>> print(text.splitlines()[4])
-    step         40.00 ms  40.00 ms  1.00x  +0.00 ms           0.00 ms  no
+    step            40.00 ms   40.00 ms   1.00x  +0.00 ms           0.00 ms  no
     """
     header = ("", "A (mean)", "B (mean)", "B/A", "medians differ by", "spread", "beyond spread")
     lines = [header]
@@ -137,14 +171,17 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
         )
     )
     lines.append(("verdict", comparison.verdict_a, comparison.verdict_b, "", "", "", ""))
+    lines.append(("steps compared", comparison.scope_a, comparison.scope_b, "", "", "", ""))
     widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
     text = [f"A: {name_a}", f"B: {name_b}", ""]
     for line in lines:
         text.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     text += [
         "",
-        "Spread: p90 minus median of each run's steps, the larger of the two; a difference "
-        "of medians beyond it is more than step-to-step noise.",
+        "Steps compared: each run's steady state, its last training epoch when it ran two "
+        "or more (a first epoch may fill a cache). The input share and verdict are the "
+        "runs' own. Spread: p90 minus median of each run's steps, the larger of the two; "
+        "a difference of medians beyond it is more than step-to-step noise.",
     ]
     return "\n".join(text) + "\n"
 

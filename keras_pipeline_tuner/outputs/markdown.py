@@ -14,7 +14,6 @@ from typing import Optional
 
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
-from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -59,7 +58,7 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
     lines += [""] + _timings_table(report)
     if report.workers is not None:
         lines += _workers(report.workers)
-    bound = free_input_gain(report.train)
+    bound = report.input_free
     if bound is not None and bound.statement:
         lines += ["", escape(bound.statement)]
     lines += ["", "### Recommendations", ""]

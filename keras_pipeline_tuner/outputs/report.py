@@ -10,6 +10,7 @@ from keras_pipeline_tuner._util.files import write_atomically
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
@@ -23,6 +24,7 @@ from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
 from keras_pipeline_tuner.timing.step_clock import FirstStep
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.tuner_cost import TunerCost
 from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 SCHEMA_VERSION = 1
@@ -71,6 +73,12 @@ class Report:
             still going), when it has been read.
         judgement: how the verdict was decided (`advice.verdict.Judgement`):
             the steady state, what decided, one-off costs left out.
+        input_free: how much faster steps would be with input free: the one
+            figure every output shows (`advice.advisor.input_free_gain`), a
+            ceiling no input-pipeline change goes beyond.
+        tuner_cost: what the tuner's own work after training took, part by
+            part, against its budget (`timing.tuner_cost.TunerCost`); `None`
+            while training runs.
 
     Example:
 
@@ -98,6 +106,8 @@ class Report:
     judgement: Optional[Judgement] = None
     run: Optional[str] = None
     runs: List[RunEntry] = dataclasses.field(default_factory=list)
+    tuner_cost: Optional[TunerCost] = None
+    input_free: Optional[ExpectedGain] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -131,6 +131,8 @@ def print_summary(
             "total step time of all steps (the verdict above is the steady state's). "
             "Per-epoch figures in the report."
         )
+    if report.tuner_cost is not None:
+        console.print(Text(report.tuner_cost.summary()))
     if report.workers is not None:
         _print_workers(report.workers, console)
     if report.profile is not None:

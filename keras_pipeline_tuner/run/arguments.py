@@ -5,6 +5,7 @@ that made the tuner, before any training.
 """
 
 import dataclasses
+import math
 import os
 from typing import Optional
 from typing import Tuple
@@ -39,6 +40,7 @@ class TunerArguments:
     check_contention: bool = True
     measure_fixes_s: float = 0.0
     allow_unverified: bool = False
+    cost_budget_s: Optional[float] = None
 
     @classmethod
     def checked(
@@ -54,6 +56,7 @@ class TunerArguments:
         check_contention=True,
         measure_fixes=False,
         allow_unverified=False,
+        cost_budget_s=None,
     ) -> "TunerArguments":
         """Checks the arguments as `PipelineTuner` takes them.
 
@@ -97,7 +100,32 @@ class TunerArguments:
             check_contention=check_contention,
             measure_fixes_s=measure_fixes_s,
             allow_unverified=allow_unverified,
+            cost_budget_s=checked_cost_budget(cost_budget_s),
         )
+
+
+def checked_cost_budget(cost_budget_s) -> Optional[float]:
+    """`cost_budget_s` as seconds, `None` for the default rule, or a clear error.
+
+    Example:
+
+    >>> checked_cost_budget(None) is None, checked_cost_budget(3)
+    (True, 3.0)
+    """
+    if cost_budget_s is None:
+        return None
+    if (
+        isinstance(cost_budget_s, bool)
+        or not isinstance(cost_budget_s, (int, float))
+        or not math.isfinite(cost_budget_s)
+        or cost_budget_s < 0
+    ):
+        raise ValueError(
+            f"`cost_budget_s` must be a number of seconds, 0 or more, got {cost_budget_s!r}. "
+            "Pass None for the default (the larger of 2 s and 2 % of the fit's time), or "
+            "0 to run no automatic probe after training."
+        )
+    return float(cost_budget_s)
 
 
 def checked_log_dir(log_dir) -> Optional[str]:

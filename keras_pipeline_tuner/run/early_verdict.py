@@ -13,6 +13,7 @@ from typing import Optional
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
+from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -90,12 +91,38 @@ class EarlyVerdict:
                     " This is still the first epoch, which fills the pipeline's cache: later "
                     "epochs may wait less."
                 )
-            speed = [r for r in report.recommendations if r.expected_gain is not None]
+            speed = [
+                r for r in report.recommendations
+                if r.expected_gain is not None and r.expected_gain.speeds_up
+            ]
             if speed:
                 line += f" Top fix: {speed[0].title}."
-            line += " The final report follows at the end of training."
+            # The early line has neither the fetch floor nor the contention
+            # check, which only run after training: said, so that a change of
+            # class at the end is no surprise.
+            line += (
+                " Provisional: the final report, at the end of training, also weighs the "
+                "fetch of a batch already in memory and the pipeline's contention with the "
+                "model."
+            )
             self.line = line
             logger.info("%s", line)
             if self._verbose:
                 terminal_summary.print_line(line)
         write()
+
+
+def filling_a_cache(findings, clock) -> bool:
+    """Whether the pipeline caches and fewer than two training epochs have ended.
+
+    The first epoch fills the cache, and the verdict's steady state is the
+    epochs after it, known once two have ended.
+
+    Args:
+        findings: the run's findings (`kpt.inspect`), with the pipeline read.
+        clock: the run's `StepClock`.
+    """
+    pipeline = getattr(findings, "pipeline", None)
+    if pipeline is None or not any(stage.kind == kinds.CACHE for stage in pipeline.stages):
+        return False
+    return sum(1 for epoch in clock.epochs if epoch.kind == TRAIN) < 2

@@ -32,12 +32,12 @@ from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
-from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run import run_report
 from keras_pipeline_tuner.run.early_verdict import EarlyVerdict
+from keras_pipeline_tuner.run.early_verdict import filling_a_cache
 from keras_pipeline_tuner.run.run_files import RunFiles
 from keras_pipeline_tuner.run.run_workers import RunWorkers
 from keras_pipeline_tuner.timing import measurement as measured_by
@@ -46,6 +46,7 @@ from keras_pipeline_tuner.timing.held_rows import HeldRows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.tuner_cost import CostMeter
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -72,6 +73,8 @@ class RunSettings:
         buffer_steps: per-step rows the clock retains.
         tensorboard_workers: "chief" or "all" (multi-worker runs).
         worker_timeout_s: how long the chief waits for the other workers.
+        cost_budget_s: the budget of the tuner's work after training, in
+            seconds; `None` for the default (see `timing.tuner_cost`).
     """
 
     log_dir: Optional[str] = None
@@ -79,6 +82,7 @@ class RunSettings:
     buffer_steps: int = 10_000
     tensorboard_workers: str = "chief"
     worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S
+    cost_budget_s: Optional[float] = None
 
 
 class Run:
@@ -139,6 +143,8 @@ class Run:
         self.files = RunFiles(settings.log_dir, kind, guard)
         self.tensorboard: Optional[TensorBoardSink] = None
         self.early = EarlyVerdict(guard, settings.verbose)
+        # The tuner's own work after training, timed against its budget.
+        self.cost = CostMeter(settings.cost_budget_s)
         self._describe = describe
         self._flush_source = flush_source
         # Rows kept back, recorded together (see `flush_rows`).
@@ -148,11 +154,6 @@ class Run:
         self._cpu: Optional[CpuMeter] = None
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._workers: Optional[RunWorkers] = None
-
-    @property
-    def output_dir(self) -> Optional[str]:
-        """Where the run writes: the log dir, or a worker's own folder under it."""
-        return self.files.output_dir
 
     # Lifecycle.
 
@@ -164,6 +165,7 @@ class Run:
                 `None`.
         """
         _RUNNING.add(self)
+        self.cost.run_started()
         self.early.restart()
         self._hand_over_due = time.monotonic() + HAND_OVER_S
         self._restart_cpu_meter()
@@ -337,10 +339,11 @@ class Run:
         if self.early.due(
             self.clock,
             window_capturing=self.window.capturing,
-            filling_a_cache=self._filling_a_cache(),
+            filling_a_cache=filling_a_cache(self.findings, self.clock),
             whole_step=self.measurement == measured_by.WHOLE_STEP,
         ):
-            self.early.say(self.built_report(), self._filling_a_cache(), self._write_early)
+            filling = filling_a_cache(self.findings, self.clock)
+            self.early.say(self.built_report(), filling, self._write_early)
         if time.monotonic() >= self._next_checkpoint:
             self.checkpoint()
 
@@ -382,6 +385,7 @@ class Run:
         """
         _RUNNING.discard(self)
         self.finished = True
+        self.cost.training_ended()
         self.flush_rows()
         self.files.finish()
         if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
@@ -392,19 +396,27 @@ class Run:
         if report is None:
             return Report(notes=self.failure_notes())
         failures = len(self.guard.failures)
+        with self.cost.part("outputs"):
+            if self.tensorboard is not None:
+                self.tensorboard.finish(self.clock, report)
+                if self.guard.enabled(features.STEP_TRACE):
+                    with self.guard(features.STEP_TRACE):
+                        write_trace(self.clock, self.files.folder())
+        # What the tuner's work after training cost, up to this last write.
+        self.cost.stopped()
+        report.tuner_cost = self.cost.cost()
+        if len(self.guard.failures) != failures:
+            # An output failed: the file says so too.
+            report.notes = report.notes + self.failure_notes()[failures:]
         self.files.write(report, final=True)
-        if self.tensorboard is not None:
-            self.tensorboard.finish(self.clock, report)
-            if self.guard.enabled(features.STEP_TRACE):
-                with self.guard(features.STEP_TRACE):
-                    write_trace(self.clock, self.files.folder())
         if summary and self.settings.verbose and self.guard.enabled(features.SUMMARY):
+            written = len(self.guard.failures)
             with self.guard(features.SUMMARY):
                 terminal_summary.print_summary(report)
-        if len(self.guard.failures) != failures:
-            # An output failed after the file was written: the file says so too.
-            report.notes = report.notes + self.failure_notes()[failures:]
-            self.files.write(report, final=True)
+            if len(self.guard.failures) != written:
+                # The summary failed after the file was written: the file says so too.
+                report.notes = report.notes + self.failure_notes()[written:]
+                self.files.write(report, final=True)
         return report
 
     # The report.
@@ -427,17 +439,6 @@ class Run:
         return run_report.build_report(self)
 
     # Internals.
-
-    def _filling_a_cache(self) -> bool:
-        """Whether the pipeline caches and fewer than two training epochs have ended.
-
-        The first epoch fills the cache, and the verdict's steady state is the
-        epochs after it, known once two have ended.
-        """
-        pipeline = getattr(self.findings, "pipeline", None)
-        if pipeline is None or not any(stage.kind == kinds.CACHE for stage in pipeline.stages):
-            return False
-        return sum(1 for epoch in self.clock.epochs if epoch.kind == TRAIN) < 2
 
     def _write_early(self) -> None:
         # The early verdict's outputs: the report file and the TensorBoard report.

@@ -13,6 +13,7 @@ later fit sees (see `pipeline.rerun` and `instrumentation.what_if_replay`).
 """
 
 import dataclasses
+import logging
 from typing import Optional
 
 from keras_pipeline_tuner._util import features
@@ -24,7 +25,10 @@ from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.timing import measurement as measured_by
+from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.step_clock import TRAIN
+
+logger = logging.getLogger("keras_pipeline_tuner")
 
 LOOP_HAS_NO_STEP = (
     "it replays the model's compiled train step, which a custom training loop does not "
@@ -55,6 +59,8 @@ class AfterTraining:
     Args:
         settings: the `ProbeSettings`.
         guard: the tuner's `FeatureGuard`.
+        announce: says one line before work that takes longer than a second
+            (the terminal, when the tuner is verbose); logs it by default.
 
     Example:
 
@@ -63,9 +69,10 @@ class AfterTraining:
     ```
     """
 
-    def __init__(self, settings: ProbeSettings, guard):
+    def __init__(self, settings: ProbeSettings, guard, announce=None):
         self.settings = settings
         self.guard = guard
+        self.announce = announce or _log_line
 
     def run(self, run, model=None, dataset=None) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
@@ -90,7 +97,7 @@ class AfterTraining:
             if reason is not None:
                 run.notes.append(f"The what-if replay did not run: {reason}.")
             elif self.guard.enabled(features.WHAT_IF):
-                with self.guard(features.WHAT_IF):
+                with self.guard(features.WHAT_IF), run.cost.part("what-if replay"):
                     # After training and with Keras' own functions back: the
                     # replay restores the model's state, so training is not changed.
                     try:
@@ -104,14 +111,47 @@ class AfterTraining:
         if model is None and self.settings.check_contention:
             run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
         elif self._contention_check_due(run, model):
-            with self.guard(features.CONTENTION_CHECK):
-                try:
-                    run.what_if = what_if_replay.contention_check(
-                        model, run.clock.stats(TRAIN), verdict.shows_contention
-                    )
-                except what_if_replay.ReplayUnsupported as limit:
-                    # An expected limit: the wait decides, and the report says why.
-                    run.notes.append(f"The contention check did not run. {limit}")
+            self._contention_check(run, model)
+
+    def _contention_check(self, run, model) -> None:
+        """The contention check, when the wait does not decide and it fits the budget."""
+        skipped = "The contention check did not run: "
+        judgement = run.judgement()
+        step_ms = run.clock.stats(TRAIN).step.mean_ms
+        if verdict.wait_decides(judgement, step_ms):
+            run.notes.append(
+                skipped + f"the wait alone decides ({judgement.wait_fraction * 100:.1f} % of "
+                "steady-state step time at the fetch, beyond any fetch of a batch already in "
+                "memory); the check could only raise the input's share."
+            )
+            return
+        remaining_s = run.cost.remaining_s()
+        plan, smallest_s = what_if_replay.contention_plan(
+            step_ms or 0.0,
+            _tracing_s(run.clock),
+            _fresh_iterator_s(run.clock),
+            remaining_s,
+        )
+        if plan is None:
+            run.notes.append(
+                skipped + f"even its shortest form would take about {smallest_s:.1f} s, more "
+                f"than its share of what was left of the tuner's budget ({remaining_s:.1f} s; "
+                "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
+            )
+            return
+        if plan.estimate_s > tuner_cost.ANNOUNCE_S:
+            self.announce(f"checking contention (a short replay after training): up to "
+                          f"{plan.estimate_s + plan.round_s:.1f} s")
+        with self.guard(features.CONTENTION_CHECK), run.cost.part("contention check"):
+            try:
+                # The outputs after it need the rest of the budget.
+                deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                run.what_if = what_if_replay.contention_check(
+                    model, verdict.shows_contention, plan, deadline
+                )
+            except what_if_replay.ReplayUnsupported as limit:
+                # An expected limit: the wait decides, and the report says why.
+                run.notes.append(f"The contention check did not run. {limit}")
 
     def _replay_blocker(self, run, model) -> Optional[str]:
         if model is None:
@@ -166,7 +206,7 @@ class AfterTraining:
         dataset, run.grain_dataset = run.grain_dataset, None
         if dataset is None or not self.guard.enabled(features.GRAIN_STAGES):
             return
-        with self.guard(features.GRAIN_STAGES):
+        with self.guard(features.GRAIN_STAGES), run.cost.part("Grain stage timing"):
             # The report's own verdict, so that the pass runs when the advice
             # would look for the stage that holds the wait.
             run.flush_rows()
@@ -195,7 +235,7 @@ class AfterTraining:
         """Times the advised fixes on the dataset training read (`measure_fixes`)."""
         if not self.settings.measure_fixes_s or not self.guard.enabled(features.FIX_TIMING):
             return
-        with self.guard(features.FIX_TIMING):
+        with self.guard(features.FIX_TIMING), run.cost.part("fix timing"):
             if dataset is None or not isinstance(dataset, tensorflow().data.Dataset):
                 run.notes.append(
                     "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
@@ -216,3 +256,29 @@ class AfterTraining:
                     self.settings.measure_fixes_s,
                     self.settings.allow_unverified,
                 )
+
+
+def _tracing_s(clock) -> float:
+    """The training's first-step tracing, in seconds (0 when not measured)."""
+    first = clock.first_steps.get(TRAIN)
+    return (first.tracing_ms or 0.0) / 1e3 if first is not None else 0.0
+
+
+def _fresh_iterator_s(clock) -> float:
+    """What a training epoch took to set up its iterator and start, after the first.
+
+    A new iterator of the pipeline pays it again: its set-up and its first
+    steps' wait (a shuffle buffer filling, parallel calls starting). The first
+    epoch's may fill a cache, which the check's iterator finds filled.
+    """
+    found = []
+    for epoch in clock.epochs:
+        if epoch.kind != TRAIN:
+            continue
+        start_ms = epoch.start.wait_ms if epoch.start is not None else 0.0
+        found.append(((epoch.setup_ms or 0.0) + start_ms) / 1e3)
+    return max(found[1:] or found or [0.0])
+
+
+def _log_line(line: str) -> None:
+    logger.info("keras-pipeline-tuner: %s", line)

@@ -11,6 +11,7 @@ from typing import List
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.advisor import input_free_gain
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.outputs.report import Report
@@ -84,10 +85,12 @@ def build_report(run) -> Report:
         environment=environment(),
         judgement=judgement,
         run=run.files.entry.run if run.files.entry is not None else None,
+        tuner_cost=run.cost.cost(),
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
         with guard(features.ADVICE):
+            report.input_free = input_free_gain(report.train, report.what_if, judgement)
             report.recommendations = advise(
                 report.train,
                 report.profile,

@@ -9,6 +9,9 @@ loop_timing`).
 """
 
 import copy
+import dataclasses
+import functools
+import logging
 import os
 import threading
 from typing import Callable
@@ -27,6 +30,7 @@ from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.window import EPOCH_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
@@ -45,6 +49,8 @@ from keras_pipeline_tuner.workers import exchange as worker_reports
 
 # Keras backends whose fit loop may dispatch batch-end hooks asynchronously.
 ASYNC_BACKENDS = ("jax", "torch")
+
+logger = logging.getLogger("keras_pipeline_tuner")
 
 
 class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
@@ -116,6 +122,13 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             keep no state between calls: run them again to time the fixes,
             also from several threads (a parallel map of a `tf.py_function`),
             as `kpt.tune(allow_unverified=True)` does.
+        cost_budget_s: what the tuner's own work after training may take, in
+            seconds: the automatic probes (the contention check) run only
+            when they fit in what is left of it, and the report states what
+            the work took (`report.tuner_cost`). `None` (the default) for the
+            larger of 2 s and 2 % of the fit's time; 0 for no automatic probe.
+            Probes asked for (`what_if`, `measure_fixes`) run as asked, and
+            count.
 
     Example:
 
@@ -139,31 +152,18 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         check_contention: bool = True,
         measure_fixes: Union[bool, float] = False,
         allow_unverified: bool = False,
+        cost_budget_s: Optional[float] = None,
     ):
-        super().__init__()
         # What a copy (keras-tuner copies callbacks per trial) starts from.
-        self._arguments = dict(
-            log_dir=log_dir,
-            verbose=verbose,
-            profile=profile,
-            buffer_steps=buffer_steps,
-            profile_steps=profile_steps,
-            what_if=what_if,
-            tensorboard_workers=tensorboard_workers,
-            worker_timeout_s=worker_timeout_s,
-            check_contention=check_contention,
-            measure_fixes=measure_fixes,
-            allow_unverified=allow_unverified,
-        )
+        self._arguments = {
+            name: value for name, value in locals().items() if name not in ("self", "__class__")
+        }
+        super().__init__()
         checked = TunerArguments.checked(**self._arguments)
-        self.log_dir, self.verbose, self.profile = checked.log_dir, checked.verbose, checked.profile
-        self.buffer_steps = checked.buffer_steps
-        self.what_if_steps = checked.what_if_steps
-        self.tensorboard_workers = checked.tensorboard_workers
-        self.worker_timeout_s = checked.worker_timeout_s
-        self.check_contention = checked.check_contention
-        self.measure_fixes_s = checked.measure_fixes_s
-        self.allow_unverified = checked.allow_unverified
+        # The checked values, as attributes of the same names (`what_if_steps`,
+        # `measure_fixes_s`: the arguments in the units the tuner works in).
+        for field in dataclasses.fields(checked):
+            setattr(self, field.name, getattr(checked, field.name))
         self.guard = FeatureGuard()
         self._window = ProfilerWindow(self.profile, checked.profile_steps, self.log_dir, self.guard)
         self._probes = AfterTraining(
@@ -174,6 +174,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 self.allow_unverified,
             ),
             self.guard,
+            announce=functools.partial(_announce, self.verbose),
         )
         self._run: Optional[Run] = None
         self._timing: Optional[FitTiming] = None
@@ -286,9 +287,12 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         timing = self._timing
         self._end_timing()
         run = self._run
+        # From here on, the tuner's own time (see `timing.tuner_cost`).
+        run.cost.training_ended()
         if timing is not None:
             run.notes.extend(timing.notes())
-        self._window.end_fit()
+        with run.cost.part("profile conversion"):
+            self._window.end_fit()
         given = fit_input.find_fit_input(self.model)
         dataset = given.source if given is not None and given.kind == fit_input.TF_DATASET else None
         self._probes.run(run, model=self.model, dataset=dataset)
@@ -332,6 +336,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             buffer_steps=self.buffer_steps,
             tensorboard_workers=self.tensorboard_workers,
             worker_timeout_s=self.worker_timeout_s,
+            cost_budget_s=self.cost_budget_s,
         )
         self._run = Run(settings, self.guard, self._window, describe, flush_source, kind)
         return self._run
@@ -361,7 +366,9 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         return self._loop
 
     def _finish_loop_run(self, run: Run, dataset) -> Report:
-        self._window.end_fit()
+        run.cost.training_ended()
+        with run.cost.part("profile conversion"):
+            self._window.end_fit()
         self._probes.run(run, model=None, dataset=dataset)
         return run.finish()
 
@@ -490,3 +497,10 @@ def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwar
     """
     kind = checked_kind(kind, "instrument")
     return PipelineTuner(**tuner_kwargs).instrument(fn, kind=kind)
+
+
+def _announce(verbose: int, line: str) -> None:
+    """One line before the tuner's own work that takes over a second."""
+    logger.info("keras-pipeline-tuner: %s", line)
+    if verbose:
+        terminal_summary.print_line(f"keras-pipeline-tuner: {line}")

@@ -119,7 +119,13 @@ def test_a_map_that_holds_the_gil_is_timed_at_about_no_gain():
         # Threads cannot run it two at a time: far from the 2x two cores give a
         # map that releases the GIL (generous: a loaded machine moves it).
         gain = parallel.expected_gain
-        assert gain.likely_speedup is not None, gain.statement
+        if gain.likely_speedup is None:
+            # A CPU-bound map on a busy machine can outgrow the timing's budget:
+            # then the figure must be said to be a bound, and why (the measured
+            # figure on a quiet machine is bench/advice_accuracy.py's).
+            assert gain.basis == "bound", gain.statement
+            assert "not measured" in gain.statement and "stays a bound" in gain.statement
+            return
         assert gain.likely_speedup < 1.6
         assert top is not parallel or describe_gain(top.expected_gain).startswith("no clear gain")
 

@@ -249,7 +249,9 @@ def slow_then_cached(elements):
 
 
 def test_a_cache_filling_first_epoch_leaves_a_healthy_steady_state():
-    report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.01))
+    # 30 ms of compute against a fetch from memory well under a millisecond:
+    # far from the 5 % boundary, whatever the load.
+    report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.03))
     assert report.verdict == NOT, report.judgement.line
     assert any(cost.startswith("Epoch 1 waited") for cost in report.judgement.one_off)
     assert not speed_advice(report)
@@ -333,9 +335,11 @@ def test_a_pipeline_that_slows_the_step_beyond_its_wait_is_input_bound():
         [keras.Input((FEATURES,)), Holding(resource, 0.01), keras.layers.Dense(1)]
     )
     model.compile("sgd", "mse")
-    report = fit(data, epochs=3, model=model)
+    # A budget that a busy machine's slower tracing cannot exhaust: this test
+    # is about what the check finds (its budget is tested on its own).
+    report = fit(data, epochs=3, model=model, cost_budget_s=30)
     judgement = report.judgement
-    assert report.verdict == HIGH, judgement.line
+    assert report.verdict == HIGH, (judgement.line, report.notes)
     assert judgement.source == recommendation.REPLAY, judgement.line
     assert judgement.contention_fraction > judgement.wait_fraction + 0.1, judgement.line
 

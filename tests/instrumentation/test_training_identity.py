@@ -129,7 +129,9 @@ def _two_fits(with_tuner, **tuner_kwargs):
     # A few ms of compute a step: a healthy job, which gets the contention check.
     model = keras.Sequential([keras.Input((FEATURES,)), Sleep(0.004), keras.layers.Dense(1)])
     model.compile(optimizer=_adam(), loss="mse")
-    callbacks = [kpt.PipelineTuner(verbose=0, profile="off", **tuner_kwargs)] if with_tuner else []
+    # A budget a busy machine cannot exhaust: the check must run to be tested.
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", cost_budget_s=30, **tuner_kwargs)
+    callbacks = [tuner] if with_tuner else []
     model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0)
     ran = callbacks[0].report.what_if if callbacks else None
     history = model.fit(dataset, epochs=2, verbose=0)
@@ -200,7 +202,7 @@ def test_timing_the_fixes_after_fit_changes_nothing_of_the_training():
     assert any(
         "Timed after training" in text or "The change was not timed (not measured" in text
         for text in statements
-    ), statements
+    ), (statements, tuner.report.judgement.line, tuner.report.notes)
     # ... and the model, its optimizer and every random generator are as without it.
     assert iterations == plain_iterations
     assert history == plain_history
@@ -213,16 +215,19 @@ def _train_on_shuffled_arrays(with_tuner):
     keras.utils.set_random_seed(7)
     x = np.linspace(0, 1, 96 * FEATURES, dtype=np.float32).reshape(96, FEATURES)
     y = (x.sum(axis=1) > FEATURES / 2).astype(np.float32)
+    # 20 ms of compute a step: a healthy job even where a busy machine makes
+    # the fetch take milliseconds, so the wait never decides and the check runs.
     model = keras.Sequential(
         [
             keras.Input((FEATURES,)),
+            Sleep(0.02),
             keras.layers.Dense(8),
             keras.layers.Dropout(0.3),
             keras.layers.Dense(1),
         ]
     )
     model.compile(optimizer=_adam(), loss="mse")
-    tuner = kpt.PipelineTuner(verbose=0, profile="off") if with_tuner else None
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", cost_budget_s=30) if with_tuner else None
     # Two fits: the second shuffles and drops out as it would have after the first.
     histories = [
         model.fit(

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+import time
 
 import keras
 import numpy as np
@@ -11,7 +12,6 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.instrumentation import what_if_replay
-from keras_pipeline_tuner.timing.step_stats import StepStats
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import replayable_source
@@ -98,8 +98,9 @@ def test_contention_check_runs_another_round_when_one_shows_contention(shown, ro
         # As the tuner runs it: from on_train_end, while fit's data is at hand.
         def on_train_end(self, logs=None):
             checked["before"] = state(self.model)
+            plan = what_if_replay.ContentionPlan(steps=20, estimate_s=1.0, round_s=0.5)
             checked["result"] = what_if_replay.contention_check(
-                self.model, StepStats(), shows_contention
+                self.model, shows_contention, plan, deadline=time.monotonic() + 60
             )
             checked["after"] = state(self.model)
 
@@ -109,7 +110,7 @@ def test_contention_check_runs_another_round_when_one_shows_contention(shown, ro
     assert len(result.rounds) == rounds
     # Asked after each round but the last one possible.
     assert asked == [(found.pipeline_ms, found.replay_ms) for found in result.rounds[:1]]
-    steps = what_if_replay.CONTENTION_STEPS
+    steps = 20
     assert result.replay_steps == steps + (rounds - 1) * (steps // 2)
     # Each round's figures are means of its own steps: equal blocks pool to the whole.
     assert result.pipeline_step.mean_ms == pytest.approx(

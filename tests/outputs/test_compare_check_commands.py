@@ -2,11 +2,14 @@
 
 import re
 
+import numpy as np
 import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.outputs.comparison import compare_reports
+from keras_pipeline_tuner.outputs.comparison import format_comparison
+from keras_pipeline_tuner.timing.step_stats import StepStats
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
@@ -156,3 +159,33 @@ def test_help_lists_the_commands():
     done = run("--help")
     assert done.returncode == 0
     assert "compare" in done.stdout and "check" in done.stdout
+
+
+def _report_with_epochs(*epochs_ms):
+    """A report whose training epochs' steps take the given (wait, compute) ms each."""
+    from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
+
+    epochs, waits, computes = [], [], []
+    for index, (wait_ms, compute_ms) in enumerate(epochs_ms):
+        wait, compute = np.full(20, wait_ms / 1e3), np.full(20, compute_ms / 1e3)
+        # A little spread within an epoch, as real steps have.
+        compute = compute * np.linspace(0.98, 1.02, 20)
+        waits.append(wait)
+        computes.append(compute)
+        stats = StepStats.from_arrays(wait, compute)
+        epochs.append(EpochBreakdown(epoch=index, kind="train", setup_ms=1.0, stats=stats))
+    train = StepStats.from_arrays(np.concatenate(waits), np.concatenate(computes))
+    return kpt.Report(train=train, epochs=epochs)
+
+
+def test_compare_reads_the_steady_state_not_the_cache_filling_epoch():
+    # The tuned run's first epoch fills a cache (300 ms of wait a step), then
+    # its steps take 1 ms; the naive run waits 300 ms a step throughout.
+    naive = _report_with_epochs((300.0, 1.0), (300.0, 1.0), (300.0, 1.0))
+    tuned = _report_with_epochs((300.0, 1.0), (0.0, 1.0), (0.0, 1.0))
+    comparison = compare_reports(naive, tuned)
+    step = comparison.timings[0]
+    assert comparison.scope_a == comparison.scope_b == "epoch 3 of 3"
+    assert step.ratio == pytest.approx(1.0 / 301.0, rel=0.05)
+    assert step.beyond_spread is True
+    assert "steps compared  epoch 3 of 3" in format_comparison(comparison, "naive", "tuned")

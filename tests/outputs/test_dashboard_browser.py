@@ -183,42 +183,58 @@ def served(tmp_path_factory):
         yield runs, url, scratch
 
 
-def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
-    runs, url, scratch = served
+def _walk_the_tab(url, scratch) -> dict:
+    """Opens the tab in Chromium, hovers, copies, zooms and picks each run; what it saw."""
+    seen = {}
     with chromium(scratch) as browser:
-        shown = browser.open_until(
+        seen["shown"] = browser.open_until(
             f"{url}/#{summaries.PLUGIN_NAME}", _SHOWN, lambda value: len(value["marks"]) == 2
         )
-        assert shown, f"the Input pipeline tab did not render; see {scratch}"
+        assert seen["shown"], f"the Input pipeline tab did not render; see {scratch}"
         # Tall enough to show the timelines, the profiler rows and the first advice.
         browser.resize(1400, 1500)
         browser.wait_until(_SHOWN, lambda value: len(value["marks"]) == 2)
         browser.screenshot(scratch / "dashboard.png")
-        hovered = browser.evaluate(_HOVER)
+        seen["hovered"] = browser.evaluate(_HOVER)
         # A real click (copying needs a user's gesture), then the label it leaves.
         x, y = browser.evaluate(_COPY_BUTTON)
         for kind in ("mousePressed", "mouseReleased"):
             browser.call(
                 "Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1
             )
-        copied = browser.wait_until(_COPY_LABEL, bool)
-        dragged = browser.evaluate(_DRAG)
-        zoomed = browser.wait_until(_ZOOMED, bool)
-        browser.evaluate(_pick(TUNED))
-        tune_rows = browser.wait_until(_TUNE_ROWS, bool)
-        browser.evaluate(_pick(WORKERS))
-        workers = browser.wait_until(_WORKER_ROWS, bool)
-        browser.evaluate(_pick(GRAIN))
-        grain_stages = browser.wait_until(_GRAIN_STAGES, bool)
-        browser.evaluate(_pick(UNREADABLE))
-        browser.wait_until(_UNREADABLE_BANNER, bool)
+        seen["copied"] = browser.wait_until(_COPY_LABEL, bool)
+        seen["dragged"] = browser.evaluate(_DRAG)
+        seen["zoomed"] = browser.wait_until(_ZOOMED, bool)
+        for name, run, found in (
+            ("tune_rows", TUNED, _TUNE_ROWS),
+            ("workers", WORKERS, _WORKER_ROWS),
+            ("grain_stages", GRAIN, _GRAIN_STAGES),
+            (None, UNREADABLE, _UNREADABLE_BANNER),
+        ):
+            browser.evaluate(_pick(run))
+            value = browser.wait_until(found, bool)
+            if name:
+                seen[name] = value
         browser.evaluate(_pick(NAIVE, picker="kpt-compare"))
-        unreadable = browser.wait_until(_UNREADABLE_BANNER, lambda found: found and found[2] > 0)
+        seen["unreadable"] = browser.wait_until(
+            _UNREADABLE_BANNER, lambda found: found and found[2] > 0
+        )
+    return seen
+
+
+def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
+    runs, url, scratch = served
+    seen = _walk_the_tab(url, scratch)
+    shown, copied = seen["shown"], seen["copied"]
     if os.environ.get("KPT_UPDATE_SCREENSHOT"):
         # The README's picture, refreshed on request only: a test run leaves
         # the checkout as it found it.
         shutil.copy(scratch / "dashboard.png", SCREENSHOT)
+    _check_the_naive_run(shown, copied, runs)
+    _check_the_other_runs(shown, seen, runs)
 
+
+def _check_the_naive_run(shown, copied, runs):
     # A verdict banner per run, the naive run's as the report says.
     assert dict(shown["banners"]) == {
         NAIVE: f"Input pipeline: {runs.naive.report.verdict.value}",
@@ -250,33 +266,39 @@ def test_the_tab_shows_verdicts_timelines_advice_and_the_comparison(served):
         item.stage for item in iterators if item.iterator == report.profile.bottleneck_iterator
     ]
     assert marked, "the bottleneck stage is not marked"
+
+
+def _check_the_other_runs(shown, seen, runs):
     # The two runs side by side, and the tuned run's kpt.tune result.
     assert shown["compareWith"] == TUNED
     assert shown["comparison"][:4] == ["", NAIVE, TUNED, f"{TUNED} / {NAIVE}"]
     assert shown["tuneRows"] == -1  # the naive run has no tune result: no table
-    assert tune_rows == [
+    assert seen["tune_rows"] == [
         [outcome.kind, "kept" if outcome.applied else outcome.status]
         for outcome in runs.tune_result.rewrites
     ]
     # Hover: the step's own numbers.
-    step, tip, display = hovered
+    step, tip, display = seen["hovered"]
     assert display == "block" and tip.startswith(f"Step {step}, epoch")
     assert "input wait" in tip and "compute" in tip
     # Zoom: a narrower range of the same steps.
-    assert zoomed == list(range(dragged[0], dragged[1] + 1))
+    dragged = seen["dragged"]
+    assert seen["zoomed"] == list(range(dragged[0], dragged[1] + 1))
     # A multi-worker job's report (a report.json only): the straggler marked.
+    workers = seen["workers"]
     assert workers["rows"] == [
         ["worker:0 (chief)", "", False],
         ["worker:1", "straggler", True],
     ]
     assert "Read from report.json" in workers["note"]
     # A Grain run: its stages as Grain timed them, in a pass of their own, the map marked.
+    grain_stages = seen["grain_stages"]
     assert grain_stages["heading"] == "Grain stages, timed by Grain"
     assert "separate pass over" in grain_stages["note"]
     assert ["map(slow_parse)", True] in grain_stages["rows"]
     assert [stage for stage, marked in grain_stages["rows"] if marked] == ["map(slow_parse)"]
     # A run whose report.json is not a report: said on its page, the rest still drawn.
-    text, problem, marks = unreadable
+    text, problem, marks = seen["unreadable"]
     assert text == "Input pipeline: report unreadable"
     assert "not an object" in problem
     assert marks > 0  # the run compared with it keeps its timeline

@@ -89,7 +89,22 @@ def test_run_returns_the_report_the_profile_rows_and_the_tune_result(client, run
     for recommendation, gain in zip(served["recommendations"], gains):
         if gain is not None:
             assert recommendation["expected_gain"].pop("described") == describe_gain(gain)
-    assert served == json.loads(runs.naive.report.to_json())
+    # The one "input free" figure, in the same words.
+    report = runs.naive.report
+    assert served["input_free"].pop("described") == describe_gain(report.input_free)
+    # Runs side by side compare the steady state: the last of the fit's epochs.
+    steady = served.pop("steady")
+    train = [e for e in json.loads(report.to_json())["epochs"] if e["kind"] == "train"]
+    assert len(train) >= 2
+    assert steady["scope"] == f"epoch {len(train)} of {len(train)}"
+    assert steady["stats"] == train[-1]["stats"]
+    # The copy written to TensorBoard holds the tuner's cost up to its writing;
+    # the final report adds the outputs written after it.
+    expected = json.loads(report.to_json())
+    served_cost, final_cost = served.pop("tuner_cost"), expected.pop("tuner_cost")
+    assert served_cost["fit_s"] == final_cost["fit_s"]
+    assert served_cost["after_training_s"] <= final_cost["after_training_s"]
+    assert served == expected
     profile = naive["profile"]
     assert profile["title"].startswith("Profiler window")
     labels = [row["label"] for row in profile["rows"]]
@@ -155,10 +170,13 @@ def test_runs_older_than_the_dashboard_are_read_from_report_json(runs, tmp_path)
     for recommendation in detail["report"]["recommendations"]:
         if recommendation.get("expected_gain"):
             recommendation["expected_gain"].pop("described")
+    detail["report"]["input_free"].pop("described")
+    detail["report"].pop("steady")
     # The log dir's report is the run's, listing the log dir's runs besides.
     expected = json.loads(runs.tuned.report.to_json())
     assert [entry["run"] for entry in detail["report"]["runs"]] == [summaries.RUN]
     expected["runs"] = detail["report"]["runs"]
+    # report.json holds the final report, its cost too.
     assert detail["report"] == expected
 
 

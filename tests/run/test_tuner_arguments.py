@@ -103,6 +103,10 @@ def test_log_dir_not_created_yet_is_fine(tmp_path):
         ({"allow_unverified": "yes"}, ValueError, "allow_unverified=True"),
         ({"allow_unverified": 1}, ValueError, "allow_unverified=True"),
         ({"allow_unverified": True}, ValueError, "pass measure_fixes=True"),
+        ({"cost_budget_s": -1}, ValueError, "0 to run no automatic probe"),
+        ({"cost_budget_s": "2s"}, ValueError, "Pass None for the default"),
+        ({"cost_budget_s": float("nan")}, ValueError, "Pass None for the default"),
+        ({"cost_budget_s": True}, ValueError, "Pass None for the default"),
     ],
     ids=lambda value: repr(value)[:40],
 )
@@ -136,6 +140,7 @@ def test_every_argument_of_the_constructor_is_covered():
         "check_contention",
         "measure_fixes",
         "allow_unverified",
+        "cost_budget_s",
     }
     # A new argument needs its bad values in the table above.
     assert parameters == checked

@@ -160,13 +160,13 @@ def test_a_worker_other_than_the_chief_writes_into_its_own_folder(tmp_path):
 
     default = begun("chief", identity)
     worker_dir = str(tmp_path / "workers" / "worker_1")
-    assert default.output_dir == worker_dir
+    assert default.files.output_dir == worker_dir
     # Only the chief writes TensorBoard summaries unless asked otherwise.
     assert default.tensorboard is None
     everyone = begun("all", identity)
     assert everyone.tensorboard.run_dir.startswith(worker_dir)
     chief = begun("chief", worker_reports.identity_from_cluster(TWO_WORKERS, "worker", 0))
-    assert chief.output_dir == str(tmp_path)
+    assert chief.files.output_dir == str(tmp_path)
     assert chief.tensorboard is not None
 
 

@@ -23,6 +23,7 @@ from tensorboard.data import provider
 
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.outputs.comparison import steady_steps
 from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import Report
@@ -185,10 +186,11 @@ class RunData:
             source = REPORT_FILE
         try:
             # The parser the `report` command uses: it names the field at fault.
-            Report.from_json(text)
+            parsed = Report.from_json(text)
         except ValueError as reason:
             raise UnreadableRun(f"{source} of {run}: {reason}") from None
-        return _with_gain_phrases(json.loads(text)), source
+        data = _with_gain_phrases(json.loads(text))
+        return _with_steady_steps(data, parsed), source
 
     def tune(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
         """The `kpt.tune` result written for the run, if any.
@@ -324,6 +326,21 @@ class RunData:
         )
 
 
+def _with_steady_steps(data: dict, report: Report) -> dict:
+    """Adds the steps runs are compared by (`comparison.steady_steps`), as "steady".
+
+    Runs side by side compare their steady state, as `compare` does: the last
+    training epoch when two or more ran (a first epoch may fill a cache).
+    """
+    stats, scope = steady_steps(report)
+    found = data.get("train")
+    for epoch, epoch_data in zip(report.epochs, data.get("epochs") or []):
+        if epoch.stats is stats and isinstance(epoch_data, dict):
+            found = epoch_data.get("stats")
+    data["steady"] = {"scope": scope, "stats": found}
+    return data
+
+
 def _with_gain_phrases(report: Any) -> Any:
     """Adds to each expected gain the phrase the terminal shows (`describe_gain`).
 
@@ -333,8 +350,11 @@ def _with_gain_phrases(report: Any) -> Any:
     if not isinstance(report, dict):
         return report
     names = {field.name for field in dataclasses.fields(ExpectedGain)}
+    gains = [report.get("input_free")]
     for recommendation in report.get("recommendations") or []:
-        gain = recommendation.get("expected_gain") if isinstance(recommendation, dict) else None
+        if isinstance(recommendation, dict):
+            gains.append(recommendation.get("expected_gain"))
+    for gain in gains:
         if not isinstance(gain, dict):
             continue
         try:

@@ -167,8 +167,16 @@ function verdictBanner(view) {
   const fraction = report.input_fraction;
   const verdict = report.verdict || "unknown";
   const parts = [];
+  // The banner names what its share is: the wait at the fetch, or the input's
+  // cost including its contention with the model (the replay decided).
+  const decidedBy = (report.judgement || {}).source;
   if (fraction !== null && fraction !== undefined) {
-    parts.push(`${percent(fraction)} of step time waiting for input`);
+    parts.push(decidedBy === "what-if replay" ?
+        `input costs ${percent(fraction)} of step time (its wait and its contention ` +
+            "with the model, measured by the replay)" :
+        decidedBy === "profiler" ?
+            `${percent(fraction)} of step time is input (profiler window)` :
+            `${percent(fraction)} of step time waiting for input`);
   }
   const step = (train.step || {}).mean_ms;
   const wait = (train.input_wait || {}).mean_ms;
@@ -178,11 +186,10 @@ function verdictBanner(view) {
         (wait != null ? ` = ${ms(wait)} input wait + ${ms(compute)} compute` : ""));
   }
   if (train.steps) parts.push(`${train.steps} training steps`);
-  const whatIf = report.what_if;
-  if (whatIf && whatIf.speedup_if_input_free) {
-    parts.push(`with input free: steps up to ${times(whatIf.speedup_if_input_free)} ` +
-        "faster (bound, measured by replay)");
-  }
+  // One "input free" figure, the report's own, in the words the terminal and
+  // the Text tab use (worked out by the server).
+  const free = report.input_free;
+  if (free && free.described) parts.push(`with input free: ${free.described}`);
   // How the verdict was decided, where the report says (steady state, one-off costs).
   const judgement = report.judgement || {};
   const oneOff = judgement.one_off || [];
@@ -221,6 +228,9 @@ function comparison(a, b) {
   }
   table.appendChild(element("tr", {}, element("th", {}, "Verdict"),
       element("td", {}, a.report.verdict), element("td", {}, b.report.verdict),
+      element("td", {}, "")));
+  table.appendChild(element("tr", {}, element("th", {}, "Steps compared"),
+      element("td", {}, steadyScope(a.report)), element("td", {}, steadyScope(b.report)),
       element("td", {}, "")));
   return element("section", {class: "kpt-comparison"},
       element("h2", {}, "Runs side by side"), table);
@@ -621,8 +631,15 @@ function row(values) {
       element("td", {}, value === null || value === undefined ? "-" : value)));
 }
 
+// Runs side by side are compared in their steady state (the server picks it:
+// the last training epoch when two or more ran), as the compare command does.
 function stat(report, name, field) {
-  return ((report.train || {})[name] || {})[field];
+  const steps = (report.steady || {}).stats || report.train || {};
+  return (steps[name] || {})[field];
+}
+
+function steadyScope(report) {
+  return (report.steady || {}).scope || "all steps";
 }
 
 function verdictClass(verdict) {

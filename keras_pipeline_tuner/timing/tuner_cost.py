@@ -1,0 +1,173 @@
+"""The tuner's own cost: what it adds to a fit, kept within a budget and stated.
+
+Everything the tuner does after training (the probes, the wait for a profile's
+conversion, its outputs) is wall time the user's job pays for. It is kept within
+a budget, by default the larger of `MIN_BUDGET_S` and `FIT_SHARE` of the fit's
+own time, and measured part by part, so the report can say what it cost. A
+probe that would not fit in what is left of the budget does not run, and says
+so (see `run.probes`).
+"""
+
+import contextlib
+import dataclasses
+import time
+from typing import Dict
+from typing import Optional
+
+# The budget is the larger of these: seconds, and a share of the fit's time.
+MIN_BUDGET_S = 2.0
+FIT_SHARE = 0.02
+# Work expected to take longer than this says so first, in one line.
+ANNOUNCE_S = 1.0
+
+
+@dataclasses.dataclass
+class TunerCost:
+    """What the tuner added to a run after training, against its budget.
+
+    Attributes:
+        fit_s: the run's own time, from its start to the end of training.
+        budget_s: what the tuner's work after training may take.
+        after_training_s: what it took, measured up to the final report.
+        parts: seconds per part of that work ("contention check",
+            "outputs", ...).
+
+    Example:
+
+    >>> cost = TunerCost(fit_s=60.0, budget_s=2.0, after_training_s=0.4)
+    >>> cost.within_budget
+    True
+    """
+
+    fit_s: float = 0.0
+    budget_s: float = MIN_BUDGET_S
+    after_training_s: float = 0.0
+    parts: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def within_budget(self) -> bool:
+        """Whether the work after training took no more than its budget."""
+        return self.after_training_s <= self.budget_s
+
+    def summary(self) -> str:
+        """One sentence: what the tuner's work after training took, and of what.
+
+        Example:
+
+        >>> TunerCost(60.0, 2.0, 0.5, {"contention check": 0.4}).summary()
+        "The tuner's own work after training took 0.50 s (contention check 0.40 s), \
+within its budget of 2.0 s."
+        """
+        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
+        within = "within" if self.within_budget else "over"
+        return (
+            f"The tuner's own work after training took {self.after_training_s:.2f} s"
+            f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
+        )
+
+
+def budget_for(fit_s: float, fixed_s: Optional[float] = None) -> float:
+    """The budget of the tuner's work after a fit of `fit_s` seconds.
+
+    Args:
+        fit_s: the fit's own time.
+        fixed_s: the user's budget in seconds (`PipelineTuner(cost_budget_s=)`),
+            or `None` for the default rule.
+
+    Returns:
+        Seconds.
+
+    Example:
+
+    >>> budget_for(30.0), budget_for(600.0), budget_for(600.0, fixed_s=0.5)
+    (2.0, 12.0, 0.5)
+    """
+    if fixed_s is not None:
+        return float(fixed_s)
+    return max(MIN_BUDGET_S, FIT_SHARE * max(fit_s, 0.0))
+
+
+class CostMeter:
+    """Measures the tuner's work after training, part by part, against its budget.
+
+    Args:
+        fixed_s: the user's budget in seconds, or `None` for the default rule
+            (`budget_for`).
+
+    Example:
+
+    ```python
+    meter = CostMeter()
+    meter.run_started()
+    ...                                  # training
+    meter.training_ended()
+    if meter.remaining_s() > estimate_s:
+        with meter.part("contention check"):
+            ...
+    cost = meter.cost()
+    ```
+    """
+
+    def __init__(self, fixed_s: Optional[float] = None):
+        self._fixed_s = fixed_s
+        self._started = time.monotonic()
+        self._ended: Optional[float] = None
+        # Set once the run's work is done: its cost no longer grows.
+        self._stopped: Optional[float] = None
+        self._parts: Dict[str, float] = {}
+
+    def run_started(self) -> None:
+        """The run begins: its fit time counts from now."""
+        self._started = time.monotonic()
+        self._ended = self._stopped = None
+        self._parts = {}
+
+    def training_ended(self) -> None:
+        """Training ended: the tuner's own work counts from now."""
+        if self._ended is None:
+            self._ended = time.monotonic()
+
+    @property
+    def budget_s(self) -> float:
+        """The budget for this run's work after training."""
+        end = self._ended if self._ended is not None else time.monotonic()
+        return budget_for(end - self._started, self._fixed_s)
+
+    def stopped(self) -> None:
+        """The run's work is done: what it cost is final."""
+        if self._ended is not None and self._stopped is None:
+            self._stopped = time.monotonic()
+
+    def spent_s(self) -> float:
+        """The tuner's time from the end of training to now, or to `stopped()` (0 before)."""
+        if self._ended is None:
+            return 0.0
+        return (self._stopped or time.monotonic()) - self._ended
+
+    def remaining_s(self) -> float:
+        """What is left of the budget."""
+        return max(self.budget_s - self.spent_s(), 0.0)
+
+    def deadline(self, share: float = 1.0) -> float:
+        """The `time.monotonic()` by which `share` of what is left of the budget is used."""
+        return time.monotonic() + share * self.remaining_s()
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        """Times one part of the work (added to `name` when it ran before)."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self._parts[name] = self._parts.get(name, 0.0) + time.monotonic() - began
+
+    def cost(self) -> Optional[TunerCost]:
+        """The `TunerCost` so far, or `None` while training runs."""
+        if self._ended is None:
+            return None
+        return TunerCost(
+            fit_s=self._ended - self._started,
+            budget_s=self.budget_s,
+            after_training_s=self.spent_s(),
+            parts={name: round(seconds, 4) for name, seconds in self._parts.items()},
+        )

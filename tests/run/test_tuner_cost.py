@@ -1,0 +1,84 @@
+"""The tuner's own cost after training: within its budget, stated, and said first when long."""
+
+import time
+
+import pytest
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.outputs import terminal
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import replayable_source
+from tests.helpers.training_data import tiny_model
+
+BATCH = 4
+
+
+def _fit(dataset, model, epochs=2, **tuner_kwargs):
+    tuner = kpt.PipelineTuner(profile="off", **{"verbose": 0, **tuner_kwargs})
+    model.fit(dataset, epochs=epochs, callbacks=[tuner], verbose=0)
+    return tuner.report
+
+
+def test_the_contention_check_is_skipped_when_the_wait_decides():
+    # 60 ms of sleeping input a batch against a step of about a millisecond:
+    # no fetch floor and no contention can change "highly input-bound".
+    dataset = replayable_source(24 * BATCH, 0.015).batch(BATCH)
+    began = time.monotonic()
+    report = _fit(dataset, tiny_model())
+    assert report.verdict == "highly input-bound", report.judgement.line
+    assert report.what_if is None
+    assert any(
+        note.startswith("The contention check did not run: the wait alone decides")
+        for note in report.notes
+    ), report.notes
+    cost = report.tuner_cost
+    assert cost is not None and "contention check" not in cost.parts
+    assert cost.within_budget and cost.after_training_s < time.monotonic() - began
+    # The default budget: the larger of 2 s and 2 % of the fit.
+    assert cost.budget_s == pytest.approx(max(2.0, 0.02 * cost.fit_s))
+
+
+def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
+    # A healthy job (in-memory batches, 20 ms of sleeping compute) gets the
+    # check, unless the budget has no room for it.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=0)
+    assert report.what_if is None
+    assert any(
+        note.startswith("The contention check did not run: even its shortest form")
+        and "cost_budget_s" in note
+        for note in report.notes
+    ), report.notes
+    assert report.tuner_cost.budget_s == 0.0
+
+
+def test_the_report_states_what_the_check_cost():
+    # A budget a busy machine's slower set-up cannot exhaust: the check runs.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=30)
+    assert report.what_if is not None, report.notes
+    cost = report.tuner_cost
+    assert cost.budget_s == 30.0
+    assert cost.parts["contention check"] > 0
+    assert cost.after_training_s >= sum(cost.parts.values()) - 1e-6
+    again = kpt.Report.from_json(report.to_json())
+    assert again.tuner_cost == cost
+
+
+def test_the_cost_is_in_the_terminal_summary(capsys):
+    report = _fit(cached_source(8 * BATCH).batch(BATCH), tiny_model(0.005), epochs=1)
+    terminal.print_summary(report)
+    shown = capsys.readouterr().out
+    assert "The tuner's own work after training took" in shown
+    assert f"its budget of {report.tuner_cost.budget_s:.1f} s" in shown
+
+
+def test_a_check_longer_than_a_second_is_announced_first(capsys):
+    # 30 ms steps and a 6 s budget: a check of a few seconds, said before it runs.
+    report = _fit(
+        cached_source(16 * BATCH).batch(BATCH), tiny_model(0.03), verbose=1, cost_budget_s=6
+    )
+    shown = capsys.readouterr().out
+    assert report.what_if is not None, report.notes
+    announced = shown.index("keras-pipeline-tuner: checking contention")
+    assert "up to" in shown[announced:].splitlines()[0]
+    # Said before the summary that follows the check.
+    assert announced < shown.index("The tuner's own work after training took")
