@@ -3,9 +3,10 @@
 For an input-bound job (a slow generator) and a compute-heavy one (a wide model on
 cached data), fits with `profile=(10, 30)` several times in one process and
 prints, as medians over the rounds: the time to start the profiler, to stop it
-and write the capture, the capture's size, xprof's conversion time (after the
-window, between steps), and how much slower a step is while the profiler runs
-than outside the window (from the step clock).
+and write the capture, the capture's size, xprof's conversion time (in a
+process of its own, while training goes on) and how long the end of fit waited
+for it, and how much slower a step is while the profiler runs than outside the
+window (from the step clock).
 
     python bench/profile_cost.py [--rounds 3]
 """
@@ -84,6 +85,7 @@ def measure(name, make_case, rounds):
         f"stop+write {statistics.median(c.stop_s for c in costs) * 1e3:6.1f} ms  "
         f"file {statistics.median(c.file_bytes for c in costs) / 1024:7.0f} KiB  "
         f"conversion {statistics.median(c.conversion_s for c in costs) * 1e3:6.1f} ms  "
+        f"waited {statistics.median(c.conversion_wait_s for c in costs) * 1e3:6.1f} ms  "
         f"step time in window x{statistics.median(s for _, s in rows):.2f}  "
         f"input {statistics.median(e.input_fraction for e, _ in rows) * 100:5.1f} %  "
         f"({rounds} rounds)"

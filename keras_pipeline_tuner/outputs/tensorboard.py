@@ -39,6 +39,7 @@ import os
 import sys
 import time
 from typing import Optional
+from typing import Tuple
 
 import numpy as np
 
@@ -128,7 +129,7 @@ class TensorBoardSink:
         self._image_s = 0.0
         self._last_text_step: Optional[int] = None
         self._last_text = None
-        self._last_image_step: Optional[int] = None
+        self._last_image: Optional[Tuple[int, str]] = None  # Its step and profile title.
         self._profile_rows = {}
         self._dashboard_clock: Optional[StepClock] = None
         self._dashboard_written = 0
@@ -349,19 +350,22 @@ class TensorBoardSink:
             report: the `Report`, for the title and the profiler window.
         """
         step = self._current_step(clock)
-        if not self.guard.enabled(TIMELINE) or step == self._last_image_step:
+        if not self.guard.enabled(TIMELINE):
             return
         with self.guard(TIMELINE):
             from keras_pipeline_tuner.outputs import timeline_image
 
             began = time.perf_counter()
+            profiled, profile_title = self._profile(report)
+            # Drawn again at a step when the profile's evidence has come in since.
+            if (step, profile_title) == self._last_image:
+                return
             steps = clock.steps(TRAIN)
             numbers = clock.step_numbers(TRAIN)
             shown = numbers[-timeline_image.DEFAULT_MAX_STEPS :]
             title = "No training step measured yet."
             if shown.size:
                 title = f"Training steps {shown[0]}-{shown[-1]}: {_verdict_text(report)}"
-            profiled, profile_title = self._profile(report)
             png = timeline_image.timeline_png(
                 timeline_image.step_rows(steps), title, profiled, profile_title
             )
@@ -380,7 +384,7 @@ class TensorBoardSink:
                 image = tf.expand_dims(tf.io.decode_png(png, channels=4), 0)
                 with self._summaries():
                     tf.summary.image(TIMELINE_TAG, image, step=step, description=description)
-            self._last_image_step = step
+            self._last_image = (step, profile_title)
             self._image_s += time.perf_counter() - began
 
     def flush(self) -> None:
@@ -466,7 +470,8 @@ class TensorBoardSink:
                 for iterator in profile.iterators
                 if not iterator.waiting and iterator.self_share >= 0.01
             }
-            events = profile_evidence.trace_events(profile.xplane_path)
+            # As the conversion's process handed it back: not converted again.
+            events = profile_evidence.first_steps_trace(profile.xplane_path)
             rows = timeline_image.profile_rows(events, stages)
             self._profile_rows = {profile.xplane_path: rows}
         from keras_pipeline_tuner.outputs.timeline_image import MAX_PROFILED_STEPS

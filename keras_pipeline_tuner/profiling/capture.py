@@ -4,11 +4,13 @@ A capture is started into a private staging directory, its steps are marked
 (`_r=1` step markers, without which xprof's input-pipeline analyzer finds no
 steps), and at its stop it is moved to a run folder of its own where
 TensorBoard's Profile tab finds it (`publish`). Its conversion with xprof
-(`analyse`) is done later, between steps, by the window.
+runs in a process of its own while training goes on (`ConvertingCapture`, see
+`conversion`), and its result fills in the evidence when the window joins it.
 """
 
 import glob
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -21,7 +23,13 @@ from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
+from keras_pipeline_tuner.profiling.conversion import Conversion
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+# The end of fit says it is waiting for the conversion once it has waited this long.
+WAIT_SAID_AFTER_S = 1.0
 
 # The TensorBoard run, under log_dir, that holds the captures:
 # <log_dir>/pipeline_tuner/plugins/profile/<run>/<host>.xplane.pb.
@@ -68,8 +76,9 @@ class Capture:
     capture = Capture.start("requested", first_step=10, stop_step=20, timed=None)
     ...  # the steps, each in capture.enter_marker(step) / exit_marker()
     capture.stop(steps_done=20, reason=None, log_dir="logs/run1")
-    evidence = capture.evidence()
-    capture.analyse(evidence)  # xprof's conversion: seconds, between steps
+    converting = ConvertingCapture(capture, capture.evidence())  # xprof, in a process
+    ...  # training goes on
+    evidence = converting.join()
     ```
     """
 
@@ -211,16 +220,82 @@ class Capture:
             )
         return evidence
 
-    def analyse(self, evidence: ProfileEvidence) -> None:
-        """Converts the capture with xprof and fills in `evidence` (seconds of work)."""
-        stages, naming_note = _stages_of(self.dataset, self.keras_input)
-        analysed = profile_evidence.analyze_capture(
-            self.xplane_path, stages, window_steps=self.steps
-        )
+
+class ConvertingCapture:
+    """A stopped capture's evidence while xprof converts the capture in a process of its own.
+
+    The pipeline's stages are read here, on the calling thread: that needs the
+    dataset and TensorFlow, and takes milliseconds. Only the conversion,
+    seconds of work, runs in the process (see `conversion`).
+
+    Args:
+        capture: the stopped `Capture`.
+        evidence: its `evidence()`, which `join` fills in: not to be shown
+            before. If the conversion cannot start, it is left as it is.
+
+    Attributes:
+        evidence: that evidence.
+        conversion: the running `Conversion`.
+
+    Example:
+
+    ```python
+    converting = ConvertingCapture(capture, capture.evidence())
+    ...  # training goes on
+    if converting.done():
+        evidence = converting.join()
+    ```
+    """
+
+    def __init__(self, capture: Capture, evidence: ProfileEvidence):
+        self.evidence = evidence
+        stages, naming_note = _stages_of(capture.dataset, capture.keras_input)
+        if naming_note:
+            evidence.notes.append(naming_note)
+        self.conversion = Conversion(capture.xplane_path, stages, window_steps=capture.steps)
+
+    def done(self) -> bool:
+        """Whether the conversion has ended (without waiting)."""
+        return self.conversion.done()
+
+    def join(self) -> ProfileEvidence:
+        """Waits for the conversion and fills in the evidence.
+
+        A wait of more than `WAIT_SAID_AFTER_S` is said in one INFO line; the
+        conversion's process is gone when this returns or raises (Ctrl-C too).
+
+        Returns:
+            The evidence, its cost with the conversion's times and this wait.
+
+        Raises:
+            ConversionFailed: xprof could not convert the capture.
+        """
+        conversion = self.conversion
+        began = time.perf_counter()
+        try:
+            if not conversion.wait(WAIT_SAID_AFTER_S):
+                logger.info(
+                    "keras-pipeline-tuner: converting the profile (xprof), started %.0f s "
+                    "ago; the end of fit waits for it.",
+                    time.time() - conversion.began_at,
+                )
+            result = conversion.result()
+        finally:
+            conversion.cancel()
+        analysed, evidence = result.evidence, self.evidence
         for field in _ANALYSED:
             setattr(evidence, field, getattr(analysed, field))
-        evidence.cost.conversion_s = analysed.cost.conversion_s
-        evidence.notes += analysed.notes + ([naming_note] if naming_note else [])
+        cost = evidence.cost
+        cost.conversion_began_at, cost.conversion_ended_at = result.began_at, result.ended_at
+        cost.conversion_s = result.ended_at - result.began_at
+        cost.conversion_wait_s = time.perf_counter() - began
+        evidence.notes += analysed.notes
+        profile_evidence.keep_first_steps(evidence.xplane_path, result.first_steps)
+        return evidence
+
+    def cancel(self) -> None:
+        """Stops the conversion if it still runs (the fit ended another way)."""
+        self.conversion.cancel()
 
 
 def publish(staging: str, log_dir: Optional[str]) -> Tuple[str, str, bool]:

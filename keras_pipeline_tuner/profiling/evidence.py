@@ -1,7 +1,8 @@
 """What a TF Profiler window showed: xprof's input-pipeline analysis, read headlessly.
 
-A capture (`<host>.xplane.pb`) is converted in-process with xprof, the library
-behind TensorBoard's Profile tab, into two of its tools:
+A capture (`<host>.xplane.pb`) is converted with xprof, the library behind
+TensorBoard's Profile tab (during a fit in a process of its own, see
+`conversion`), into two of its tools:
 
 - "input_pipeline_analyzer": per-step input and compute times, the input share
   and its conclusion sentence (the same numbers the Profile tab shows), and the
@@ -15,6 +16,7 @@ The slowest stage is picked from the iterator self times, leaving out
 asynchronous iterators whose self time is only waiting for their input.
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -43,7 +45,7 @@ GRAIN = "grain"
 # The name of the step markers the profiler window puts around each step.
 STEP_MARKER = "train"
 # Above this size a capture is kept for the Profile tab but not converted here:
-# conversion time and memory grow with it, and the user's training waits.
+# conversion time and memory grow with it, and the end of fit may wait for it.
 MAX_CONVERTED_BYTES = 256 * 2**20
 # An asynchronous iterator that waits on its input shows about as much self time
 # as its inputs spend working (they overlap), plus its own bookkeeping; on a
@@ -51,6 +53,14 @@ MAX_CONVERTED_BYTES = 256 * 2**20
 _WAITING_SLACK = 1.25
 _FETCH_EVENTS = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
 _STEP_NUMBER = re.compile(r"(\d+)\s*$")
+# Steps of a window whose trace the outputs draw: as many as the timeline image's
+# profiler panel shows (`timeline_image.MAX_PROFILED_STEPS`).
+TIMELINE_STEPS = 8
+# The first steps' trace of captures converted in a process of their own, by
+# capture, the latest few: the outputs draw them from here, since converting the
+# capture again on the training thread would stall it as long as that took.
+_KEPT_TRACES: "collections.OrderedDict[str, List[dict]]" = collections.OrderedDict()
+_KEEP_TRACES = 4
 
 
 # Steps a window needs before its stage table may name a bottleneck: fewer are
@@ -120,7 +130,13 @@ class CaptureCost:
         start_s: time to start the profiler.
         stop_s: time to stop it and write the capture.
         file_bytes: size of the `.xplane.pb` capture.
-        conversion_s: time to convert it with xprof, after the window closed.
+        conversion_s: time to convert it with xprof, in a process of its own
+            while training went on: from starting that process to its result.
+        conversion_began_at: when that process was started (`time.time()`).
+        conversion_ended_at: when it had the result (`time.time()`).
+        conversion_wait_s: time the training thread waited for the result at
+            the end of fit (0 when it was ready before); the tuner's only cost
+            of the conversion on that thread.
     """
 
     steps: int = 0
@@ -129,6 +145,9 @@ class CaptureCost:
     stop_s: float = 0.0
     file_bytes: int = 0
     conversion_s: Optional[float] = None
+    conversion_began_at: Optional[float] = None
+    conversion_ended_at: Optional[float] = None
+    conversion_wait_s: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -266,15 +285,41 @@ def analyze_capture(
     print(evidence.input_fraction, evidence.bottleneck)
     ```
     """
+    return analyze_capture_and_trace(xplane_path, stages, window_steps)[0]
+
+
+def analyze_capture_and_trace(
+    xplane_path: str,
+    stages: Optional[Dict[str, "Stage"]] = None,
+    window_steps: Optional[int] = None,
+) -> Tuple[ProfileEvidence, List[dict]]:
+    """As `analyze_capture`, with the trace of the window's first steps from the same conversion.
+
+    Args:
+        xplane_path: the capture, as for `analyze_capture`.
+        stages: the pipeline's stages, as for `analyze_capture`.
+        window_steps: the window's training steps, as for `analyze_capture`.
+
+    Returns:
+        The evidence, and `first_steps` of the capture's trace (none when it
+        was not converted), which the outputs draw without converting it again.
+
+    Example:
+
+    ```python
+    evidence, first = analyze_capture_and_trace("logs/plugins/profile/run/host.xplane.pb")
+    keep_first_steps(evidence.xplane_path, first)
+    ```
+    """
     evidence = ProfileEvidence(xplane_path=xplane_path)
     evidence.cost.file_bytes = files.size(xplane_path)
     if evidence.cost.file_bytes > MAX_CONVERTED_BYTES:
         evidence.notes.append(
             f"The capture is {evidence.cost.file_bytes / 2**20:.0f} MB, above the "
-            f"{MAX_CONVERTED_BYTES / 2**20:.0f} MB converted in-process: open it in "
+            f"{MAX_CONVERTED_BYTES / 2**20:.0f} MB the tuner converts: open it in "
             "TensorBoard's Profile tab, or profile fewer steps (profile_steps)."
         )
-        return evidence
+        return evidence, []
     began = time.perf_counter()
     analysis = _tool_json(xplane_path, "input_pipeline_analyzer")
     events = trace_events(xplane_path)
@@ -300,7 +345,7 @@ def analyze_capture(
         evidence.bottleneck_node = bottleneck.stage_node
     if not evidence.iterators:
         evidence.notes.append("The capture holds no tf.data iterator activity.")
-    return evidence
+    return evidence, first_steps(events)
 
 
 def _read_steps(evidence: ProfileEvidence, steps_table: dict, events) -> list:
@@ -473,6 +518,78 @@ def trace_steps(events: Sequence[dict]) -> List[ProfiledStep]:
     return steps
 
 
+def first_steps(events: Sequence[dict], steps: int = TIMELINE_STEPS) -> List[dict]:
+    """The events of a trace's first `steps` step markers that the timeline draws.
+
+    Args:
+        events: the capture's trace events (`trace_events`).
+        steps: how many step markers, from the first.
+
+    Returns:
+        Those markers, then the batch fetches and tf.data iterator events that
+        overlap them; none without step markers.
+
+    Example:
+
+    >>> def event(name, ts, **args):
+    ...     return {"ph": "X", "name": name, "ts": ts, "dur": 10, "args": args}
+    >>> trace = [event("train", 0, step_num=0), event("train", 20, step_num=1),
+    ...          event("Iterator::Root", 5), event("Iterator::Root", 25), event("MatMul", 6)]
+    >>> [(e["name"], e["ts"]) for e in first_steps(trace, steps=1)]
+    [('train', 0), ('Iterator::Root', 5)]
+    """
+
+    def interval(event):
+        begin = float(event.get("ts", 0.0))
+        return begin, begin + float(event.get("dur", 0.0))
+
+    timed = [event for event in events if event.get("ph") == "X"]
+    markers = sorted(
+        (event for event in timed if "step_num" in (event.get("args") or {})), key=interval
+    )[:steps]
+    if not markers:
+        return []
+    origin, end = interval(markers[0])[0], interval(markers[-1])[1]
+    drawn = []
+    for event in timed:
+        name = event.get("name", "")
+        if "step_num" in (event.get("args") or {}) or not (
+            name in _FETCH_EVENTS or name.startswith("Iterator::")
+        ):
+            continue
+        begin, finish = interval(event)
+        if begin < end and finish > origin:
+            drawn.append(event)
+    return markers + drawn
+
+
+def keep_first_steps(xplane_path: str, events: List[dict]) -> None:
+    """Keeps the `first_steps` of a capture converted elsewhere, for `first_steps_trace`.
+
+    Args:
+        xplane_path: the capture.
+        events: its `first_steps`.
+    """
+    _KEPT_TRACES[xplane_path] = events
+    _KEPT_TRACES.move_to_end(xplane_path)
+    while len(_KEPT_TRACES) > _KEEP_TRACES:
+        _KEPT_TRACES.popitem(last=False)
+
+
+def first_steps_trace(xplane_path: str) -> List[dict]:
+    """The trace of a capture's first steps, for drawing them.
+
+    Args:
+        xplane_path: the capture.
+
+    Returns:
+        Its `first_steps`: kept from its conversion in a process of its own
+        (`keep_first_steps`), else converted here, which takes seconds.
+    """
+    kept = _KEPT_TRACES.get(xplane_path)
+    return list(kept) if kept is not None else first_steps(trace_events(xplane_path))
+
+
 # Conversion.
 
 
@@ -488,8 +605,10 @@ def native_stderr_silenced():
     """
     # xprof's C++ logs "No UnifiedProfileProcessor registered for tool:
     # trace_viewer" on every legacy conversion, an error line that is not one;
-    # TF_CPP_MIN_LOG_LEVEL does not reach it. The conversion runs between steps,
-    # so hiding file descriptor 2 for its duration hides nothing of training.
+    # TF_CPP_MIN_LOG_LEVEL does not reach it. During a fit the conversion runs in
+    # a process of its own, whose file descriptor 2 is no one else's; the
+    # profiler's start and stop run between steps: hiding it hides nothing of
+    # training.
     try:
         saved = os.dup(2)
     except OSError:

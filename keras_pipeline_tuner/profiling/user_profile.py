@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import List
 from typing import Optional
+from typing import Tuple
+from typing import Union
 
 from keras_pipeline_tuner._util import files
 
@@ -78,6 +80,75 @@ def requested_profile(callbacks: List[object]) -> Optional[ProfileRequest]:
             profile_dir=os.path.join(train_dir, "plugins", "profile"),
             description=f"keras.callbacks.TensorBoard(profile_batch={batches})",
         )
+    return None
+
+
+def followed_request(
+    profile: Union[str, Tuple[int, int]], request: Optional[ProfileRequest]
+) -> Tuple[Optional[ProfileRequest], Optional[str]]:
+    """Whether the tuner follows the user's request instead of opening its own window.
+
+    The user's window wins over an automatic one, and over a requested one it
+    overlaps (two profiler sessions cannot run at once). Windows apart both
+    run: the request is then not followed.
+
+    Args:
+        profile: the tuner's `profile` argument.
+        request: the user's `ProfileRequest`, or `None`.
+
+    Returns:
+        The request to follow (or `None`), and a note when it replaces a
+        window the user asked the tuner for.
+
+    Example:
+
+    >>> request = ProfileRequest(13, 16, "logs/train/plugins/profile", "TensorBoard")
+    >>> followed_request("auto", request) == (request, None)
+    True
+    >>> followed_request((1, 5), request)
+    (None, None)
+    """
+    if request is None:
+        return None, None
+    if not isinstance(profile, tuple):
+        return request, None
+    start, stop = profile
+    # Our steps [start, stop) from 0; theirs calls [first, last] from 1.
+    if stop <= request.start_batch - 1 or start >= request.stop_batch:
+        return None, None
+    return request, (
+        f"The tuner's profiler window (profile={profile}) was not opened: "
+        f"{request.description} profiles the same steps, and one profiler "
+        "session runs at a time. The tuner analysed that capture instead."
+    )
+
+
+def find_capture(request: ProfileRequest, known: List[str], capture) -> Optional[str]:
+    """Points the tuner's `capture` of the user's window at the file their callback wrote.
+
+    Args:
+        request: the user's `ProfileRequest`.
+        known: run folder names that were there before the fit.
+        capture: the `Capture` that marked the user's window: its `run_dir`,
+            `xplane_path` and notes are set.
+
+    Returns:
+        `None` when found, else the note saying why there is no analysis.
+    """
+    path = new_capture(request.profile_dir, known)
+    if path is None:
+        return (
+            f"No profile analysis: the capture {request.description} was to write "
+            f"into {request.profile_dir} is not there (it is written when that "
+            "callback stops its window)."
+        )
+    capture.run_dir, capture.xplane_path = os.path.dirname(path), path
+    capture.notes.append(
+        f"This is the capture the user asked for with {request.description}; "
+        "the tuner opened no window of its own (one profiler session runs at a "
+        "time) and marked the steps for xprof's analyzer. The window's start and "
+        "stop costs are the callback's, not measured here."
+    )
     return None
 
 

@@ -6,13 +6,14 @@ a warm-up when the step clock finds the job input-bound ("auto"), or at the step
 the user names. Each step in the window is wrapped in a step marker (`_r=1`), without which
 xprof's input-pipeline analyzer finds no steps. The capture is written to a
 fresh run folder where TensorBoard's Profile tab finds it, and converted with
-xprof only after the window has closed (at the end of the epoch or of fit), never
-inside a step.
+xprof in a process of its own, started when the window closes, while training
+goes on (see `conversion`). Its evidence joins the run at the first epoch end
+after it is done, and at the latest at the end of fit, which waits for it;
+until then the run reads none (never half of it).
 """
 
 import contextlib
 import logging
-import os
 from typing import List
 from typing import Optional
 from typing import Tuple
@@ -25,6 +26,7 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import user_profile
 from keras_pipeline_tuner.profiling.capture import Capture
+from keras_pipeline_tuner.profiling.capture import ConvertingCapture
 from keras_pipeline_tuner.profiling.capture import ProfilerBusy
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -75,7 +77,7 @@ def checked_profile_steps(
 
 
 class ProfilerWindow:
-    """Decides when to profile, captures the window, and converts it afterwards.
+    """Decides when to profile, captures the window, and has it converted meanwhile.
 
     `PipelineTuner` calls it from its hooks; every failure inside it turns the
     feature off through the `FeatureGuard` and training goes on.
@@ -90,7 +92,8 @@ class ProfilerWindow:
         guard: the tuner's `FeatureGuard`.
 
     Attributes:
-        evidence: the `ProfileEvidence` of the latest fit, once converted.
+        evidence: the `ProfileEvidence` of the latest fit, once its conversion
+            has ended (`None` until then).
         notes: plain-language notes on windows that were skipped or not reached.
 
     Example:
@@ -119,7 +122,10 @@ class ProfilerWindow:
         """What one fit (or custom loop) starts with: no window yet."""
         self.evidence: Optional[ProfileEvidence] = None
         self.notes: List[str] = []
+        # A closed capture not converting yet (the user's, until its file is found).
         self._pending: Optional[Capture] = None
+        # The capture being converted, its evidence not shown until it is done.
+        self._converting: Optional[ConvertingCapture] = None
         self._taken = self.profile == "off"
         self._steps_done = 0
         self._calls = 0
@@ -191,7 +197,10 @@ class ProfilerWindow:
         with self._guard(FEATURE):
             if callbacks is None:
                 callbacks = current_fit_callbacks()
-            self._user = self._deferred_to(user_profile.requested_profile(callbacks))
+            self._user, note = user_profile.followed_request(
+                self.profile, user_profile.requested_profile(callbacks)
+            )
+            self.notes += [note] if note else []
             if self._user is not None:
                 self._user_known = user_profile.run_folders(self._user.profile_dir)
 
@@ -247,9 +256,14 @@ class ProfilerWindow:
                         self._release_user(None)
                 elif self._steps_done >= self._capture.stop_step:
                     self._close(None)
+                    self._start_conversion()
 
     def close(self, reason: str) -> None:
         """Closes an open window early, e.g. at the end of an epoch.
+
+        The tuner's own capture starts converting at once, or with `FIT_ENDED`
+        in `end_fit` (a fit that failed leaves it unconverted); the user's at
+        the epoch's end, once their callback has written it.
 
         Args:
             reason: why, for the evidence's notes (e.g. `EPOCH_ENDED`).
@@ -263,16 +277,18 @@ class ProfilerWindow:
                     self._release_user(reason)
             elif self._capture is not None:
                 self._close(reason)
+                if reason != FIT_ENDED:
+                    self._start_conversion()
 
     def end_epoch(self) -> None:
-        """Closes an open window and converts a closed one (between steps)."""
+        """Closes an open window; takes its conversion's evidence if it is done (no wait)."""
         self.close(EPOCH_ENDED)
-        self._convert()
+        self._join_conversion(wait=False)
 
     def end_fit(self) -> None:
-        """Closes and converts whatever is left, and notes a window not reached."""
+        """Closes the window, waits for its conversion, and notes a window not reached."""
         self.close(FIT_ENDED)
-        self._convert()
+        self._join_conversion(wait=True)
         if (
             isinstance(self.profile, tuple)
             and not self._taken
@@ -284,6 +300,19 @@ class ProfilerWindow:
                 f"step of this fit ({self._steps_done} steps). Pick steps inside the fit."
             )
 
+    def fit_failed(self) -> None:
+        """The fit ends by an exception, after `close(FIT_ENDED)`: nothing of it goes on.
+
+        A conversion that has ended joins the run, one still running is
+        stopped: the exception reaches the user at once, and nothing of this
+        fit can land in the next fit's report. A capture closed by the failure
+        is kept for the Profile tab, not converted.
+        """
+        if self._guard.enabled(FEATURE):
+            with self._guard(FEATURE):
+                self._take_evidence(wait=False)
+        self._abandon()
+
     # Internals.
 
     def _usable(self) -> bool:
@@ -291,26 +320,6 @@ class ProfilerWindow:
             return True
         self._abandon()
         return False
-
-    def _deferred_to(
-        self, request: Optional[user_profile.ProfileRequest]
-    ) -> Optional[user_profile.ProfileRequest]:
-        # The user's window wins over an automatic one, and over a requested
-        # one it overlaps (two profiler sessions cannot run at once). Windows
-        # apart both run: the request is then not followed.
-        if request is None:
-            return None
-        if isinstance(self.profile, tuple):
-            start, stop = self.profile
-            # Our steps [start, stop) from 0; theirs calls [first, last] from 1.
-            if stop <= request.start_batch - 1 or start >= request.stop_batch:
-                return None
-            self.notes.append(
-                f"The tuner's profiler window (profile={self.profile}) was not opened: "
-                f"{request.description} profiles the same steps, and one profiler "
-                "session runs at a time. The tuner analysed that capture instead."
-            )
-        return request
 
     def _follow_user(self, timed) -> None:
         # The user's callback starts (or has started) the profiler at this call;
@@ -340,24 +349,6 @@ class ProfilerWindow:
                 "is read if the TensorBoard callback has written it by then."
             )
         self._pending = capture
-
-    def _find_user_capture(self, capture) -> bool:
-        path = user_profile.new_capture(self._user.profile_dir, self._user_known)
-        if path is None:
-            self.notes.append(
-                f"No profile analysis: the capture {self._user.description} was to write "
-                f"into {self._user.profile_dir} is not there (it is written when that "
-                "callback stops its window)."
-            )
-            return False
-        capture.run_dir, capture.xplane_path = os.path.dirname(path), path
-        capture.notes.append(
-            f"This is the capture the user asked for with {self._user.description}; "
-            "the tuner opened no window of its own (one profiler session runs at a "
-            "time) and marked the steps for xprof's analyzer. The window's start and "
-            "stop costs are the callback's, not measured here."
-        )
-        return True
 
     def _due(self, clock, steps_left: Optional[int] = None) -> Optional[str]:
         step = self._steps_done
@@ -430,21 +421,51 @@ class ProfilerWindow:
         capture.stop(self._steps_done, reason, self.log_dir)
         self._pending = capture
 
-    def _convert(self) -> None:
+    def _start_conversion(self) -> None:
         capture, self._pending = self._pending, None
-        if capture is None or not self._guard.enabled(FEATURE):
+        if capture is None:
             return
-        if capture.adopted and not self._find_user_capture(capture):
+        if capture.adopted:
+            # Written by now, when the user's callback stopped its window.
+            missing = user_profile.find_capture(self._user, self._user_known, capture)
+            if missing:
+                self.notes.append(missing)
+                return
+        evidence = capture.evidence()
+        try:
+            self._converting = ConvertingCapture(capture, evidence)
+        except Exception:
+            # Kept when the analysis fails: where the capture is, and its cost.
+            self.evidence = evidence
+            raise
+
+    def _join_conversion(self, wait: bool) -> None:
+        # Starts converting the user's capture (written by now); takes the
+        # evidence of a conversion that has ended, or waits for it.
+        if not self._usable():
             return
-        # Kept even when the analysis fails: where the capture is, and its cost.
-        self.evidence = capture.evidence()
         with self._guard(FEATURE):
-            capture.analyse(self.evidence)
+            self._start_conversion()
+            self._take_evidence(wait)
+
+    def _take_evidence(self, wait: bool) -> None:
+        converting = self._converting
+        if converting is None or not (wait or converting.done()):
+            return
+        self._converting = None
+        try:
+            self.evidence = converting.join()
+        except Exception:
+            self.evidence = converting.evidence
+            raise
 
     def _abandon(self) -> None:
         capture, self._capture = self._capture, None
         if capture is not None:
             capture.abandon()
+        converting, self._converting = self._converting, None
+        if converting is not None:
+            converting.cancel()
 
     @contextlib.contextmanager
     def _cleanup_on_failure(self):

@@ -273,6 +273,7 @@ class Run:
             )
         if error is not None:
             # fit ends here without on_train_end: keep what was measured so far.
+            self.window.fit_failed()
             _RUNNING.discard(self)
             self.checkpoint()
 

@@ -80,8 +80,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         profile: when to capture a TF Profiler window: "auto" (when the step
             clock finds the job input-bound), "off", or a `(start_step,
             stop_step)` pair of training steps (counted over the whole fit). A
-            window closes at the latest at the end of its epoch; its evidence
-            is `tuner.report.profile`.
+            window closes at the latest at the end of its epoch; its evidence,
+            converted in a process of its own while training goes on, is
+            `tuner.report.profile` once that is done (at the latest at the end
+            of fit).
         profile_steps: training steps in an "auto" window (default 15).
         what_if: after training, time the model's step on a few cached,
             replayed batches (input free) and report the most an input

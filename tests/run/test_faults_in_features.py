@@ -11,7 +11,6 @@ import glob
 import logging
 import os
 
-import keras
 import pytest
 
 import keras_pipeline_tuner as kpt
@@ -148,47 +147,50 @@ def test_one_feature_failing_leaves_the_rest_working(
         assert glob.glob(os.path.join(tmp_path, "pipeline_tuner", "*tfevents*"))
 
 
-def test_a_corrupt_capture_turns_off_the_profile_only(tmp_path, caplog, plain_run):
-    """The capture is overwritten on disk before xprof converts it: a real failure."""
+def damage_published_captures(monkeypatch, damage):
+    """Applies `damage` to each capture as soon as it is published, before its conversion.
 
-    class CorruptCaptures(keras.callbacks.Callback):
-        # Runs before the tuner's on_epoch_end, where the capture is converted.
-        def on_epoch_end(self, epoch, logs=None):
-            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
-                with open(path, "wb") as file:
-                    file.write(b"\x00\xffnot a profile" * 1000)
+    The tuner's own `publish` runs unchanged; xprof then converts the damaged
+    file for real, in its process, while training goes on.
+    """
+    publish = profile_capture.publish
 
+    def publish_then_damage(staging, log_dir):
+        published = publish(staging, log_dir)
+        damage(published[1])
+        return published
+
+    monkeypatch.setattr(profile_capture, "publish", publish_then_damage)
+
+
+def corrupt(path):
+    with open(path, "wb") as file:
+        file.write(b"\x00\xffnot a profile" * 1000)
+
+
+@pytest.mark.parametrize("damage", [corrupt, os.remove], ids=["corrupt", "deleted"])
+def test_a_damaged_capture_turns_off_the_profile_only(
+    damage, tmp_path, monkeypatch, caplog, plain_run
+):
+    """xprof fails on the capture in its own process: one warning, training untouched."""
+    damage_published_captures(monkeypatch, damage)
     tuner = make_tuner(tmp_path)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
-        run = train([CorruptCaptures(), tuner])
-    assert_training_intact(run, plain_run)
-    report = tuner.report
-    assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
-    assert report.profile is not None
-    # Either xprof refuses the file (one warning, the feature off) or it finds no steps.
-    warnings = tuner_warnings(caplog)
-    assert len(warnings) <= 1, warnings
-    if warnings:
-        assert f"{profiler_window.FEATURE} turned off" in warnings[0]
-    else:
-        assert not report.profile.steps
-    kpt.Report.from_json((tmp_path / "report.json").read_text())
-
-
-def test_a_capture_deleted_before_conversion(tmp_path, caplog, plain_run):
-    class DeleteCaptures(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            for path in glob.glob(os.path.join(tmp_path, "**", "*.xplane.pb"), recursive=True):
-                os.remove(path)
-
-    tuner = make_tuner(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
-        run = train([DeleteCaptures(), tuner])
+        run = train([tuner])
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
     assert len(warnings) == 1, warnings
-    assert f"{profiler_window.FEATURE} turned off" in warnings[0]
-    assert tuner.report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+    assert warnings[0].startswith(
+        f"keras-pipeline-tuner: {profiler_window.FEATURE} turned off: ConversionFailed: "
+    )
+    report = tuner.report
+    assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
+    # Where the capture is and what it cost are kept; no analysis.
+    assert report.profile is not None and report.profile.first_step == PROFILE[0]
+    assert report.profile.source == "" and not report.profile.steps
+    turned_off = f"{profiler_window.FEATURE} was turned off"
+    assert any(note.startswith(turned_off) for note in report.notes)
+    kpt.Report.from_json((tmp_path / "report.json").read_text())
 
 
 def test_report_building_failing_leaves_training_intact(tmp_path, monkeypatch, caplog, plain_run):
