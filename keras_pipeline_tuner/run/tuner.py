@@ -124,13 +124,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             keep no state between calls: run them again to time the fixes,
             also from several threads (a parallel map of a `tf.py_function`),
             as `kpt.tune(allow_unverified=True)` does.
-        cost_budget_s: what the tuner's own work after training may take, in
-            seconds: the automatic probes (the contention check) run only
-            when they fit in what is left of it, and the report states what
-            the work took (`report.tuner_cost`). `None` (the default) for the
-            larger of 2 s and 2 % of the fit's time; 0 for no automatic probe.
-            Probes asked for (`what_if`, `measure_fixes`) run as asked, and
-            count.
+        cost_budget_s: seconds the tuner's own work after training may take:
+            the contention check runs only when it fits, and the report states
+            what the work took (`report.tuner_cost`). `None` (the default): the
+            larger of 2 s and 2 % of the fit's time; 0: no automatic probe.
+            Probes asked for (`what_if`, `measure_fixes`) run as asked.
 
     Example:
 
