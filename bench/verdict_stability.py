@@ -59,6 +59,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The pipelines are tf.data and the model's compute a tf.numpy_function.
 os.environ["KERAS_BACKEND"] = "tensorflow"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -66,6 +67,7 @@ import tensorflow as tf  # noqa: E402
 from overhead import timed_fit  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+from tests.helpers.training_data import Sleep  # noqa: E402
 
 FEATURES = 8
 BATCH = 8
@@ -82,25 +84,6 @@ CLASSES = {
 
 
 # The model: a tiny Dense net, with a known sleeping compute where asked.
-
-
-class Sleep(keras.layers.Layer):
-    """Sleeps `seconds` per step: compute that a busy CPU does not stretch."""
-
-    def __init__(self, seconds: float, **kwargs):
-        super().__init__(**kwargs)
-        self.seconds = seconds
-
-    def call(self, inputs):
-        def sleep(_):
-            time.sleep(self.seconds)
-            return np.float32(0.0)
-
-        # Fed the batch, as real compute is: work that needs no data would
-        # start beside the fetch and hide the wait.
-        zero = tf.numpy_function(sleep, [inputs], tf.float32, stateful=True)
-        zero.set_shape(())
-        return inputs + tf.stop_gradient(zero)
 
 
 def tiny_model(compute_s: Optional[float] = None):
