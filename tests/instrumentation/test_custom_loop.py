@@ -144,10 +144,11 @@ def test_prefetch_overlaps_the_source_with_the_step(timing, stacking):
     compute = report.train.compute.median_ms
     wait = report.train.input_wait.median_ms
     # Ground truth: the source needs 200 ms per batch and runs while the step
-    # computes (>= 80 ms), so each step waits only for the rest.
+    # computes (>= 80 ms), so each step waits at most for the rest (less when
+    # a busy machine stretches the step and the prefetch gets ahead).
     batch_ms = PREFETCHED.batch_delay_ms
     assert PREFETCHED.compute_delay_s * 1e3 - 1 < compute < 0.8 * batch_ms
-    assert abs(wait - (batch_ms - compute)) < 0.15 * batch_ms
+    assert wait < batch_ms - PREFETCHED.compute_delay_s * 1e3 + 0.15 * batch_ms
     assert wait < 0.75 * batch_ms
 
 
@@ -719,11 +720,11 @@ def _spinning_first_step_loop(tuner, batches=10, delay_s=0.05):
 def test_loop_cpu_figure_leaves_the_first_call_out():
     report = _spinning_first_step_loop(kpt.PipelineTuner(verbose=0))
     assert report.train.steps == 9
-    # With the first call, the process would have kept about 0.75 of a core busy
-    # (1.5 s of CPU over some 2 s); over the sleeping steps it keeps nearly none.
-    # The process's own CPU time: other processes on the machine do not count.
-    assert report.cpu is not None and report.cpu.wall_s < 1.4, report.cpu
-    assert report.cpu.process_cores < 0.4, report.cpu
+    # With the first call, the process's CPU time would hold its 1.5 s of
+    # spinning; over the sleeping steps it is nearly none. The process's own CPU
+    # time: other processes on the machine (a busy one) do not count.
+    assert report.cpu is not None, report.notes
+    assert report.cpu.process_cores * report.cpu.wall_s < 0.5, report.cpu
 
 
 @pytest.mark.parametrize(
