@@ -29,6 +29,7 @@ from werkzeug import wrappers
 from keras_pipeline_tuner.outputs.dashboard import run_data
 from keras_pipeline_tuner.outputs.dashboard import step_series
 from keras_pipeline_tuner.outputs.dashboard import summaries
+from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME
 
 TAB_NAME = "Input pipeline"
 _STATIC = {
@@ -142,7 +143,7 @@ class InputPipelinePlugin(base_plugin.TBPlugin):
             if report is None:
                 raise _BadRequest(
                     f"No report for run {run!r}: it holds no dashboard summaries and no "
-                    f"{run_data.REPORT_FILE}. Pick a run listed by ./runs."
+                    f"{REPORT_FILENAME}. Pick a run listed by ./runs."
                 )
         answer = {"run": run, "source": source, "report": report, "problems": problems}
         for name, read in (

@@ -29,7 +29,6 @@ from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import Report
 
 SUMMARIES = "summaries"
-REPORT_FILE = REPORT_FILENAME
 # Tags of the per-step scalars, which runs written before the dashboard hold.
 _SCALAR_PLUGIN = "scalars"
 _WAIT_TAG = "input_pipeline/input_wait_ms"
@@ -183,7 +182,7 @@ class RunData:
             except (OSError, UnicodeDecodeError):
                 # Being written right now, or gone: nothing to show yet.
                 return None, ""
-            source = REPORT_FILE
+            source = REPORT_FILENAME
         try:
             # The parser the `report` command uses: it names the field at fault.
             parsed = Report.from_json(text)
