@@ -123,6 +123,14 @@ class TensorFlowFitTiming(FitTiming):
         elif getattr(model, ATTRIBUTE[kind], None) is timed:
             setattr(model, ATTRIBUTE[kind], timed.original)
 
+    def traced_train_step(self):
+        # A kept function carries the step's legacy random state into later
+        # fits: a replay through it would draw their numbers.
+        timed = self._swapped.get(TRAIN)
+        if self._whole_step or timed is None or timed.kept:
+            return None
+        return timed
+
     def step_marker_target(self, kind: str):
         return None if self._whole_step else self._swapped.get(kind)
 

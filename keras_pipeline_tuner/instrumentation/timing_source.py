@@ -255,6 +255,16 @@ class FitTiming:
         """Sentences for the report about how this backend was measured."""
         return []
 
+    def traced_train_step(self):
+        """The fit's timed training function, traced already, for a replay after fit.
+
+        Call it before `end`. A replay that reuses it pays no second tracing of
+        the step (which on a busy machine takes seconds). `None` where the
+        source times whole steps, or its function must not run again (see
+        `TensorFlowFitTiming`).
+        """
+        return None
+
     def step_marker_target(self, kind: str):
         """The object the profiler window marks steps through, or `None`.
 

@@ -184,13 +184,17 @@ def what_if(
     return _what_if(model, dataset, steps, cached_batches, pipeline_stats)
 
 
-def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None):
-    """`what_if` on checked arguments; `control` (a `RoundControl`) sizes its rounds by time."""
+def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None, traced=None):
+    """`what_if` on checked arguments.
+
+    `control` (a `RoundControl`) sizes its rounds by time; `traced` is fit's
+    timed function, reused (see `_timed_steps_of`).
+    """
     hazard = rerun.dataset_rerun_hazard(dataset)
     if hazard is not None:
         # Reading it again would change what a later fit reads from it.
         raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
-    run_steps, variables_touched = _timed_steps_of(model)
+    run_steps, variables_touched = _timed_steps_of(model, traced)
     # Passes over the dataset itself would move its shuffle seeds on, and a
     # later fit on it would see another order: the replay reads a copy with
     # seeds of its own (and the same caches).
@@ -253,13 +257,17 @@ def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None
     )
 
 
-def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
+def replay_after_fit(
+    model, steps: int, train_stats: StepStats, traced_step=None
+) -> WhatIfResult:
     """The what-if replay of a `PipelineTuner`, run from `on_train_end`.
 
     Args:
         model: the model `fit` trained.
         steps: replayed steps to time.
         train_stats: the step clock's statistics of the training steps.
+        traced_step: fit's timed training function, traced already
+            (`FitTiming.traced_train_step()`), or `None` to trace one.
 
     Returns:
         A `WhatIfResult` whose real-pipeline figures are the training's.
@@ -280,7 +288,10 @@ def replay_after_fit(model, steps: int, train_stats: StepStats) -> WhatIfResult:
         )
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
-    return what_if(model, found.replay_dataset, steps=steps, pipeline_stats=train_stats)
+    return _what_if(
+        model, found.replay_dataset, steps, DEFAULT_CACHED_BATCHES, train_stats,
+        traced=traced_step,
+    )
 
 
 # The contention check after fit: a replay sized by time, within the tuner's budget.
@@ -288,7 +299,7 @@ CONTENTION_MIN_STEPS = 10
 # Timed steps a side in a round: at least this many (fewer leave a mean to a
 # few scheduling slices), at most this many (short steps: enough already).
 CONTENTION_MIN_TIMED = 5
-CONTENTION_MAX_STEPS = 200
+CONTENTION_MAX_STEPS = 100
 # The first round may take this share of what is left of the budget: the
 # outputs need the rest (a second round runs only if it still fits).
 CONTENTION_BUDGET_SHARE = 0.75
@@ -437,6 +448,7 @@ def contention_check(
     shows_contention: Callable[[float, float], bool],
     plan: ContentionPlan,
     deadline: float,
+    traced_step=None,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
@@ -451,6 +463,8 @@ def contention_check(
             falls on both.
         plan: the `ContentionPlan` (`contention_plan`).
         deadline: `time.monotonic()` after which no second round starts.
+        traced_step: fit's timed training function, traced already
+            (`FitTiming.traced_train_step()`), or `None` to trace one.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
@@ -470,6 +484,7 @@ def contention_check(
         CONTENTION_CACHED_BATCHES,
         None,
         control,
+        traced_step,
     )
     result.method = CONTENTION_METHOD
     return result
@@ -631,8 +646,13 @@ def _stats(rows: np.ndarray) -> StepStats:
     return StepStats.from_arrays(*split_rows(rows))
 
 
-def _timed_steps_of(model) -> Callable:
-    """Builds the model's timed training step, as the `PipelineTuner` runs it in fit."""
+def _timed_steps_of(model, traced=None) -> Callable:
+    """The model's timed training step, as the `PipelineTuner` runs it in fit.
+
+    `traced`, fit's own timed function, is reused when given: its step is
+    traced already for iterators of fit's data, which the replay's are too
+    (the same element spec), so the check does not pay a second tracing.
+    """
     reason = timed_step_function.unsupported_reason(model)
     if reason is None and model.run_eagerly:
         reason = "the model runs eagerly (run_eagerly=True)"
@@ -643,16 +663,24 @@ def _timed_steps_of(model) -> Callable:
         reason = "the model trains under a distribution strategy, which the replay does not support"
     if reason is not None:
         raise ReplayUnsupported(f"The training step cannot be timed here: {reason}.")
-    if getattr(model, "train_function", None) is None:
-        model.make_train_function()
     rows = []
-    timed = timed_step_function.TimedFunction(
-        model,
-        model.train_step,
-        model.train_function,
-        on_rows=lambda found, wall, called_at: rows.append(found),
-        on_error=lambda error: None,
-    )
+
+    def on_rows(found, wall, called_at):
+        rows.append(found)
+
+    def on_error(error):
+        pass
+
+    if traced is not None:
+        timed = traced
+        timed.detach()
+        timed.attach(on_rows, on_error)
+    else:
+        if getattr(model, "train_function", None) is None:
+            model.make_train_function()
+        timed = timed_step_function.TimedFunction(
+            model, model.train_step, model.train_function, on_rows, on_error
+        )
 
     def run_steps(iterator):
         timed.armed = True

@@ -47,6 +47,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.outputs import timeline_image
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
@@ -137,6 +138,8 @@ class TensorBoardSink:
         self._last_dashboard = None
         # TensorBoard's own writer, when TensorFlow is not imported (JAX, torch).
         self._event_writer = None
+        if guard.enabled(TIMELINE):
+            timeline_image.preload()
 
     # What the tuner calls.
 
@@ -353,8 +356,6 @@ class TensorBoardSink:
         if not self.guard.enabled(TIMELINE):
             return
         with self.guard(TIMELINE):
-            from keras_pipeline_tuner.outputs import timeline_image
-
             began = time.perf_counter()
             profiled, profile_title = self._profile(report)
             # Drawn again at a step when the profile's evidence has come in since.
@@ -462,7 +463,6 @@ class TensorBoardSink:
             return (), ""
         rows = self._profile_rows.get(profile.xplane_path)
         if rows is None:
-            from keras_pipeline_tuner.outputs import timeline_image
             from keras_pipeline_tuner.profiling import evidence as profile_evidence
 
             stages = {
@@ -474,9 +474,7 @@ class TensorBoardSink:
             events = profile_evidence.first_steps_trace(profile.xplane_path)
             rows = timeline_image.profile_rows(events, stages)
             self._profile_rows = {profile.xplane_path: rows}
-        from keras_pipeline_tuner.outputs.timeline_image import MAX_PROFILED_STEPS
-
-        last = min(profile.stop_step, profile.first_step + MAX_PROFILED_STEPS) - 1
+        last = min(profile.stop_step, profile.first_step + timeline_image.MAX_PROFILED_STEPS) - 1
         title = f"Profiler window, steps {profile.first_step}-{last}"
         if profile.bottleneck:
             title += f": bottleneck {profile.bottleneck}"

@@ -357,9 +357,12 @@ class Run:
         report = self.built_report()
         if report is None:
             return
+        began = time.monotonic()
         self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.epoch_ended(self.clock, report)
+        # The end of the run writes them again, within the tuner's budget.
+        self.cost.reserve(time.monotonic() - began)
 
     def checkpoint(self) -> None:
         """Within long epochs: report.json and the scalars so far, on disk."""

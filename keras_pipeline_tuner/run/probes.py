@@ -74,7 +74,7 @@ class AfterTraining:
         self.guard = guard
         self.announce = announce or _log_line
 
-    def run(self, run, model=None, dataset=None) -> None:
+    def run(self, run, model=None, dataset=None, traced_step=None) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
 
         Args:
@@ -83,14 +83,17 @@ class AfterTraining:
                 `None` for a custom loop.
             dataset: the `tf.data.Dataset` training read (fit's, or a loop's
                 through `tuner.iterate`), or `None`.
+            traced_step: fit's timed training function, traced already
+                (`FitTiming.traced_train_step()`), which the replay reuses
+                rather than trace the step again; `None` traces its own.
         """
-        self._replay(run, model)
+        self._replay(run, model, traced_step)
         self._grain_stages(run)
         self._fix_timing(run, dataset)
 
     # The replay: what_if, or the contention check.
 
-    def _replay(self, run, model) -> None:
+    def _replay(self, run, model, traced_step) -> None:
         steps = self.settings.what_if_steps
         if steps:
             reason = self._replay_blocker(run, model)
@@ -102,7 +105,7 @@ class AfterTraining:
                     # replay restores the model's state, so training is not changed.
                     try:
                         run.what_if = what_if_replay.replay_after_fit(
-                            model, steps, run.clock.stats(TRAIN)
+                            model, steps, run.clock.stats(TRAIN), traced_step
                         )
                     except what_if_replay.ReplayUnsupported as limit:
                         # An expected limit (a strategy, a generator): a note.
@@ -111,9 +114,9 @@ class AfterTraining:
         if model is None and self.settings.check_contention:
             run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
         elif self._contention_check_due(run, model):
-            self._contention_check(run, model)
+            self._contention_check(run, model, traced_step)
 
-    def _contention_check(self, run, model) -> None:
+    def _contention_check(self, run, model, traced_step) -> None:
         """The contention check, when the wait does not decide and it fits the budget."""
         skipped = "The contention check did not run: "
         judgement = run.judgement()
@@ -128,7 +131,8 @@ class AfterTraining:
         remaining_s = run.cost.remaining_s()
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
-            _tracing_s(run.clock),
+            # fit's traced function, reused, is not traced again.
+            _tracing_s(run.clock) if traced_step is None else 0.0,
             _fresh_iterator_s(run.clock),
             remaining_s,
         )
@@ -147,7 +151,7 @@ class AfterTraining:
                 # The outputs after it need the rest of the budget.
                 deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
                 run.what_if = what_if_replay.contention_check(
-                    model, verdict.shows_contention, plan, deadline
+                    model, verdict.shows_contention, plan, deadline, traced_step
                 )
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
@@ -269,7 +273,10 @@ def _fresh_iterator_s(clock) -> float:
 
     A new iterator of the pipeline pays it again: its set-up and its first
     steps' wait (a shuffle buffer filling, parallel calls starting). The first
-    epoch's may fill a cache, which the check's iterator finds filled.
+    epoch's may fill a cache, which the check's iterator finds filled. Of the
+    later epochs, the cheapest: on a busy machine one epoch's start can take a
+    second longer for reasons of the machine's, not the pipeline's (and the
+    check's rounds are sized by what its own calls take).
     """
     found = []
     for epoch in clock.epochs:
@@ -277,7 +284,7 @@ def _fresh_iterator_s(clock) -> float:
             continue
         start_ms = epoch.start.wait_ms if epoch.start is not None else 0.0
         found.append(((epoch.setup_ms or 0.0) + start_ms) / 1e3)
-    return max(found[1:] or found or [0.0])
+    return min(found[1:] or found or [0.0])
 
 
 def _log_line(line: str) -> None:

@@ -285,6 +285,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._steps.call_ended()
         timing = self._timing
+        traced_step = timing.traced_train_step() if timing is not None else None
         self._end_timing()
         run = self._run
         # From here on, the tuner's own time (see `timing.tuner_cost`).
@@ -295,7 +296,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             self._window.end_fit()
         given = fit_input.find_fit_input(self.model)
         dataset = given.source if given is not None and given.kind == fit_input.TF_DATASET else None
-        self._probes.run(run, model=self.model, dataset=dataset)
+        self._probes.run(run, model=self.model, dataset=dataset, traced_step=traced_step)
         self._in_fit, self._fit_thread = False, None
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.

@@ -115,12 +115,14 @@ class CostMeter:
         # Set once the run's work is done: its cost no longer grows.
         self._stopped: Optional[float] = None
         self._parts: Dict[str, float] = {}
+        self._reserved_s = 0.0
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
         self._started = time.monotonic()
         self._ended = self._stopped = None
         self._parts = {}
+        self._reserved_s = 0.0
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -144,9 +146,26 @@ class CostMeter:
             return 0.0
         return (self._stopped or time.monotonic()) - self._ended
 
+    def reserve(self, seconds: float) -> None:
+        """Keeps `seconds` of the budget for the outputs that end the run.
+
+        Measured on the outputs written at each epoch's end, which the end of
+        the run writes again: the longest is kept back, and the probes before
+        them get what is left.
+
+        Example:
+
+        >>> meter = CostMeter(fixed_s=2.0)
+        >>> meter.training_ended()
+        >>> meter.reserve(0.5); meter.reserve(0.2)
+        >>> round(meter.remaining_s(), 1)
+        1.5
+        """
+        self._reserved_s = max(self._reserved_s, seconds)
+
     def remaining_s(self) -> float:
-        """What is left of the budget."""
-        return max(self.budget_s - self.spent_s(), 0.0)
+        """What is left of the budget for the probes: the outputs' share kept back."""
+        return max(self.budget_s - self.spent_s() - self._reserved_s, 0.0)
 
     def deadline(self, share: float = 1.0) -> float:
         """The `time.monotonic()` by which `share` of what is left of the budget is used."""

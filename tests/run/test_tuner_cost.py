@@ -2,10 +2,13 @@
 
 import time
 
+import keras
 import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs import terminal
+from tests.helpers.training_data import FEATURES
+from tests.helpers.training_data import Sleep
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import replayable_source
 from tests.helpers.training_data import tiny_model
@@ -82,3 +85,27 @@ def test_a_check_longer_than_a_second_is_announced_first(capsys):
     assert "up to" in shown[announced:].splitlines()[0]
     # Said before the summary that follows the check.
     assert announced < shown.index("The tuner's own work after training took")
+
+
+class CountsTraces(keras.Sequential):
+    """A model whose `train_step` counts how often it is traced (Python runs only then)."""
+
+    traces = 0
+
+    def train_step(self, data):
+        CountsTraces.traces += 1
+        return super().train_step(data)
+
+
+def test_the_check_reuses_the_step_fit_traced():
+    # Tracing the step again took seconds on a busy machine, most of the
+    # check's set-up: the check runs fit's own timed function instead.
+    model = CountsTraces(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.02), keras.layers.Dense(1)]
+    )
+    model.compile("sgd", "mse")
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), model, cost_budget_s=30)
+    assert report.what_if is not None, report.notes
+    assert report.what_if.replay_steps >= 5
+    # Once for fit (the partial last batch of 96 / 4 is none: one shape).
+    assert CountsTraces.traces == 1
