@@ -349,20 +349,19 @@ class Run:
             self.checkpoint()
 
     def epoch_ended(self) -> None:
-        """Writes the epoch's outputs, so a crash loses at most the current epoch."""
+        """Writes the epoch's outputs, when that keeps them within their share of training."""
         self.window.end_epoch()
         self.flush_rows()
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._exchange_worker_summaries(final=False)
-        report = self.built_report()
+        began = time.monotonic()
+        report = self.built_report() if self.cost.outputs_due() else None
         if report is None:
             return
-        began = time.monotonic()
         self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.epoch_ended(self.clock, report)
-        # The end of the run writes them again, within the tuner's budget.
-        self.cost.reserve(time.monotonic() - began)
+        self.cost.outputs_written(time.monotonic() - began)
 
     def checkpoint(self) -> None:
         """Within long epochs: report.json and the scalars so far, on disk."""

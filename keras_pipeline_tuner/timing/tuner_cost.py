@@ -19,6 +19,10 @@ MIN_BUDGET_S = 2.0
 FIT_SHARE = 0.02
 # Work expected to take longer than this says so first, in one line.
 ANNOUNCE_S = 1.0
+# An epoch's outputs (report file, TensorBoard text, dashboard, image) take at
+# most this share of training time: after epochs shorter than their cost's
+# 100x, the next ones wait (nothing is lost: the next write holds every step).
+EPOCH_OUTPUT_SHARE = 0.01
 
 
 @dataclasses.dataclass
@@ -116,13 +120,14 @@ class CostMeter:
         self._stopped: Optional[float] = None
         self._parts: Dict[str, float] = {}
         self._reserved_s = 0.0
+        self._outputs_due = 0.0
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
         self._started = time.monotonic()
         self._ended = self._stopped = None
         self._parts = {}
-        self._reserved_s = 0.0
+        self._reserved_s = self._outputs_due = 0.0
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -146,21 +151,29 @@ class CostMeter:
             return 0.0
         return (self._stopped or time.monotonic()) - self._ended
 
-    def reserve(self, seconds: float) -> None:
-        """Keeps `seconds` of the budget for the outputs that end the run.
+    def outputs_due(self) -> bool:
+        """Whether an epoch's outputs may be written now (see `EPOCH_OUTPUT_SHARE`)."""
+        return time.monotonic() >= self._outputs_due
 
-        Measured on the outputs written at each epoch's end, which the end of
-        the run writes again: the longest is kept back, and the probes before
-        them get what is left.
+    def outputs_written(self, seconds: float) -> None:
+        """An epoch's outputs took `seconds`: paces the next, and keeps their share.
+
+        The next epoch's outputs wait until they stay within
+        `EPOCH_OUTPUT_SHARE` of training time. The end of the run writes them
+        again: the longest such write is kept back from the budget, and the
+        probes before it get what is left.
 
         Example:
 
         >>> meter = CostMeter(fixed_s=2.0)
+        >>> meter.outputs_written(0.5); meter.outputs_written(0.2)
+        >>> meter.outputs_due()
+        False
         >>> meter.training_ended()
-        >>> meter.reserve(0.5); meter.reserve(0.2)
         >>> round(meter.remaining_s(), 1)
         1.5
         """
+        self._outputs_due = time.monotonic() + seconds / EPOCH_OUTPUT_SHARE
         self._reserved_s = max(self._reserved_s, seconds)
 
     def remaining_s(self) -> float:

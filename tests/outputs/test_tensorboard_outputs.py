@@ -102,14 +102,16 @@ def test_text_tab_holds_the_report_as_markdown(input_bound):
     assert "### Profiler window" in text
 
 
-def test_text_tab_is_updated_each_epoch(compute_bound):
+def test_text_tab_is_updated_at_epoch_ends(compute_bound):
     events = accumulator(compute_bound.log_dir / tensorboard_sink.RUN)
     written = texts(events)
     steps = [step for step, _ in written]
-    # One per epoch, the early verdict's between them, and the final report
-    # (which adds the contention check's replay) at the last step again.
-    assert steps == sorted(steps) and len(set(steps)) == len(steps) - 1, steps
-    assert "after epoch 1" in written[0][1] and "after epoch 2" in written[2][1]
+    # The first epoch's end, the early verdict's, later epochs' ends while
+    # their outputs stay within 1 % of training time, and the final report
+    # (which adds the contention check's replay) at the last step.
+    assert steps == sorted(steps) and len(set(steps)) >= len(steps) - 1, steps
+    assert steps[-1] == compute_bound.report.train.steps, steps
+    assert "after epoch 1" in written[0][1]
     assert written[-1][1].startswith("## Input pipeline: not input-bound")
     assert "The input pipeline is not the bottleneck" in written[-1][1]
 
@@ -375,3 +377,19 @@ def test_each_fit_and_evaluate_gets_its_own_numbered_run(tmp_path):
     assert evaluated.run == "pipeline_tuner/evaluate-3"
     assert evaluated.validation is not None and evaluated.validation.steps == 3
     assert tuner.report.run == "pipeline_tuner/evaluate-3"
+
+
+def test_short_epochs_write_their_outputs_within_a_share_of_training(tmp_path):
+    # Epochs of a few milliseconds: writing the report, the Text tab and the
+    # dashboard after each (tens of ms) would cost more than the epochs.
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile="off")
+    tiny_model().fit(cached_source(20).batch(4), epochs=12, callbacks=[tuner], verbose=0)
+    epoch_texts = [
+        text for _, text in texts(accumulator(tmp_path / tensorboard_sink.RUN))
+        if "after epoch" in text
+    ]
+    assert "after epoch 1" in epoch_texts[0]
+    assert len(epoch_texts) < 12 // 2, [text.splitlines()[0] for text in epoch_texts]
+    # The final outputs hold every step all the same.
+    report = kpt.Report.from_json((tmp_path / "report.json").read_text())
+    assert report.train.steps == tuner.report.train.steps == 12 * 5 - 1
