@@ -250,9 +250,10 @@ def slow_then_cached(elements):
 
 
 def test_a_cache_filling_first_epoch_leaves_a_healthy_steady_state():
-    # 30 ms of compute against a fetch from memory well under a millisecond:
-    # far from the 5 % boundary, whatever the load.
-    report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.03))
+    # 80 ms of compute against a fetch from memory of well under a
+    # millisecond quiet, and up to about 2 ms on a busy machine (5.9 % of a
+    # 30 ms step once there): far from the 5 % boundary, whatever the load.
+    report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.08))
     assert report.verdict == NOT, report.judgement.line
     assert any(cost.startswith("Epoch 1 waited") for cost in report.judgement.one_off)
     assert not speed_advice(report)
