@@ -218,7 +218,10 @@ def run_demo(
     if not tune_result.applied:
         # The same pipeline again: a second fit could only tell noise apart
         # from nothing (and, near a class boundary, read another class).
+        from keras_pipeline_tuner.outputs.terminal import verdict_line
+
         console.rule("3/3  Skipped: kpt.tune kept no rewrite")
+        console.print(f"Naive pipeline: {verdict_line(naive_report)}")
         console.print(
             "[bold]No speed-up to report:[/bold] kpt.tune kept no rewrite (none was measured "
             "faster), so the tuned pipeline is the one trained on above; training on it "
