@@ -40,7 +40,7 @@ class _FailAtEpoch(keras.callbacks.Callback):
             raise RuntimeError("machine lost")
 
 
-def test_report_file_is_written_every_epoch(tmp_path):
+def test_report_file_is_written_at_epoch_ends(tmp_path):
     dataset = tf.data.Dataset.from_tensor_slices(
         (np.zeros((16, 8), np.float32), np.zeros((16, 1), np.float32))
     ).batch(4)
@@ -48,8 +48,11 @@ def test_report_file_is_written_every_epoch(tmp_path):
     with pytest.raises(RuntimeError, match="machine lost"):
         tiny_model().fit(dataset, epochs=4, callbacks=[tuner, _FailAtEpoch()], verbose=0)
     stored = kpt.Report.from_json((tmp_path / "report.json").read_text())
-    assert [e.epoch for e in stored.epochs] == [0, 1]
-    assert stored.train.steps == 7
+    # The first epoch's end always writes it; the second's only when that keeps
+    # the outputs within 1 % of training time (these epochs are a few ms).
+    epochs = [e.epoch for e in stored.epochs]
+    assert epochs in ([0], [0, 1]), epochs
+    assert stored.train.steps == (3 if epochs == [0] else 7)
 
 
 def test_report_file_is_written_when_a_step_fails(tmp_path):
