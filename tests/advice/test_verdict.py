@@ -145,6 +145,20 @@ def test_contention_in_both_rounds_counts_the_smaller():
     assert "in 2 rounds; the round with the least difference" in judgement.line
 
 
+def test_a_share_near_a_class_boundary_is_said_to_be_borderline():
+    # 2.4 ms of wait on 10 ms steps: 19.4 %, within a fifth of the 20 % boundary,
+    # which fits of the same pipeline on a busy machine may read either side of.
+    near = judged(clock_of([[2.4] * 30]))
+    assert near.verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
+    assert near.borderline == pytest.approx(0.2)
+    assert "Borderline: within 20% of the 20% boundary" in near.line
+    # 1.2 ms: 10.7 %, well inside its class: said plainly.
+    inside = judged(clock_of([[1.2] * 30]))
+    assert inside.verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
+    assert inside.borderline is None
+    assert "Borderline" not in inside.line
+
+
 def test_the_fetch_of_a_ready_batch_is_not_counted_as_waiting():
     # 0.8 ms of wait on 10 ms steps is moderately input-bound (7.4 %)...
     clock = clock_of([[0.8] * 30])
