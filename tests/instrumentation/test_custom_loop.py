@@ -157,11 +157,14 @@ def test_compute_bound_step(timing, stacking):
     report = measure(COMPUTE_BOUND, timing, stacking)
     check_common(report, timing)
     # Ground truth: 2 ms per batch behind a prefetch, 100 ms of compute (and
-    # an eager step's own Python).
+    # an eager step's own Python). The wait is the fetch of a ready batch and
+    # the loop's own Python between steps, which a busy machine stretches by
+    # a scheduling slice each (10.9 ms median, 8.8 % beside two busy loops):
+    # far from the step, which a wait mistaken for compute would reach.
     compute_ms = COMPUTE_BOUND.compute_delay_s * 1e3
-    assert report.train.input_wait.median_ms < 0.1 * compute_ms
+    assert report.train.input_wait.median_ms < 0.25 * compute_ms
     assert compute_ms - 1 < report.train.compute.median_ms < 2 * compute_ms
-    assert report.input_fraction < 0.1
+    assert report.input_fraction < 0.2
     assert report.verdict != kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
