@@ -13,7 +13,9 @@ epoch-only callback stamps when each epoch begins, and the per-step ratio is
 the median of all the middle epochs over plain fit's (epoch-end work, such as
 the outputs a `log_dir` gets, is in it), with each round's ratio for its
 spread; the per-fit cost is what is left of the whole fit's difference, in
-milliseconds, a median over rounds.
+milliseconds, a median over rounds (where the tuner's step is the quicker one,
+that adds its gain back, so the fit's begin and end hooks are also timed
+directly, between two stamps listed around the tuner).
 
 Cases: a model of about 1 ms per step (less on JAX), one of about 10 ms, and a
 tiny model (about 0.1 ms a step on an idle machine), where per-step costs show
@@ -105,6 +107,37 @@ def epoch_clock():
     return EpochClock()
 
 
+def hook_stamp():
+    """A callback that stamps when Keras reaches it in `on_train_begin` and `on_train_end`.
+
+    Listed just before the tuner and just after it (Keras calls callbacks in
+    list order), two of them time the tuner's own once-per-fit hooks: reading
+    the pipeline before the first step; the probes, the report and the files
+    after the last.
+    """
+    import keras
+
+    class HookStamp(keras.callbacks.Callback):
+        async_safe = True
+
+        def __init__(self):
+            super().__init__()
+            self.begin = self.end = 0.0
+
+        def on_train_begin(self, logs=None):
+            self.begin = time.perf_counter()
+
+        def on_train_end(self, logs=None):
+            self.end = time.perf_counter()
+
+    return HookStamp()
+
+
+def hooks_s(before, after) -> float:
+    """Seconds between two stamps' hooks, begin and end together: the tuner's once per fit."""
+    return (after.begin - before.begin) + (after.end - before.end)
+
+
 def empty_callback():
     """A callback that does nothing in the hooks the tuner uses, `async_safe` as it is.
 
@@ -155,12 +188,16 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
         "tuner, log_dir": [kpt.PipelineTuner(log_dir=log_dir, verbose=0)],
     }
     clock = epoch_clock()
+    # Around every configuration's own callbacks alike (plain fit's too).
+    before, after = hook_stamp(), hook_stamp()
+    for key, callbacks in configurations.items():
+        configurations[key] = [before] + callbacks + [after, clock]
     # Warm up every path: tracing is reported apart, not part of the overhead.
     for callbacks in configurations.values():
-        timed_fit(model, dataset, callbacks + [clock], epochs=2)
+        timed_fit(model, dataset, callbacks, epochs=2)
     # Per configuration: each round's median step, every middle epoch's step,
-    # and each fit's wall time.
-    step, epoch_steps, fit = ({key: [] for key in configurations} for _ in range(3))
+    # each fit's wall time and the time in its begin and end hooks.
+    step, epoch_steps, fit, hooks = ({key: [] for key in configurations} for _ in range(4))
     grown = []
     order = list(configurations)
     for round_index in range(rounds):
@@ -168,7 +205,8 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
         shift = round_index % len(order)
         for key in order[shift:] + order[:shift]:
             before = event_bytes(log_dir)
-            fit[key].append(timed_fit(model, dataset, configurations[key] + [clock], epochs))
+            fit[key].append(timed_fit(model, dataset, configurations[key], epochs))
+            hooks[key].append(hooks_s(before, after))
             epochs_s = clock.middle_epochs_s()
             step[key].append(statistics.median(epochs_s) / steps)
             epoch_steps[key].extend(seconds / steps for seconds in epochs_s)
@@ -186,12 +224,17 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
             (ft - fp - (st - sp) * steps * epochs) * 1e3
             for fp, ft, sp, st in zip(fit["plain"], fit[key], step["plain"], step[key])
         ]
+        # Timed directly: the begin and end hooks' time, less plain fit's
+        # (which has no callback between the stamps).
+        hooks_ms = [(t - p) * 1e3 for p, t in zip(hooks["plain"], hooks[key])]
         pooled = statistics.median(epoch_steps[key]) / statistics.median(epoch_steps["plain"])
         print(
             f"  {key:<20} per step / plain: {pooled:.4f} over all {len(epoch_steps[key])} "
             f"middle epochs; per round median {statistics.median(ratios):.4f} "
             f"(min {min(ratios):.4f}, max {max(ratios):.4f}); per fit "
-            f"{statistics.median(per_fit_ms):+.0f} ms",
+            f"{statistics.median(per_fit_ms):+.0f} ms (whole fit less the per-step share), "
+            f"{statistics.median(hooks_ms):+.0f} ms in its begin and end hooks "
+            f"(largest {max(hooks_ms):+.0f})",
             flush=True,
         )
     print(

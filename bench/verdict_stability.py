@@ -64,6 +64,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from overhead import hook_stamp  # noqa: E402
 from overhead import timed_fit  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
@@ -180,20 +181,6 @@ def pipelines(quick: bool) -> List[Pipeline]:
 # One pair of fits.
 
 
-class HookStamp(keras.callbacks.Callback):
-    """Stamps when Keras reaches this callback in `on_train_begin` and `on_train_end`."""
-
-    def __init__(self):
-        super().__init__()
-        self.begin = self.end = 0.0
-
-    def on_train_begin(self, logs=None):
-        self.begin = time.perf_counter()
-
-    def on_train_end(self, logs=None):
-        self.end = time.perf_counter()
-
-
 @dataclasses.dataclass
 class Pair:
     verdict: str
@@ -219,12 +206,12 @@ def fit_pair(pipeline: Pipeline, tuned_first: bool, log_dir: Optional[str]) -> P
     tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0)
     # Listed around the tuner, with the same two around the plain fit: their
     # stamps bracket the tuner's own hooks, and both fits carry them.
-    before, after = HookStamp(), HookStamp()
+    before, after = hook_stamp(), hook_stamp()
     seconds = {}
     for tuned in (tuned_first, not tuned_first):
         model = tiny_model(pipeline.compute_s)
         dataset = dict(x=pipeline.build(pipeline.steps))
-        callbacks = [before, tuner, after] if tuned else [HookStamp(), HookStamp()]
+        callbacks = [before, tuner, after] if tuned else [hook_stamp(), hook_stamp()]
         seconds[tuned] = timed_fit(model, dataset, callbacks, epochs=pipeline.epochs)
     report = tuner.report
     return Pair(

@@ -523,7 +523,26 @@ def _scalar_metadata():
     return metadata.create_summary_metadata(display_name=None, description=None)
 
 
+class _OwnRetracing(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about our writer only.
+
+    Each fit with a `log_dir` has a writer of its own, whose compiled function
+    is traced once (it captures that writer); after five fits in one process
+    TensorFlow warns of frequent retracing, which reads as a fault in the
+    user's code. Warnings about any other function pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("retracing" in message and _compiled_scalar_writer.__name__ in message)
+
+
+_RETRACING_FILTER = _OwnRetracing()
+
+
 def _compiled_scalar_writer(tf, tags):
+    # Added once: the logging module keeps one filter object once.
+    logging.getLogger("tensorflow").addFilter(_RETRACING_FILTER)
     scalar = _scalar_metadata()
 
     @tf.function(

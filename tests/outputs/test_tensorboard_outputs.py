@@ -1,6 +1,7 @@
 """What a fit writes to log_dir, read back with TensorBoard's own event reader."""
 
 import json
+import logging
 import os
 
 import numpy as np
@@ -233,6 +234,27 @@ def test_bulk_scalars_match_the_clock(tmp_path):
     np.testing.assert_allclose(fraction, wait / (wait + compute), rtol=1e-4)
     for tag in tensorboard_sink.SCALAR_TAGS:
         assert events.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+
+
+def test_many_fits_with_a_log_dir_do_not_warn_of_retracing(tmp_path, caplog):
+    # A writer per fit, each compiled writer traced once: past five in one
+    # process TensorFlow would warn of frequent retracing, as if the user's
+    # code retraced.
+    clock = StepClock()
+    clock.begin_epoch(0)
+    start = np.arange(450) * 0.01
+    clock.record("train", np.stack([start, start + 0.001, start + 0.003], axis=1))
+    with caplog.at_level(logging.WARNING):
+        for fit in range(7):
+            sink = tensorboard_sink.TensorBoardSink(str(tmp_path / str(fit)), FeatureGuard())
+            assert sink.write_scalars(clock) == 450
+            sink.flush()
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    # The filter drops that warning about the tuner's writer only.
+    other = logging.LogRecord("tensorflow", logging.WARNING, __file__, 1, "5 out of the last "
+                              "6 calls to <function user_step> triggered tf.function "
+                              "retracing.", None, None)
+    assert all(f.filter(other) for f in logging.getLogger("tensorflow").filters)
 
 
 def test_markdown_escapes_user_text():
