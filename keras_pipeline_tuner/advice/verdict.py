@@ -41,10 +41,12 @@ from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import Share
+from keras_pipeline_tuner.timing.step_stats import FETCH_FLOOR_BOUND_MS
 from keras_pipeline_tuner.timing.step_stats import HIGHLY_INPUT_BOUND_FRACTION
 from keras_pipeline_tuner.timing.step_stats import MODERATELY_INPUT_BOUND_FRACTION
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import beyond_fetch_bound
 from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 # A first epoch is a warm-up when its steps waited more than this many times
@@ -66,10 +68,6 @@ CONTENTION_MIN_MS = 0.1
 # wait within this share above the floor is the fetch itself, not the pipeline.
 FLOOR_MARGIN = 0.5
 
-# A fetch of a batch already in memory takes at most about this long inside a
-# step, even on a busy machine (the replay measured 0.05-0.6 ms here): the wait
-# beyond it is the pipeline's for certain.
-FETCH_FLOOR_BOUND_MS = 1.0
 # The wait alone decides "highly input-bound" when, less that bound, it is still
 # this far above the boundary: the contention check could only raise the share.
 WAIT_DECIDES_MARGIN = 0.05
@@ -182,6 +180,9 @@ def judge(
             )
             share = later
     wait_fraction = _beyond_floor(share, stats, floor_ms)
+    bounded = _within_fetch_bound(share, stats, wait_fraction) if floor_ms is None else None
+    if bounded is not None:
+        wait_fraction = bounded
     fraction, source = wait_fraction, STEP_CLOCK
     compared = _compared_steps(what_if, share, stats)
     contention = _contention(compared)
@@ -192,6 +193,7 @@ def judge(
         verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
     )
     near = borderline(fraction)
+    line += _bound_line(share, stats) if bounded is not None else ""
     line += _borderline_line(near) + _window_agreement(profile, verdict, warm_up_steps)
     return Judgement(
         verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms, near
@@ -272,6 +274,38 @@ def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[f
     if floor_ms:
         wait_ms = max(wait_ms - (1.0 + FLOOR_MARGIN) * floor_ms * steps, 0.0)
     return wait_ms / step_ms if step_ms > 0 else 0.0
+
+
+def _within_fetch_bound(share, stats: StepStats, wait_fraction) -> Optional[float]:
+    """The wait beyond `FETCH_FLOOR_BOUND_MS` a step, where that changes the class; else None.
+
+    Without a replay nothing measured what the fetch of a ready batch costs:
+    on a busy machine a sub-millisecond step waits most of its time there,
+    whatever its pipeline, and the class would follow the machine's load.
+    Only the wait that no fetch explains then decides.
+    """
+    if wait_fraction is None:
+        return None
+    certain = beyond_fetch_bound(wait_fraction, _mean_step_ms(share, stats))
+    if certain is None or verdict_for(certain) == verdict_for(wait_fraction):
+        return None
+    return certain
+
+
+def _bound_line(share, stats: StepStats) -> str:
+    raw = _beyond_floor(share, stats, None)
+    return (
+        f" No replay measured the fetch of a batch already in memory here (the contention "
+        f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
+        f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
+        f"at the fetch is {raw * 100:.1f} % of the {_mean_step_ms(share, stats):.2f} ms step."
+    )
+
+
+def _mean_step_ms(share, stats: StepStats) -> Optional[float]:
+    if share is not None and share.steps:
+        return share.step_ms / share.steps
+    return stats.step.mean_ms
 
 
 def _from_profile(profile) -> Judgement:

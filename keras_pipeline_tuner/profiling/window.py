@@ -30,6 +30,8 @@ from keras_pipeline_tuner.profiling.capture import ConvertingCapture
 from keras_pipeline_tuner.profiling.capture import ProfilerBusy
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.timing.step_stats import beyond_fetch_bound
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -365,7 +367,10 @@ class ProfilerWindow:
             return None
         self._next_check = 2 * step
         stats = clock.stats(TRAIN)
-        if not stats.verdict.input_bound:
+        # The wait a fetch of a ready batch may take on a busy machine opens
+        # no window: a healthy sub-millisecond step would pay for one.
+        certain = beyond_fetch_bound(stats.input_fraction, stats.step.mean_ms)
+        if not verdict_for(certain).input_bound:
             return None
         return (
             f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "

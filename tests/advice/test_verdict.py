@@ -37,13 +37,13 @@ def rows(waits_ms, compute_ms=10.0, start=0.0):
     return np.array(out)
 
 
-def clock_of(epochs):
-    """A clock fed whole epochs of synthetic rows; returns it and its judgement."""
+def clock_of(epochs, compute_ms=10.0):
+    """A clock fed whole epochs of synthetic rows."""
     clock = StepClock()
     now = 0.0
     for number, waits in enumerate(epochs):
         clock.begin_epoch(number)
-        epoch_rows = rows(waits, start=now)
+        epoch_rows = rows(waits, compute_ms, start=now)
         clock.record("train", epoch_rows)
         now = float(epoch_rows[-1, 2])
         clock.end_epoch("train", number)
@@ -152,18 +152,34 @@ def test_a_share_near_a_class_boundary_is_said_to_be_borderline():
     assert near.verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
     assert near.borderline == pytest.approx(0.2)
     assert "Borderline: within 20% of the 20% boundary" in near.line
-    # 1.2 ms: 10.7 %, well inside its class: said plainly.
-    inside = judged(clock_of([[1.2] * 30]))
+    # 6 ms on 40 ms steps: 13 %, well inside its class: said plainly.
+    inside = judged(clock_of([[6.0] * 30], compute_ms=40.0))
     assert inside.verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
     assert inside.borderline is None
     assert "Borderline" not in inside.line
 
 
+def test_without_a_replay_a_wait_any_fetch_may_take_does_not_decide():
+    # A healthy cached pipeline of sub-millisecond steps beside two busy loops:
+    # 0.65 ms a step at the fetch against 0.12 ms of compute, 84 % of the step.
+    busy = judged(clock_of([[0.65] * 40] * 3, compute_ms=0.12))
+    assert busy.verdict == NOT
+    assert busy.input_fraction == 0.0
+    assert "No replay measured the fetch of a batch already in memory" in busy.line
+    assert "the wait at the fetch is 84.4 % of the 0.77 ms step" in busy.line
+    # A wait far beyond what any fetch takes keeps its class, and its figure.
+    slow = judged(clock_of([[30.0] * 40] * 3, compute_ms=1.0))
+    assert slow.verdict == HIGH
+    assert slow.input_fraction == pytest.approx(30.0 / 31.0, rel=1e-6)
+    assert "No replay measured" not in slow.line
+
+
 def test_the_fetch_of_a_ready_batch_is_not_counted_as_waiting():
-    # 0.8 ms of wait on 10 ms steps is moderately input-bound (7.4 %)...
+    # 0.8 ms of wait on 10 ms steps would be moderately input-bound (7.4 %),
+    # but with no replay a wait within what a fetch may take does not decide...
     clock = clock_of([[0.8] * 30])
-    assert judged(clock).verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
-    # ...but a replay on cached batches waited 0.5 ms at the same fetch, with
+    assert judged(clock).verdict == NOT
+    # ...and a replay on cached batches waited 0.5 ms at the same fetch, with
     # steps no faster: with the floor's spread (half as much again), only
     # 0.05 ms a step waits for the pipeline.
     measured = WhatIfResult(
