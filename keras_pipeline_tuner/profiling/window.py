@@ -366,16 +366,7 @@ class ProfilerWindow:
             # next step, which the next epoch's start soon is.
             return None
         self._next_check = 2 * step
-        stats = clock.stats(TRAIN)
-        # The wait a fetch of a ready batch may take on a busy machine opens
-        # no window: a healthy sub-millisecond step would pay for one.
-        certain = beyond_fetch_bound(stats.input_fraction, stats.step.mean_ms)
-        if not verdict_for(certain).input_bound:
-            return None
-        return (
-            f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "
-            f"wait over {stats.steps} steps ({stats.verdict.value})"
-        )
+        return _auto_trigger(clock.stats(TRAIN))
 
     def _open(self, trigger: str, timed) -> None:
         self._taken = True
@@ -479,3 +470,28 @@ class ProfilerWindow:
         except BaseException:
             self._abandon()
             raise
+
+
+def _auto_trigger(stats) -> Optional[str]:
+    """Why an "auto" window opens, from the step clock's `StepStats`; `None` when it should not.
+
+    The wait a fetch of a ready batch may take on a busy machine opens no
+    window: a healthy sub-millisecond step would pay for one.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_pipeline_tuner.timing.step_stats import StepStats
+    >>> busy = StepStats.from_arrays(np.full(40, 0.00065), np.full(40, 0.00012))
+    >>> busy.verdict.value, _auto_trigger(busy)
+    ('highly input-bound', None)
+    >>> _auto_trigger(StepStats.from_arrays(np.full(40, 0.03), np.full(40, 0.001)))
+    'auto: the step clock measured 96.8 % input wait over 40 steps (highly input-bound)'
+    """
+    certain = beyond_fetch_bound(stats.input_fraction, stats.step.mean_ms)
+    if not verdict_for(certain).input_bound:
+        return None
+    return (
+        f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "
+        f"wait over {stats.steps} steps ({stats.verdict.value})"
+    )
