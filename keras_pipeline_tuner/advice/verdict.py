@@ -59,14 +59,19 @@ WARMUP_MIN_MS = 1.0
 # a healthy cached pipeline beside a 20 ms model measured 1.00-1.17 here).
 CONTENTION_MIN_SPEEDUP = 1.15
 # ...and by at least this many ms a step: with sub-millisecond steps, a ratio
-# above 1.15 is a few hundredths of a millisecond, which scheduling moves from
-# one fit to the next (0.15 against 0.18 ms read "moderately" once in five fits
-# of a healthy cached pipeline here).
-CONTENTION_MIN_MS = 0.1
+# above 1.15 is a tenth of a millisecond, which scheduling moves from one fit
+# to the next (0.38 against 0.52 ms, and 0.15 against 0.18 ms, in fits of a
+# healthy cached pipeline of 0.2 ms steps on a quiet machine here).
+CONTENTION_MIN_MS = 0.2
 # The replay's fetch floor varies from fit to fit on a busy machine (0.12-0.14
 # ms quiet, 0.65-1.06 ms loaded, for one pipeline of 0.2 ms steps here): a
-# wait within this share above the floor is the fetch itself, not the pipeline.
+# wait within this share above the floor is the fetch itself, not the pipeline...
 FLOOR_MARGIN = 0.5
+# ...as is a wait within this many ms a step above it: training's fetch hands
+# a batch over from tf.data's prefetch thread, the replay's does not, and on a
+# quiet machine here that took 0.06-0.13 ms a step more (8-29 % of a 0.21 ms
+# step, "moderately" and "highly" in two fits of five of a healthy pipeline).
+FLOOR_MARGIN_MS = CONTENTION_MIN_MS
 
 # The wait alone decides "highly input-bound" when, less that bound, it is still
 # this far above the boundary: the contention check could only raise the share.
@@ -272,7 +277,8 @@ def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[f
     else:
         wait_ms, step_ms, steps = share.wait_ms, share.step_ms, share.steps
     if floor_ms:
-        wait_ms = max(wait_ms - (1.0 + FLOOR_MARGIN) * floor_ms * steps, 0.0)
+        floor_ms = max((1.0 + FLOOR_MARGIN) * floor_ms, floor_ms + FLOOR_MARGIN_MS)
+        wait_ms = max(wait_ms - floor_ms * steps, 0.0)
     return wait_ms / step_ms if step_ms > 0 else 0.0
 
 
@@ -415,7 +421,7 @@ def _line(
 ) -> str:
     beyond = (
         f" beyond the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
-        f" (and {FLOOR_MARGIN:.0%} more, its spread from fit to fit)"
+        f" (and {FLOOR_MARGIN:.0%} or {FLOOR_MARGIN_MS:.1f} ms more, its spread from fit to fit)"
         if floor_ms
         else ""
     )
