@@ -204,14 +204,14 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
         # A new order each round: whatever runs first in a round is not always the same.
         shift = round_index % len(order)
         for key in order[shift:] + order[:shift]:
-            before = event_bytes(log_dir)
+            size = event_bytes(log_dir)
             fit[key].append(timed_fit(model, dataset, configurations[key], epochs))
             hooks[key].append(hooks_s(before, after))
             epochs_s = clock.middle_epochs_s()
             step[key].append(statistics.median(epochs_s) / steps)
             epoch_steps[key].extend(seconds / steps for seconds in epochs_s)
             if key == "tuner, log_dir":
-                grown.append(event_bytes(log_dir) - before)
+                grown.append(event_bytes(log_dir) - size)
     step_ms = statistics.median(step["plain"]) * 1e3
     print(
         f"{name}: {step_ms:.3f} ms/step plain; {epochs} epochs of {steps} steps x {rounds} rounds",
