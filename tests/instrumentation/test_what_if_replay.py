@@ -271,10 +271,13 @@ def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
     from keras_pipeline_tuner.advice import advisor
     from keras_pipeline_tuner.advice.recommendation import describe_gain
 
-    # Real steps of a cheap model, then the replay of a model whose step sleeps
-    # 20 ms: the replay is slower for sure, as noise can make it on a busy machine.
+    # Real steps of a cheap model waiting 8 ms a batch (input-bound beyond any
+    # fetch's cost, so that the advice is about input), then the replay of a
+    # model whose step sleeps 20 ms: the replay is slower for sure, as noise
+    # can make it on a busy machine.
     quick = kpt.PipelineTuner(verbose=0, profile="off")
-    tiny_model().fit(replayable_source(24, 0.0).batch(2), epochs=1, verbose=0, callbacks=[quick])
+    source = replayable_source(24, 0.004).batch(2)
+    tiny_model().fit(source, epochs=1, verbose=0, callbacks=[quick])
     slow = tiny_model(compute_delay_s=0.02)
     dataset = replayable_source(24, 0.0).batch(2)
     result = kpt.what_if(
