@@ -289,8 +289,11 @@ def test_custom_loop_step_is_timed_to_outputs_ready(backend, measured):
     assert 0.95 * LOOP_SOURCE_MS <= loop["wait_ms"] < 1.5 * LOOP_SOURCE_MS, loop
     assert loop["verdict"] != "not input-bound"
     # Compute is the step up to its outputs being ready, as the same step
-    # timed directly (generous bounds: a shared machine).
-    assert 0.4 * loop["direct_ms"] <= loop["compute_ms"] <= 2.5 * loop["direct_ms"], loop
+    # timed directly: at least a good part of it, and short of it plus the
+    # source's sleep, which compute would hold if the fetch leaked into it
+    # (timed apart, the two vary on a busy machine: 29 ms against 11 ms once).
+    assert 0.4 * loop["direct_ms"] <= loop["compute_ms"], loop
+    assert loop["compute_ms"] < loop["direct_ms"] + 0.6 * LOOP_SOURCE_MS, loop
     if backend == "jax":
         # Not the dispatch, which returns long before the outputs are ready:
         # nearer the step timed directly than the dispatch.
