@@ -185,7 +185,8 @@ def judge(
             )
             share = later
     wait_fraction = _beyond_floor(share, stats, floor_ms)
-    bounded = _within_fetch_bound(share, stats, wait_fraction) if floor_ms is None else None
+    raw_wait, step_ms = wait_fraction, _mean_step_ms(share, stats)
+    bounded = _within_fetch_bound(wait_fraction, step_ms) if floor_ms is None else None
     if bounded is not None:
         wait_fraction = bounded
     fraction, source = wait_fraction, STEP_CLOCK
@@ -198,7 +199,7 @@ def judge(
         verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
     )
     near = borderline(fraction)
-    line += _bound_line(share, stats) if bounded is not None else ""
+    line += _bound_line(raw_wait, step_ms) if bounded is not None else ""
     line += _borderline_line(near) + _window_agreement(profile, verdict, warm_up_steps)
     return Judgement(
         verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms, near
@@ -231,7 +232,7 @@ def wait_decides(judgement: "Judgement", step_ms: Optional[float]) -> bool:
     """
     if judgement.wait_fraction is None or not step_ms or step_ms <= 0:
         return False
-    beyond = judgement.wait_fraction - FETCH_FLOOR_BOUND_MS / step_ms
+    beyond = beyond_fetch_bound(judgement.wait_fraction, step_ms)
     return beyond >= HIGHLY_INPUT_BOUND_FRACTION + WAIT_DECIDES_MARGIN
 
 
@@ -282,7 +283,7 @@ def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[f
     return wait_ms / step_ms if step_ms > 0 else 0.0
 
 
-def _within_fetch_bound(share, stats: StepStats, wait_fraction) -> Optional[float]:
+def _within_fetch_bound(wait_fraction, step_ms: Optional[float]) -> Optional[float]:
     """The wait beyond `FETCH_FLOOR_BOUND_MS` a step, where that changes the class; else None.
 
     Without a replay nothing measured what the fetch of a ready batch costs:
@@ -292,19 +293,18 @@ def _within_fetch_bound(share, stats: StepStats, wait_fraction) -> Optional[floa
     """
     if wait_fraction is None:
         return None
-    certain = beyond_fetch_bound(wait_fraction, _mean_step_ms(share, stats))
+    certain = beyond_fetch_bound(wait_fraction, step_ms)
     if certain is None or verdict_for(certain) == verdict_for(wait_fraction):
         return None
     return certain
 
 
-def _bound_line(share, stats: StepStats) -> str:
-    raw = _beyond_floor(share, stats, None)
+def _bound_line(raw_wait: float, step_ms: float) -> str:
     return (
         f" No replay measured the fetch of a batch already in memory here (the contention "
         f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
-        f"at the fetch is {raw * 100:.1f} % of the {_mean_step_ms(share, stats):.2f} ms step."
+        f"at the fetch is {raw_wait * 100:.1f} % of the {step_ms:.2f} ms step."
     )
 
 
