@@ -55,6 +55,7 @@ from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import MEASURED
+from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
 from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
@@ -69,9 +70,11 @@ from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
+from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
-from keras_pipeline_tuner.pipeline.lint.catalogue import PARALLELISING
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_FILE_READ
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -79,6 +82,7 @@ from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
 
 if TYPE_CHECKING:
+    from keras_pipeline_tuner.advice.data_reuse import DataReuse
     from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
@@ -89,6 +93,10 @@ if TYPE_CHECKING:
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
+# Findings whose fix gives a sequential stage AUTOTUNE parallel calls.
+_AUTOTUNED = frozenset({SEQUENTIAL_MAP, SEQUENTIAL_INTERLEAVE, SEQUENTIAL_FILE_READ})
+# Notes with nothing to change: the inspection shows them, the advice does not.
+_NOTHING_TO_CHANGE = frozenset({KERAS_ARRAY_INPUT})
 _PARALLEL_KINDS = frozenset(
     {kinds.MAP, kinds.INTERLEAVE, kinds.TFRECORD, kinds.TEXT_LINE, kinds.FILTER}
 )
@@ -150,6 +158,7 @@ def advise(
     workers: Optional["MultiWorkerSummary"] = None,
     judgement: Optional[Judgement] = None,
     fix_timings: Iterable["fix_timing.FixTiming"] = (),
+    reuse: Optional["DataReuse"] = None,
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -157,8 +166,9 @@ def advise(
         stats: `StepStats` of the training steps (the step clock).
         profile: `ProfileEvidence` of a TF Profiler window, if one was captured.
         findings: `Finding`s of the pipeline inspection, if it ran.
-        cpu_count: CPU cores a parallelised stage can use, for the likely gain
-            of running it in parallel; this machine's by default.
+        cpu_count: CPU cores a parallelised stage can use: a fix that runs a
+            stage on parallel threads is at most this many times faster; the
+            cores this process may run on (its affinity) by default.
         what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
             with input free, measured, replaces the step clock's compute time
             as the floor no input-pipeline change goes below.
@@ -175,6 +185,9 @@ def advise(
             again: fixes timed faster first (largest first; an untimed cache
             of the bottleneck stage keeps its lead), fixes timed at no gain
             last; an untimed fix keeps its bound.
+        reuse: the fit's `DataReuse` (see `advice.data_reuse`): a cache in a
+            fit that reads no element twice gets no gain, and one that does
+            counts its filling pass over the fit's passes.
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -191,7 +204,8 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or os.cpu_count() or 1, what_if, judgement)
+    run = _Run(stats, profile, cpu_count or _usable_cores(), what_if, judgement)
+    run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
@@ -202,16 +216,20 @@ def advise(
     bottleneck = profile.bottleneck if profile is not None else None
     at_bottleneck, errors, others = _by_place(run, findings)
     input_bound = run.verdict.input_bound
-    ranked = sorted(at_bottleneck, key=_bottleneck_key)
+    ranked = sorted(at_bottleneck, key=lambda item: _bottleneck_key(item, run))
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
-    ranked += errors + ([offload] if offload else []) + sorted(others, key=_rank_key)
+    ranked += errors + ([offload] if offload else []) + sorted(others, key=lambda item: _rank_key(item, run))
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     if _apply_timings(run, ranked, fix_timings):
         _sort_by_timing(ranked, len(at_bottleneck))
+    # What cannot make steps faster (a ceiling under LEAST_SHOWN_GAIN, a cache
+    # never read back, a fix timed at no gain) comes after every speed fix,
+    # so that a stage's first recommendation is the change that can help.
+    ranked.sort(key=_no_speed_fix)
     straggler = scale_out_advice.straggler_recommendation(workers)
     return ([straggler] if straggler else []) + _one_per_stage(ranked)
 
@@ -243,7 +261,7 @@ def _sort_by_timing(ranked: List[Recommendation], at_bottleneck: int) -> None:
     leading = {
         id(item)
         for item in ranked[:at_bottleneck]
-        if item.id == CACHE_MISSING and _measured_tier(item) == 1
+        if _caches_with_gain(item) and _measured_tier(item) == 1
     }
     ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
 
@@ -260,6 +278,9 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
             continue
         gain = fix_timing.measured_gain(timing, run.bound)
         if gain is None:
+            if recommendation.expected_gain.basis == NOT_READ_BACK:
+                # Not timed for the reason its gain already states.
+                continue
             recommendation.expected_gain = dataclasses.replace(
                 recommendation.expected_gain,
                 statement=(
@@ -288,21 +309,38 @@ def _timed_key(recommendation: Recommendation):
     return (tier, -recommendation.expected_gain.likely_speedup if tier == 0 else 0.0)
 
 
-def _bottleneck_key(recommendation: Recommendation):
+def _bottleneck_key(recommendation: Recommendation, run: "_Run"):
     # At the stage the steps wait for, caching its output (where the lint found
     # it deterministic) removes the stage's work from every epoch after the
     # first, which no amount of parallelism does; Python under the GIL may not
     # parallelise at all. So among speed fixes of that stage, the cache leads.
     first = 0 if recommendation.severity == "error" else (
-        1 if recommendation.id == CACHE_MISSING else 2
+        1 if _caches_with_gain(recommendation) else 2
     )
-    return (first,) + _rank_key(recommendation)
+    return (first,) + _rank_key(recommendation, run)
+
+
+def _caches_with_gain(recommendation: Recommendation) -> bool:
+    gain = recommendation.expected_gain
+    return recommendation.id == CACHE_MISSING and (gain is None or gain.speeds_up)
+
+
+def _no_speed_fix(recommendation: Recommendation) -> bool:
+    gain = recommendation.expected_gain
+    return (
+        recommendation.severity != "error"
+        and recommendation.id != NOT_THE_BOTTLENECK
+        and gain is not None
+        and not gain.speeds_up
+    )
 
 
 def _already_done(finding) -> bool:
     # Info findings whose fix TensorFlow already applies at run time (a map it
     # parallelises, a prefetch it injects, an asynchronous last stage): stating
     # it in code changes nothing measurable, so it is no speed advice.
+    if finding.id in _NOTHING_TO_CHANGE:
+        return True
     return _severity(finding) == "info" and finding.id in _DONE_AT_RUN_TIME
 
 
@@ -326,6 +364,9 @@ def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
         gain = recommendation.expected_gain
         if gain is not None and gain.likely_speedup is not None:
             timed = f" Timed: {describe_gain(gain)}."
+        elif gain is not None and recommendation.id == CACHE_MISSING:
+            # One change, one gain: the cache's own figure, and why.
+            timed = f" Its gain: {describe_gain(gain)}. {gain.statement}"
         first.evidence.append(
             Evidence(
                 LINT,
@@ -344,6 +385,7 @@ class _Run:
         self.profile = profile
         self.cpu_count = cpu_count
         self.pipeline = None
+        self.reuse: Optional["DataReuse"] = None
         self.clock_evidence = _clock_evidence(stats)
         replayed = _replayed_gain(what_if)
         if replayed is not None:
@@ -463,22 +505,32 @@ def _steady_ceiling(run: _Run, fraction: float) -> ExpectedGain:
 
 
 def _find_the_bottleneck(run: _Run) -> Recommendation:
+    inspect = "# where the pipeline departs from the tf.data guide\nprint(kpt.inspect(train_ds))"
+    if run.profile is not None:
+        # The window ran: telling the user to open one repeats what was done.
+        fix = inspect
+        reason = (
+            "The step clock shows the wait, but the profiler window found no tf.data "
+            "stage at work (the time is spent outside tf.data: a Python generator, "
+            "Keras' own adapter, or the host between steps)."
+        )
+    else:
+        fix = (
+            "# which stage the steps wait for: a profiler window while training\n"
+            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=\"auto\")\n" + inspect
+        )
+        reason = (
+            "The step clock shows the wait, but no profiler window was captured to name "
+            "the stage that causes it."
+        )
     return Recommendation(
         id=FIND_THE_BOTTLENECK,
         title="Training waits for its input: find the slow stage",
         severity="warning",
         evidence=run.clock_evidence,
-        fix=(
-            "# which stage the steps wait for: a profiler window while training\n"
-            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=\"auto\")\n"
-            "# where the pipeline departs from the tf.data guide\n"
-            "print(kpt.inspect(train_ds))"
-        ),
+        fix=fix,
         expected_gain=run.bound,
-        reason=(
-            "The step clock shows the wait, but no profiler window named the stage that "
-            "causes it (none was captured, or it found no tf.data stage at work)."
-        ),
+        reason=reason,
     )
 
 
@@ -494,7 +546,8 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         # Telling an already-parallel stage to run in parallel repeats the
         # user's own code: what is left is less work or doing it once.
         reason, fix = _parallel_stage_fix(written)
-    parallel = kind in _PARALLEL_KINDS
+    # The fix runs the stage with AUTOTUNE parallel calls: at most one per core.
+    parallel = "tf.data.AUTOTUNE" in fix and "cache" not in fix
     return Recommendation(
         id=BOTTLENECK_STAGE,
         title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
@@ -557,9 +610,9 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         elif finding.id == MISSING_PREFETCH:
             gain = _overlap_gain(run.stats)
         else:
-            gain = _stage_gain(
-                run, finding.stage, finding.id in PARALLELISING, _node(finding)
-            )
+            gain = _stage_gain(run, finding.stage, finding.id in _AUTOTUNED, _node(finding))
+        if finding.id == CACHE_MISSING:
+            gain = _cache_gain(run, gain)
     return Recommendation(
         id=finding.id,
         title=_title(finding),
@@ -577,12 +630,40 @@ def _from_finding(run: _Run, finding) -> Recommendation:
 
 
 def _stage_gain(
-    run: _Run, stage: str, parallelises: bool, node: Optional[str] = None
+    run: _Run, stage: str, autotuned: bool, node: Optional[str] = None
 ) -> Optional[ExpectedGain]:
-    # `parallelises` is kept for callers; no gain is worked out from core counts:
-    # threads do nothing for Python under the GIL, and even TensorFlow ops
-    # share the cores with the model. Gains come from measurements and bounds.
-    del parallelises
+    gain = _stage_share_gain(run, stage, node)
+    return _within_cores(run, gain) if autotuned else gain
+
+
+def _within_cores(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
+    """The ceiling of a sequential stage given AUTOTUNE parallel calls: `cpu_count` times.
+
+    tf.data's AUTOTUNE runs at most as many parallel calls as the cores the
+    process may use, so a sequential stage gets at most that many times
+    faster, and with it the step (far below "steps as fast as their compute").
+    A ceiling, not a prediction: threads do nothing for Python under the GIL,
+    and TensorFlow ops share the cores with the model; timing the change says
+    what it brings. A fixed, larger parallelism on waiting work (remote reads)
+    may do better, which is why other parallelising fixes keep their bound.
+    """
+    cores = run.cpu_count
+    if gain is None or gain.speedup is None or gain.step_ms is None or gain.speedup <= cores:
+        return gain
+    return dataclasses.replace(
+        gain,
+        speedup=float(cores),
+        step_ms_after=gain.step_ms / cores,
+        statement=(
+            f"{gain.statement} AUTOTUNE runs at most {cores} parallel call"
+            f"{'s' if cores != 1 else ''}, one per core this process may use: at most "
+            f"{cores:.2f}x faster."
+        ),
+    )
+
+
+def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[ExpectedGain]:
+    """The ceiling of changing `stage`: its profiled share of the input's cost given back."""
     bound, stats = run.bound, run.stats
     if bound is None:
         return _unmeasured()
@@ -637,8 +718,36 @@ def _stage_gain(
         BOUND,
         f"{_timed_by(profile)} puts {timed.self_share * 100:.0f} % of the input pipeline's "
         f"time in {stage}; removing that share of the {cost_ms:.2f} ms the input costs a step "
-        f"({'measured by the replay' if cost_ms > wait_ms else 'its wait'}) would make a step "
+        f"({'measured by the replay' if run.judgement.source == REPLAY else 'its wait'}) would "
+        "make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
+    )
+
+
+def _cache_gain(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
+    """A cache's gain in this fit: none if it never reads an element twice.
+
+    A cache computes each element once, in the first pass, and is read back
+    on the next ones: the steady-state ceiling holds for those, and the fit as
+    a whole gains less (see `DataReuse.fit_speedup`).
+    """
+    reuse = run.reuse
+    if reuse is None or gain is None or gain.step_ms is None:
+        return gain
+    line = reuse.line[:1].upper() + reuse.line[1:] + "."
+    if reuse.repeats is None or gain.speedup is None:
+        return dataclasses.replace(gain, statement=f"{gain.statement} {line}".strip())
+    if not reuse.repeats:
+        return ExpectedGain(1.0, gain.step_ms, gain.step_ms, NOT_READ_BACK, line)
+    speedup = reuse.fit_speedup(gain.speedup)
+    return dataclasses.replace(
+        gain,
+        speedup=speedup,
+        step_ms_after=gain.step_ms / speedup,
+        statement=(
+            f"{gain.statement} {line} Over the fit's {reuse.passes:.1f} passes, the first "
+            f"at today's speed to fill it: at most {speedup:.2f}x faster."
+        ),
     )
 
 
@@ -804,6 +913,13 @@ def _node(finding) -> Optional[str]:
 # Small helpers.
 
 
+def _usable_cores() -> int:
+    # The cores this process may run on (its affinity), not the host's count.
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
+
+
 def _parse_stage(stage: Optional[str]):
     match = _STAGE.match(stage or "")
     if not match:
@@ -831,14 +947,28 @@ def _severity(item) -> str:
     return str(getattr(item.severity, "value", item.severity))
 
 
-def _rank_key(recommendation: Recommendation):
+def _rank_key(recommendation: Recommendation, run: Optional["_Run"] = None):
     gain = recommendation.expected_gain or ExpectedGain()
     return (
         _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
         _measured_tier(recommendation),
+        _only_the_ceiling(gain, run),
         -(gain.likely_speedup or 0.0),
         -(gain.speedup or 0.0),
     )
+
+
+def _only_the_ceiling(gain: ExpectedGain, run: Optional["_Run"]) -> bool:
+    """Whether a gain is no tighter than the run's "input free" ceiling.
+
+    Among bounds, the tighter estimate ranks first: a stage's profiled share,
+    or the cores a parallel stage may use, say more about the change than the
+    ceiling every input change shares (a rewrite in TensorFlow ops gets it).
+    """
+    bound = run.bound if run is not None else None
+    if bound is None or bound.speedup is None or gain.likely_speedup is not None:
+        return False
+    return gain.basis == BOUND and (gain.speedup is None or gain.speedup >= bound.speedup - 1e-9)
 
 
 def _title(finding) -> str:

@@ -37,6 +37,7 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
+from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
@@ -68,6 +69,15 @@ logger = logging.getLogger("keras_pipeline_tuner")
 
 # Seconds `measure_fixes=True` may take after training, all fixes together.
 DEFAULT_BUDGET_S = 5.0
+# `measure_fixes="auto"` (the default): an input-bound fit's fixes are timed
+# within the smaller of these, seconds and a share of the fit's own time, so
+# that the top recommendation's figure is a measurement where that is cheap.
+AUTO = "auto"
+AUTO_CAP_S = 10.0
+AUTO_FIT_SHARE = 0.05
+# Below this, no fix can be timed (reading the pipeline and one pass of each
+# side take longer): the automatic timing does not start.
+AUTO_LEAST_S = 0.5
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
@@ -167,24 +177,26 @@ class FixTiming:
         )
 
 
-def checked_budget(measure_fixes) -> float:
+def checked_budget(measure_fixes) -> Optional[float]:
     """Validates `PipelineTuner(measure_fixes=...)`: the seconds it may take, 0 for off.
 
     Args:
-        measure_fixes: `False`, `True` (`DEFAULT_BUDGET_S` seconds) or a
-            positive number of seconds.
+        measure_fixes: "auto" (`auto_budget`), `False`, `True`
+            (`DEFAULT_BUDGET_S` seconds) or a positive number of seconds.
 
     Returns:
-        The budget in seconds; 0.0 when off.
+        The budget in seconds; 0.0 when off; `None` for "auto".
 
     Raises:
         ValueError: for anything else.
 
     Example:
 
-    >>> checked_budget(True), checked_budget(False), checked_budget(2)
-    (5.0, 0.0, 2.0)
+    >>> checked_budget(True), checked_budget(False), checked_budget(2), checked_budget("auto")
+    (5.0, 0.0, 2.0, None)
     """
+    if isinstance(measure_fixes, str) and measure_fixes == AUTO:
+        return None
     if isinstance(measure_fixes, bool):
         return DEFAULT_BUDGET_S if measure_fixes else 0.0
     if (
@@ -194,10 +206,21 @@ def checked_budget(measure_fixes) -> float:
     ):
         return float(measure_fixes)
     raise ValueError(
-        f"`measure_fixes` must be True, False or a positive number of seconds, got "
+        f"`measure_fixes` must be \"auto\", True, False or a positive number of seconds, got "
         f"{measure_fixes!r}. Pass measure_fixes=True to time the advised fixes for about "
         f"{DEFAULT_BUDGET_S:g} s after training."
     )
+
+
+def auto_budget(fit_s: float) -> float:
+    """The seconds `measure_fixes="auto"` gives the fixes of a fit of `fit_s` seconds.
+
+    Example:
+
+    >>> auto_budget(30.0), auto_budget(600.0)
+    (1.5, 10.0)
+    """
+    return min(AUTO_CAP_S, AUTO_FIT_SHARE * max(fit_s, 0.0))
 
 
 def time_fixes(
@@ -206,6 +229,7 @@ def time_fixes(
     stats: StepStats,
     budget_s: float = DEFAULT_BUDGET_S,
     allow_unverified: bool = False,
+    reuse: Optional[DataReuse] = None,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
 
@@ -223,6 +247,8 @@ def time_fixes(
             `tf.py_function`). Otherwise a pipeline that calls Python is not
             run again (a counter or a NumPy generator in it would move on),
             and its fixes keep their bounds.
+        reuse: the fit's `DataReuse`: a cache in a fit that reads no element
+            twice is not timed (it would never be read back).
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -238,7 +264,7 @@ def time_fixes(
     ```
     """
     pipeline, candidates, skipped, untouchable = _candidates(dataset, allow_unverified)
-    timings, wanted = _wanted(recommendations, candidates, skipped, untouchable)
+    timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
         return timings
     overlapped = _ends_in_prefetch(pipeline)
@@ -293,7 +319,7 @@ def _candidates(dataset, allow_unverified: bool):
 
 
 def _wanted(
-    recommendations, candidates, skipped, untouchable: Optional[str]
+    recommendations, candidates, skipped, untouchable: Optional[str], reuse=None
 ) -> Tuple[List[FixTiming], List[Tuple[FixTiming, Rewrite]]]:
     """A `FixTiming` per advised fix that is a rewrite, and those to time with their rewrite."""
     timings: List[FixTiming] = []
@@ -306,6 +332,9 @@ def _wanted(
         timings.append(timing)
         if untouchable is not None:
             timing.status, timing.reason = tune_results.NOT_APPLICABLE, untouchable
+            continue
+        if kind == CACHE and reuse is not None and reuse.repeats is False:
+            timing.status, timing.reason = tune_results.NOT_APPLICABLE, reuse.line
             continue
         rewrite = _matching(candidates, kind, recommendation)
         if rewrite is None:

@@ -31,6 +31,8 @@ ESTIMATED = "estimated"
 # The change speeds up the first epoch only (a cache after the stage replays
 # its output from then on): no steady-state gain.
 FIRST_EPOCH_ONLY = "first epoch only"
+# A cache in a fit that never reads an element twice: it is never read back.
+NOT_READ_BACK = "never read back"
 
 # A timed change that brings less than this is no clear gain: a few seconds
 # of timing, on passes of a few batches, on a machine shared with the model
@@ -73,6 +75,7 @@ class ExpectedGain:
             compute; a profiled stage's share of the wait given back in full;
             a prefetch at most overlaps wait and compute); "first epoch only" for a
             stage whose output a later cache replays (no steady-state gain);
+            "never read back" for a cache in a fit that reads no element twice;
             "estimated" otherwise.
         statement: the reasoning, in a sentence with its numbers.
         likely_speedup: what the change itself brought when it was timed
@@ -100,7 +103,7 @@ class ExpectedGain:
         """
         if self.likely_speedup is not None:
             return self.likely_speedup >= LEAST_MEASURED_GAIN
-        if self.basis == FIRST_EPOCH_ONLY:
+        if self.basis in (FIRST_EPOCH_ONLY, NOT_READ_BACK):
             return False
         if self.speedup is None:
             # "Many times faster": input that is nearly all of the step.
@@ -223,6 +226,8 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     'no clear gain (measured: the change timed, 1.04x)'
     >>> describe_gain(ExpectedGain(speedup=1.02, basis="bound"))
     'no clear gain (bound: up to 1.02x)'
+    >>> describe_gain(ExpectedGain(speedup=1.0, basis="never read back"))
+    'no gain: this fit never reads a cache back'
     """
     if gain is None:
         return "correctness, not speed"
@@ -236,6 +241,8 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
         return f"many times faster ({gain.basis})"
     if gain.basis == FIRST_EPOCH_ONLY:
         return "first epoch only: a cache replays it after"
+    if gain.basis == NOT_READ_BACK:
+        return "no gain: this fit never reads a cache back"
     if gain.speedup <= 1.0:
         return f"no gain ({gain.basis})"
     if not gain.speeds_up:

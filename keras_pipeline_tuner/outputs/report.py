@@ -10,6 +10,7 @@ from keras_pipeline_tuner._util.files import write_atomically
 from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
+from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
@@ -79,6 +80,9 @@ class Report:
         tuner_cost: what the tuner's own work after training took, part by
             part, against its budget (`timing.tuner_cost.TunerCost`); `None`
             while training runs.
+        reuse: how much of its dataset the fit read, and whether that reads an
+            element twice (`advice.data_reuse.DataReuse`): whether a cache
+            would be read back; `None` when the dataset's length was not read.
 
     Example:
 
@@ -108,6 +112,7 @@ class Report:
     runs: List[RunEntry] = dataclasses.field(default_factory=list)
     tuner_cost: Optional[TunerCost] = None
     input_free: Optional[ExpectedGain] = None
+    reuse: Optional[DataReuse] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -38,7 +38,8 @@ class TunerArguments:
     tensorboard_workers: str = "chief"
     worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S
     check_contention: bool = True
-    measure_fixes_s: float = 0.0
+    # None: "auto" (see `advice.fix_timing.auto_budget`).
+    measure_fixes_s: Optional[float] = None
     allow_unverified: bool = False
     cost_budget_s: Optional[float] = None
 
@@ -54,7 +55,7 @@ class TunerArguments:
         tensorboard_workers="chief",
         worker_timeout_s=worker_reports.DEFAULT_TIMEOUT_S,
         check_contention=True,
-        measure_fixes=False,
+        measure_fixes="auto",
         allow_unverified=False,
         cost_budget_s=None,
     ) -> "TunerArguments":
@@ -72,10 +73,10 @@ class TunerArguments:
             "Pass allow_unverified=True with measure_fixes=True to also time parallel calls "
             "of a Python function."
         ))
-        if allow_unverified and not measure_fixes_s:
+        if allow_unverified and measure_fixes_s == 0.0:
             raise ValueError(
                 "`allow_unverified` applies to the fixes `measure_fixes` times, and "
-                "measure_fixes is off: pass measure_fixes=True as well, or drop "
+                "measure_fixes is off: pass measure_fixes=\"auto\" or True, or drop "
                 "allow_unverified."
             )
         _check_flag(check_contention, "check_contention", (

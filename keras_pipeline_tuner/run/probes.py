@@ -14,6 +14,7 @@ later fit sees (see `pipeline.rerun` and `instrumentation.what_if_replay`).
 
 import dataclasses
 import logging
+import sys
 from typing import Optional
 
 from keras_pipeline_tuner._util import features
@@ -43,13 +44,14 @@ class ProbeSettings:
     Attributes:
         what_if_steps: replayed steps for `what_if`, 0 when it is off.
         check_contention: whether the contention check may run.
-        measure_fixes_s: seconds for the fix timing, 0 when it is off.
+        measure_fixes_s: seconds for the fix timing, 0 when it is off, `None`
+            for "auto" (`fix_timing.auto_budget` of the fit's time).
         allow_unverified: the pipeline's Python keeps no state (fix timing).
     """
 
     what_if_steps: int = 0
     check_contention: bool = True
-    measure_fixes_s: float = 0.0
+    measure_fixes_s: Optional[float] = None
     allow_unverified: bool = False
 
 
@@ -237,10 +239,16 @@ class AfterTraining:
 
     def _fix_timing(self, run, dataset) -> None:
         """Times the advised fixes on the dataset training read (`measure_fixes`)."""
-        if not self.settings.measure_fixes_s or not self.guard.enabled(features.FIX_TIMING):
+        asked_s = self.settings.measure_fixes_s
+        if asked_s == 0.0 or not self.guard.enabled(features.FIX_TIMING):
             return
-        with self.guard(features.FIX_TIMING), run.cost.part("fix timing"):
+        if asked_s is None and (dataset is None or "tensorflow" not in sys.modules):
+            # "auto": nothing to time without a tf.data dataset, and nothing to say.
+            return
+        with self.guard(features.FIX_TIMING), run.cost.part(tuner_cost.FIX_TIMING):
             if dataset is None or not isinstance(dataset, tensorflow().data.Dataset):
+                if asked_s is None:
+                    return
                 run.notes.append(
                     "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
                     "training was not given one (or was given one distributed by a strategy; "
@@ -250,6 +258,9 @@ class AfterTraining:
             report = run.built_report()
             if report is None or not report.verdict.input_bound:
                 return
+            budget_s = self._fix_timing_budget(run, asked_s)
+            if budget_s is None:
+                return
             # The user's Python functions run again: their draws from the global
             # generators must not move the user's next ones.
             with preserved_random_state():
@@ -257,9 +268,31 @@ class AfterTraining:
                     dataset,
                     report.recommendations,
                     report.train,
-                    self.settings.measure_fixes_s,
+                    budget_s,
                     self.settings.allow_unverified,
+                    report.reuse,
                 )
+
+
+    def _fix_timing_budget(self, run, asked_s: Optional[float]) -> Optional[float]:
+        """The fix timing's seconds: as asked, or "auto"'s cap (`None`: too short, noted)."""
+        budget_s = asked_s
+        if asked_s is None:
+            fit_s = run.cost.cost().fit_s
+            budget_s = fix_timing.auto_budget(fit_s)
+            run.cost.fix_timing_capped(budget_s)
+            if budget_s < fix_timing.AUTO_LEAST_S:
+                run.notes.append(
+                    f"The advised fixes were not timed: measure_fixes=\"auto\" gives them "
+                    f"the smaller of {fix_timing.AUTO_CAP_S:g} s and "
+                    f"{fix_timing.AUTO_FIT_SHARE * 100:g} % of the fit's {fit_s:.1f} s, "
+                    f"{budget_s:.2f} s, too short to time one (measure_fixes=True gives them "
+                    f"{fix_timing.DEFAULT_BUDGET_S:g} s). Their figures stay bounds."
+                )
+                return None
+        if budget_s > tuner_cost.ANNOUNCE_S:
+            self.announce(f"timing the advised fixes on the pipeline: up to {budget_s:.1f} s")
+        return budget_s
 
 
 def _tracing_s(clock) -> float:

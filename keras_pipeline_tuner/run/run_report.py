@@ -8,10 +8,13 @@ terminal line, the file and the advice all show that one judgement.
 
 import sys
 from typing import List
+from typing import Optional
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.advisor import input_free_gain
+from keras_pipeline_tuner.advice.data_reuse import DataReuse
+from keras_pipeline_tuner.advice.data_reuse import reuse_of
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.outputs.report import Report
@@ -91,6 +94,7 @@ def build_report(run) -> Report:
     if guard.enabled(features.ADVICE):
         with guard(features.ADVICE):
             report.input_free = input_free_gain(report.train, report.what_if, judgement)
+            report.reuse = _reuse(run, report.train)
             report.recommendations = advise(
                 report.train,
                 report.profile,
@@ -101,8 +105,16 @@ def build_report(run) -> Report:
                 workers=report.workers,
                 judgement=judgement,
                 fix_timings=run.fix_timings,
+                reuse=report.reuse,
             )
     return report
+
+
+def _reuse(run, train) -> Optional[DataReuse]:
+    """How much of its dataset the fit read (see `advice.data_reuse`)."""
+    pipeline = getattr(run.findings, "pipeline", None)
+    read = train.steps + (1 if TRAIN in run.clock.first_steps else 0)
+    return reuse_of(getattr(pipeline, "cardinality", None), read)
 
 
 def environment() -> dict:

@@ -113,11 +113,14 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             prefetch, vectorised map) on its own against the pipeline as
             written, on the dataset alone, and predict the step gain from it
             and the measured compute time (see `advice.fix_timing`): the
-            advice then shows that measured figure and is ranked by it. True
-            for a budget of about 5 seconds in all, or a number of seconds;
-            off by default. The model is not touched; the pipeline runs for
-            that long. A pipeline that shuffles, draws random numbers, changes
-            state, reads a generator or calls Python (unless
+            advice then shows that measured figure and is ranked by it.
+            "auto" (the default): within the smaller of 10 s and 5 % of the
+            fit's own time, a cap of its own beside `cost_budget_s` (a fit
+            under 10 s times nothing); True for a budget of about 5 seconds in
+            all, or a number of seconds; False turns it off. The model is not
+            touched; the pipeline runs for that long. A pipeline that
+            shuffles, draws random numbers, changes state, reads a generator
+            or calls Python (unless
             `allow_unverified`) is not run again (its later epochs would
             differ), and a fix that cannot be timed keeps its bound.
         allow_unverified: with `measure_fixes`, the pipeline's Python functions
@@ -150,7 +153,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         tensorboard_workers: str = "chief",
         worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S,
         check_contention: bool = True,
-        measure_fixes: Union[bool, float] = False,
+        measure_fixes: Union[str, bool, float] = "auto",
         allow_unverified: bool = False,
         cost_budget_s: Optional[float] = None,
     ):

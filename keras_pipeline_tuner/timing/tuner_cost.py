@@ -19,6 +19,9 @@ MIN_BUDGET_S = 2.0
 FIT_SHARE = 0.02
 # Work expected to take longer than this says so first, in one line.
 ANNOUNCE_S = 1.0
+# The part `measure_fixes="auto"` times within a cap of its own (see
+# `advice.fix_timing.auto_budget`), not within the budget.
+FIX_TIMING = "fix timing"
 # An epoch's outputs (report file, TensorBoard text, dashboard, image) take at
 # most this share of training time: after epochs shorter than their cost's
 # 100x, the next ones wait (nothing is lost: the next write holds every step).
@@ -35,6 +38,9 @@ class TunerCost:
         after_training_s: what it took, measured up to the final report.
         parts: seconds per part of that work ("contention check",
             "outputs", ...).
+        fix_timing_cap_s: the cap of its own that `measure_fixes="auto"` gave
+            the "fix timing" part, which then counts against it rather than
+            the budget; `None` when it did not run on its own cap.
 
     Example:
 
@@ -47,11 +53,26 @@ class TunerCost:
     budget_s: float = MIN_BUDGET_S
     after_training_s: float = 0.0
     parts: Dict[str, float] = dataclasses.field(default_factory=dict)
+    fix_timing_cap_s: Optional[float] = None
 
     @property
     def within_budget(self) -> bool:
-        """Whether the work after training took no more than its budget."""
-        return self.after_training_s <= self.budget_s
+        """Whether the work after training took no more than its budget.
+
+        Example:
+
+        >>> cost = TunerCost(60.0, 2.0, 4.0, {"fix timing": 3.0}, fix_timing_cap_s=3.0)
+        >>> cost.within_budget
+        True
+        """
+        return self.after_training_s - self.capped_s <= self.budget_s
+
+    @property
+    def capped_s(self) -> float:
+        """The seconds of work that counted against a cap of their own (the fix timing)."""
+        if self.fix_timing_cap_s is None:
+            return 0.0
+        return self.parts.get(FIX_TIMING, 0.0)
 
     def summary(self) -> str:
         """One sentence: what the tuner's work after training took, and of what.
@@ -64,9 +85,16 @@ within its budget of 2.0 s."
         """
         parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
         within = "within" if self.within_budget else "over"
+        capped = ""
+        if self.fix_timing_cap_s is not None:
+            capped = (
+                f" The fix timing counts against a cap of its own, "
+                f"{self.fix_timing_cap_s:.1f} s (measure_fixes=\"auto\")."
+            )
         return (
             f"The tuner's own work after training took {self.after_training_s:.2f} s"
             f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
+            + capped
         )
 
 
@@ -121,6 +149,7 @@ class CostMeter:
         self._parts: Dict[str, float] = {}
         self._reserved_s = 0.0
         self._outputs_due = 0.0
+        self._fix_timing_cap_s: Optional[float] = None
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
@@ -128,6 +157,7 @@ class CostMeter:
         self._ended = self._stopped = None
         self._parts = {}
         self._reserved_s = self._outputs_due = 0.0
+        self._fix_timing_cap_s = None
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -176,9 +206,14 @@ class CostMeter:
         self._outputs_due = time.monotonic() + seconds / EPOCH_OUTPUT_SHARE
         self._reserved_s = max(self._reserved_s, seconds)
 
+    def fix_timing_capped(self, cap_s: float) -> None:
+        """The fix timing runs on a cap of its own (`measure_fixes="auto"`), not the budget."""
+        self._fix_timing_cap_s = cap_s
+
     def remaining_s(self) -> float:
         """What is left of the budget for the probes: the outputs' share kept back."""
-        return max(self.budget_s - self.spent_s() - self._reserved_s, 0.0)
+        capped = self._parts.get(FIX_TIMING, 0.0) if self._fix_timing_cap_s is not None else 0.0
+        return max(self.budget_s - (self.spent_s() - capped) - self._reserved_s, 0.0)
 
     def deadline(self, share: float = 1.0) -> float:
         """The `time.monotonic()` by which `share` of what is left of the budget is used."""
@@ -202,4 +237,5 @@ class CostMeter:
             budget_s=self.budget_s,
             after_training_s=self.spent_s(),
             parts={name: round(seconds, 4) for name, seconds in self._parts.items()},
+            fix_timing_cap_s=self._fix_timing_cap_s,
         )

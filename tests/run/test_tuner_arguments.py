@@ -102,7 +102,11 @@ def test_log_dir_not_created_yet_is_fine(tmp_path):
         ({"measure_fixes": None}, ValueError, "measure_fixes=True"),
         ({"allow_unverified": "yes"}, ValueError, "allow_unverified=True"),
         ({"allow_unverified": 1}, ValueError, "allow_unverified=True"),
-        ({"allow_unverified": True}, ValueError, "pass measure_fixes=True"),
+        (
+            {"allow_unverified": True, "measure_fixes": False},
+            ValueError,
+            'measure_fixes="auto" or True',
+        ),
         ({"cost_budget_s": -1}, ValueError, "0 to run no automatic probe"),
         ({"cost_budget_s": "2s"}, ValueError, "Pass None for the default"),
         ({"cost_budget_s": float("nan")}, ValueError, "Pass None for the default"),

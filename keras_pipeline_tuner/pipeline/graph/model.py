@@ -238,6 +238,9 @@ class Pipeline:
         runtime: the pipeline TensorFlow runs after its default rewrites, or
             `None` when it could not be read (see `runtime_error`).
         runtime_error: why the rewritten pipeline could not be read.
+        cardinality: the dataset's elements in one pass, as
+            `dataset.cardinality()` gives it (-1 without end, -2 unknown), or
+            `None` when it was built from a graph alone.
 
     Example:
 
@@ -251,6 +254,7 @@ class Pipeline:
     options: Dict[str, ParamValue] = dataclasses.field(default_factory=dict)
     runtime: Optional["Pipeline"] = None
     runtime_error: Optional[str] = None
+    cardinality: Optional[int] = None
 
     def __str__(self) -> str:
         return " -> ".join(stage.label for stage in self.stages)

@@ -82,6 +82,8 @@ def read_pipeline(dataset, max_in_memory_bytes: Optional[int] = None) -> Pipelin
         raise RuntimeError(
             "The pipeline can only be read eagerly: call it outside tf.function."
         )
+    # Of the dataset as written: the stand-ins below change its sources.
+    cardinality = int(dataset.cardinality())
     if max_in_memory_bytes is not None:
         held = in_memory_bytes(dataset)
         light = (
@@ -102,6 +104,7 @@ def read_pipeline(dataset, max_in_memory_bytes: Optional[int] = None) -> Pipelin
                 "limit (max_in_memory_bytes=None reads it anyway)."
             )
     pipeline = pipeline_from_graph_def(graph_def_of(dataset))
+    pipeline.cardinality = cardinality
     try:
         runtime = pipeline_from_graph_def(_graph_def(_finalized_graph(dataset)))
     except Exception as error:  # noqa: BLE001 - the static view stands on its own.

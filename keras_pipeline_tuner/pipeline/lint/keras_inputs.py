@@ -8,6 +8,7 @@ in-memory arrays each get advice of their own, about the one stage that
 stands for them.
 """
 
+import importlib.util
 from typing import Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
@@ -252,8 +253,14 @@ def lint_keras_arrays() -> Findings:
         "fit was given in-memory arrays: Keras builds the tf.data pipeline itself "
         "(shuffled index batches, parallel slicing, prefetch), so tf.data advice does "
         "not apply.",
-        "Nothing to change. To add augmentation or caching, build the pipeline "
-        "yourself: tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))"
-        ".batch(32).prefetch(tf.data.AUTOTUNE)",
+        "Nothing to change."
+        + (
+            " To add augmentation or caching, build the pipeline yourself: "
+            "tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x))"
+            ".batch(32).prefetch(tf.data.AUTOTUNE)"
+            # tf.data advice only where tf.data can be used.
+            if importlib.util.find_spec("tensorflow") is not None
+            else ""
+        ),
     )
     return Findings([finding], Pipeline(stages=[stage]))

@@ -381,10 +381,10 @@ def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
             else ""
         )
         python = bool(function.py_function_ops)
-        fix = (
-            f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
-            "  # or .cache('/path/to/cache_file')"
-        )
+        # One change: the stage as written, then the cache (a parallel map
+        # is a finding, and a gain, of its own).
+        written = _as_written(stage, name)
+        fix = f"ds = ds.{written}.cache()  # or .cache('/path/to/cache_file')"
         shuffle = _direct_input(pipeline, stage)
         reshuffled = (
             shuffle is not None
@@ -399,7 +399,7 @@ def _cache_missing(pipeline: Pipeline) -> Iterable[Finding]:
                 "every epoch still gets a new order."
             )
             fix = (
-                f"ds = ds.map({name}, num_parallel_calls=tf.data.AUTOTUNE).cache()"
+                f"ds = ds.{written}.cache()"
                 f".shuffle({_size(shuffle, 'buffer_size', 'buffer_size')})"
                 + _in_place_of(shuffle, stage)
             )
@@ -662,6 +662,16 @@ def _in_place_of(*stages: Stage) -> str:
     be applied as written.
     """
     return "  # in place of: " + " -> ".join(stage.label for stage in stages)
+
+
+def _as_written(stage: Stage, name: str) -> str:
+    """The map stage as code, with the parallelism it was written with."""
+    calls = stage.params.get("num_parallel_calls")
+    if calls == "AUTOTUNE":
+        calls = "tf.data.AUTOTUNE"
+    if stage.parallel and calls:
+        return f"map({name}, num_parallel_calls={calls})"
+    return f"map({name})"
 
 
 def _size(stage: Stage, name: str, placeholder: str) -> str:
