@@ -73,8 +73,6 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
 from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
-from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_FILE_READ
-from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -93,8 +91,10 @@ if TYPE_CHECKING:
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
-# Findings whose fix gives a sequential stage AUTOTUNE parallel calls.
-_AUTOTUNED = frozenset({SEQUENTIAL_MAP, SEQUENTIAL_INTERLEAVE, SEQUENTIAL_FILE_READ})
+# Findings whose fix gives a sequential map AUTOTUNE parallel calls: at most
+# one per core. (An interleave's parallelism is its cycle length, which may
+# be larger: waiting reads get more than the cores, and keep their bound.)
+_AUTOTUNED = frozenset({SEQUENTIAL_MAP})
 # Notes with nothing to change: the inspection shows them, the advice does not.
 _NOTHING_TO_CHANGE = frozenset({KERAS_ARRAY_INPUT})
 _PARALLEL_KINDS = frozenset(
@@ -546,8 +546,8 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         # Telling an already-parallel stage to run in parallel repeats the
         # user's own code: what is left is less work or doing it once.
         reason, fix = _parallel_stage_fix(written)
-    # The fix runs the stage with AUTOTUNE parallel calls: at most one per core.
-    parallel = "tf.data.AUTOTUNE" in fix and "cache" not in fix
+    # The fix runs a map with AUTOTUNE parallel calls: at most one per core.
+    parallel = kind == kinds.MAP and "num_parallel_calls" in fix and "cache" not in fix
     return Recommendation(
         id=BOTTLENECK_STAGE,
         title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
@@ -637,11 +637,11 @@ def _stage_gain(
 
 
 def _within_cores(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
-    """The ceiling of a sequential stage given AUTOTUNE parallel calls: `cpu_count` times.
+    """The ceiling of a sequential map given AUTOTUNE parallel calls: `cpu_count` times.
 
-    tf.data's AUTOTUNE runs at most as many parallel calls as the cores the
-    process may use, so a sequential stage gets at most that many times
-    faster, and with it the step (far below "steps as fast as their compute").
+    tf.data's AUTOTUNE runs at most as many parallel calls of a map as the
+    cores the process may use, so a sequential map gets at most that many
+    times faster, and with it the step (far below "steps as fast as their compute").
     A ceiling, not a prediction: threads do nothing for Python under the GIL,
     and TensorFlow ops share the cores with the model; timing the change says
     what it brings. A fixed, larger parallelism on waiting work (remote reads)

@@ -17,6 +17,9 @@ from typing import Optional
 # `tf.data`'s cardinality constants, so that no TensorFlow import is needed.
 INFINITE = -1
 UNKNOWN = -2
+# A pipeline with a `repeat(n)`: its cardinality counts every repetition, not
+# one pass over the elements a cache would hold.
+REPEATED = -3
 
 
 @dataclasses.dataclass
@@ -26,7 +29,7 @@ class DataReuse:
     Attributes:
         batches_read: the training batches the fit took.
         batches_per_pass: the dataset's batches in one pass (its
-            cardinality), `INFINITE` or `UNKNOWN`.
+            cardinality), `INFINITE`, `UNKNOWN` or `REPEATED`.
 
     Example:
 
@@ -60,6 +63,11 @@ class DataReuse:
             return (
                 f"this fit read {self.batches_read} batches of a dataset without end (a "
                 "repeat()): whether it read an element twice is not known"
+            )
+        if self.batches_per_pass == REPEATED:
+            return (
+                f"this fit read {self.batches_read} batches of a dataset that repeats its "
+                "elements (a repeat(n)): whether it read an element twice is not known"
             )
         if self.passes is None:
             return (
@@ -99,13 +107,17 @@ class DataReuse:
         return 1.0 / (filled + (1.0 - filled) / steady_speedup)
 
 
-def reuse_of(batches_per_pass: Optional[int], batches_read: int) -> Optional[DataReuse]:
+def reuse_of(
+    batches_per_pass: Optional[int], batches_read: int, repeated: bool = False
+) -> Optional[DataReuse]:
     """The fit's `DataReuse`, or `None` when the dataset's length was not read.
 
     Args:
         batches_per_pass: the dataset's cardinality as `tf.data` gives it
             (`INFINITE`, `UNKNOWN` or a count), or `None` when not read.
         batches_read: the training batches the fit took.
+        repeated: whether the pipeline has a `repeat()`: a finite count then
+            holds every repetition, and one pass is not known.
 
     Returns:
         The `DataReuse`, or `None`.
@@ -117,4 +129,6 @@ def reuse_of(batches_per_pass: Optional[int], batches_read: int) -> Optional[Dat
     """
     if batches_per_pass is None or batches_read <= 0:
         return None
+    if repeated and batches_per_pass >= 0:
+        batches_per_pass = REPEATED
     return DataReuse(int(batches_read), int(batches_per_pass))

@@ -78,6 +78,10 @@ AUTO_FIT_SHARE = 0.05
 # Below this, no fix can be timed (reading the pipeline and one pass of each
 # side take longer): the automatic timing does not start.
 AUTO_LEAST_S = 0.5
+# The share of the cap the timed rounds are planned for: reading and
+# rebuilding the pipeline and its last round's check take the rest (up to a
+# fifth of the budget was seen beyond it).
+AUTO_PLANNED_SHARE = 0.75
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
@@ -464,11 +468,15 @@ def _rewrite_kind(recommendation: Recommendation, fix_id: str) -> Optional[str]:
 
 
 def _matching(candidates, kind: str, recommendation: Recommendation):
-    for rewrite in candidates:
-        if rewrite.kind != kind:
-            continue
-        if kind in _ONE_PER_PIPELINE or rewrite.node == recommendation.stage_node:
-            return rewrite
+    # A map written with num_parallel_calls=1 is sequential to the lint, and
+    # the rewriter gives it AUTOTUNE in place of its fixed parallelism.
+    kinds_wanted = (kind, AUTOTUNE_PARALLELISM) if kind == PARALLEL_MAP else (kind,)
+    for wanted in kinds_wanted:
+        for rewrite in candidates:
+            if rewrite.kind != wanted:
+                continue
+            if wanted in _ONE_PER_PIPELINE or rewrite.node == recommendation.stage_node:
+                return rewrite
     return None
 
 

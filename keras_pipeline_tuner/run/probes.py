@@ -292,6 +292,9 @@ class AfterTraining:
                 return None
         if budget_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"timing the advised fixes on the pipeline: up to {budget_s:.1f} s")
+        if asked_s is None:
+            # Planned within a share of the cap, so that it ends within it.
+            return budget_s * fix_timing.AUTO_PLANNED_SHARE
         return budget_s
 
 

@@ -18,6 +18,7 @@ from keras_pipeline_tuner.advice.data_reuse import reuse_of
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.workers import exchange as worker_reports
@@ -113,8 +114,11 @@ def build_report(run) -> Report:
 def _reuse(run, train) -> Optional[DataReuse]:
     """How much of its dataset the fit read (see `advice.data_reuse`)."""
     pipeline = getattr(run.findings, "pipeline", None)
+    if pipeline is None:
+        return None
     read = train.steps + (1 if TRAIN in run.clock.first_steps else 0)
-    return reuse_of(getattr(pipeline, "cardinality", None), read)
+    repeated = any(stage.kind == kinds.REPEAT for stage in pipeline.stages)
+    return reuse_of(pipeline.cardinality, read, repeated)
 
 
 def environment() -> dict:
