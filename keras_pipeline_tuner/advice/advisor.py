@@ -220,7 +220,8 @@ def advise(
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
-    ranked += errors + ([offload] if offload else []) + sorted(others, key=lambda item: _rank_key(item, run))
+    others = sorted(others, key=lambda item: _rank_key(item, run))
+    ranked += errors + ([offload] if offload else []) + others
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))

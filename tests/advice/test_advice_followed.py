@@ -1,4 +1,4 @@
-"""The advice followed on real fits: a cache only where the data repeats, and a top fix that delivers.
+"""The advice followed on real fits: a cache only where data repeats; a top fix that delivers.
 
 The pipeline's map is a Python function that sleeps 4 ms an element, eight to a
 batch, so that input is nearly all of the step, whatever the load beside it.
