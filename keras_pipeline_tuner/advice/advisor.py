@@ -213,13 +213,21 @@ def advise(
             _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
         ]
 
+    offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
+    ranked = _ranked(run, findings, offload, fix_timings)
+    straggler = scale_out_advice.straggler_recommendation(workers)
+    return ([straggler] if straggler else []) + _one_per_stage(ranked)
+
+
+def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:
+    """The input-bound run's recommendations in rank order (see the module's rules)."""
+    profile = run.profile
     bottleneck = profile.bottleneck if profile is not None else None
     at_bottleneck, errors, others = _by_place(run, findings)
     input_bound = run.verdict.input_bound
     ranked = sorted(at_bottleneck, key=lambda item: _bottleneck_key(item, run))
     if bottleneck and not at_bottleneck and input_bound:
         ranked.append(_bottleneck_stage(run))
-    offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
     others = sorted(others, key=lambda item: _rank_key(item, run))
     ranked += errors + ([offload] if offload else []) + others
     if input_bound and not bottleneck:
@@ -231,8 +239,7 @@ def advise(
     # never read back, a fix timed at no gain) comes after every speed fix,
     # so that a stage's first recommendation is the change that can help.
     ranked.sort(key=_no_speed_fix)
-    straggler = scale_out_advice.straggler_recommendation(workers)
-    return ([straggler] if straggler else []) + _one_per_stage(ranked)
+    return ranked
 
 
 def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:

@@ -160,14 +160,7 @@ def judge(
     if share is not None:
         scope = "in steady state"
         if epoch_starts is not None and epoch_starts.steps and epoch_starts.wait_ms > 0:
-            total = share.plus(epoch_starts)
-            one_off.append(
-                f"Epoch starts: the first {EPOCH_START_STEPS} steps of each epoch waited "
-                f"{epoch_starts.wait_ms:.1f} ms in all "
-                f"({_percent(epoch_starts.wait_ms, total.step_ms)}"
-                " of training step time): new iterators, refilling shuffle buffers; left "
-                "out of the verdict."
-            )
+            one_off.append(_epoch_starts_line(share, epoch_starts))
         later = _later_epochs(epochs)
         if later is not None:
             share = later
@@ -312,6 +305,16 @@ def _mean_step_ms(share, stats: StepStats) -> Optional[float]:
     if share is not None and share.steps:
         return share.step_ms / share.steps
     return stats.step.mean_ms
+
+
+def _epoch_starts_line(share: Share, epoch_starts: Share) -> str:
+    total = share.plus(epoch_starts)
+    return (
+        f"Epoch starts: the first {EPOCH_START_STEPS} steps of each epoch waited "
+        f"{epoch_starts.wait_ms:.1f} ms in all ({_percent(epoch_starts.wait_ms, total.step_ms)}"
+        " of training step time): new iterators, refilling shuffle buffers; left out of the "
+        "verdict."
+    )
 
 
 def _from_profile(profile) -> Judgement:

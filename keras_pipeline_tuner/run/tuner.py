@@ -115,14 +115,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             and the measured compute time (see `advice.fix_timing`): the
             advice then shows that measured figure and is ranked by it.
             "auto" (the default): within the smaller of 10 s and 5 % of the
-            fit's own time, a cap of its own beside `cost_budget_s` (a fit
-            under 10 s times nothing); True for a budget of about 5 seconds in
-            all, or a number of seconds; False turns it off. The model is not
-            touched; the pipeline runs for that long. A pipeline that
-            shuffles, draws random numbers, changes state, reads a generator
-            or calls Python (unless
-            `allow_unverified`) is not run again (its later epochs would
-            differ), and a fix that cannot be timed keeps its bound.
+            fit's time, a cap of its own; True: about 5 s; or seconds; False:
+            off. The model is not touched. A pipeline that shuffles, draws
+            random numbers, changes state, reads a generator or calls Python
+            (unless `allow_unverified`) is not run again (its later epochs
+            would differ), and a fix that cannot be timed keeps its bound.
         allow_unverified: with `measure_fixes`, the pipeline's Python functions
             keep no state between calls: run them again to time the fixes,
             also from several threads (a parallel map of a `tf.py_function`),
