@@ -91,6 +91,9 @@ if TYPE_CHECKING:
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
+# The changes whose gain the stage's profiled time predicts.
+PARALLEL = "parallel calls"
+CACHE = "cache"
 # Findings whose fix gives a sequential map AUTOTUNE parallel calls: at most
 # one per core. (An interleave's parallelism is its cycle length, which may
 # be larger: waiting reads get more than the cores, and keep their bound.)
@@ -298,7 +301,8 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
                 ).strip(),
             )
             continue
-        recommendation.expected_gain = gain
+        predicted = recommendation.expected_gain.predicted_speedup
+        recommendation.expected_gain = dataclasses.replace(gain, predicted_speedup=predicted)
         recommendation.evidence.append(Evidence(FIX_TIMING, gain.statement))
         applied = True
     return applied
@@ -554,8 +558,12 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         # Telling an already-parallel stage to run in parallel repeats the
         # user's own code: what is left is less work or doing it once.
         reason, fix = _parallel_stage_fix(written)
-    # The fix runs a map with AUTOTUNE parallel calls: at most one per core.
-    parallel = kind == kinds.MAP and "num_parallel_calls" in fix and "cache" not in fix
+    # The fix runs a map with AUTOTUNE parallel calls (at most one per core), or caches.
+    change = None
+    if ".cache(" in fix:
+        change = CACHE
+    elif kind == kinds.MAP and "num_parallel_calls" in fix:
+        change = PARALLEL
     return Recommendation(
         id=BOTTLENECK_STAGE,
         title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
@@ -563,7 +571,7 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         evidence=_profile_evidence(run.profile, stage, run.profile.bottleneck_node)
         + run.clock_evidence,
         fix=fix.format(function=function or "fn", stage=stage),
-        expected_gain=_stage_gain(run, stage, parallel, run.profile.bottleneck_node),
+        expected_gain=_stage_gain(run, stage, change, run.profile.bottleneck_node),
         stage=stage,
         reason=reason,
         stage_node=run.profile.bottleneck_node,
@@ -618,7 +626,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         elif finding.id == MISSING_PREFETCH:
             gain = _overlap_gain(run.stats)
         else:
-            gain = _stage_gain(run, finding.stage, finding.id in _AUTOTUNED, _node(finding))
+            gain = _stage_gain(run, finding.stage, _change_of(finding.id), _node(finding))
         if finding.id == CACHE_MISSING:
             gain = _cache_gain(run, gain)
     return Recommendation(
@@ -638,10 +646,39 @@ def _from_finding(run: _Run, finding) -> Recommendation:
 
 
 def _stage_gain(
-    run: _Run, stage: str, autotuned: bool, node: Optional[str] = None
+    run: _Run, stage: str, change: Optional[str], node: Optional[str] = None
 ) -> Optional[ExpectedGain]:
-    gain = _stage_share_gain(run, stage, node)
-    return _within_cores(run, gain) if autotuned else gain
+    """The ceiling of changing `stage`, and what `change` is predicted to bring.
+
+    `change` is PARALLEL for AUTOTUNE parallel calls of a sequential map, CACHE
+    for a cache after the stage, `None` for any other change (no prediction).
+    """
+    gain, stage_ms = _stage_share_gain(run, stage, node)
+    if change == PARALLEL:
+        gain = _within_cores(run, gain)
+    if gain is None or stage_ms is None or not gain.step_ms or change is None:
+        return gain
+    # Plumber's operational analysis, for the one stage the change touches:
+    # its time spread over the cores, or gone from the passes a cache serves.
+    step_ms = gain.step_ms
+    freed_ms = stage_ms * (1.0 - 1.0 / run.cpu_count) if change == PARALLEL else stage_ms
+    after = max(step_ms - freed_ms, gain.step_ms_after or 0.0, 1e-9)
+    predicted = min(step_ms / after, gain.speedup or math.inf)
+    return dataclasses.replace(
+        gain,
+        predicted_speedup=predicted,
+        statement=(
+            f"{gain.statement} Predicted from the profiled stage ({stage_ms:.2f} ms a step"
+            + (f" over {run.cpu_count} cores" if change == PARALLEL else ", served by the cache")
+            + f"): a step of {after:.2f} ms, {predicted:.2f}x faster."
+        ),
+    )
+
+
+def _change_of(finding_id: str) -> Optional[str]:
+    if finding_id in _AUTOTUNED:
+        return PARALLEL
+    return CACHE if finding_id == CACHE_MISSING else None
 
 
 def _within_cores(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
@@ -670,11 +707,15 @@ def _within_cores(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedG
     )
 
 
-def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[ExpectedGain]:
-    """The ceiling of changing `stage`: its profiled share of the input's cost given back."""
+def _stage_share_gain(run: _Run, stage: str, node: Optional[str]):
+    """The ceiling of changing `stage` (its profiled share of the input's cost given back).
+
+    Returns `(gain, stage_ms)`: the `ExpectedGain`, and the milliseconds of a
+    step the profiled stage costs (`None` when no window timed it).
+    """
     bound, stats = run.bound, run.stats
     if bound is None:
-        return _unmeasured()
+        return _unmeasured(), None
     profile = run.profile
     timed = _stage_time(profile, stage, node) if profile is not None else None
     if timed is None and profile is not None and profile.bottleneck and profile.iterators:
@@ -691,7 +732,7 @@ def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[Ex
             f"The profiler timed no work of {stage}'s own in the input pipeline (it "
             f"names {profile.bottleneck} the bottleneck): changing it frees no "
             "measurable input time.",
-        )
+        ), None
     if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
         return dataclasses.replace(
             bound,
@@ -699,7 +740,7 @@ def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[Ex
             statement=bound.statement
             + " This change gets there only if this stage is what the input waits for "
             "(no profile timed it).",
-        )
+        ), None
     wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
     # What the input costs a step in the steady state the verdict describes
     # (a cache-filling first epoch left out): its wait, or more where a replay
@@ -716,7 +757,7 @@ def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[Ex
     # never gets faster than it does with input free.
     after = max(bound.step_ms_after or 0.0, step_ms - stage_ms)
     if after <= 0:
-        return bound
+        return bound, None
     # A ceiling: the change gives back at most the stage's share; how much of
     # it a given fix (threads, a cache) gives back is what timing it shows.
     return ExpectedGain(
@@ -729,7 +770,7 @@ def _stage_share_gain(run: _Run, stage: str, node: Optional[str]) -> Optional[Ex
         f"({'measured by the replay' if run.judgement.source == REPLAY else 'its wait'}) would "
         "make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
-    )
+    ), stage_ms
 
 
 def _cache_gain(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
@@ -748,9 +789,11 @@ def _cache_gain(run: _Run, gain: Optional[ExpectedGain]) -> Optional[ExpectedGai
     if not reuse.repeats:
         return ExpectedGain(1.0, gain.step_ms, gain.step_ms, NOT_READ_BACK, line)
     speedup = reuse.fit_speedup(gain.speedup)
+    predicted = gain.predicted_speedup
     return dataclasses.replace(
         gain,
         speedup=speedup,
+        predicted_speedup=reuse.fit_speedup(predicted) if predicted is not None else None,
         step_ms_after=gain.step_ms / speedup,
         statement=(
             f"{gain.statement} {line} Over the fit's {reuse.passes:.1f} passes, the first "
@@ -960,23 +1003,27 @@ def _rank_key(recommendation: Recommendation, run: Optional["_Run"] = None):
     return (
         _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
         _measured_tier(recommendation),
-        _only_the_ceiling(gain, run),
+        _looseness(gain, run),
         -(gain.likely_speedup or 0.0),
-        -(gain.speedup or 0.0),
+        -(gain.predicted_speedup or gain.speedup or 0.0),
     )
 
 
-def _only_the_ceiling(gain: ExpectedGain, run: Optional["_Run"]) -> bool:
-    """Whether a gain is no tighter than the run's "input free" ceiling.
+def _looseness(gain: ExpectedGain, run: Optional["_Run"]) -> int:
+    """How loose a bound is: 0 predicted (or measured), 1 a tighter ceiling, 2 the run's own.
 
-    Among bounds, the tighter estimate ranks first: a stage's profiled share,
-    or the cores a parallel stage may use, say more about the change than the
-    ceiling every input change shares (a rewrite in TensorFlow ops gets it).
+    Among bounds, the tightest honest estimate ranks first: a prediction from
+    the stage's profiled time (over the cores, or served by a cache), then a
+    ceiling tighter than the run's "input free" one (the cores a parallel map
+    may use, a stage's profiled share), then that ceiling itself, which every
+    input change shares (a rewrite in TensorFlow ops gets it).
     """
-    bound = run.bound if run is not None else None
-    if bound is None or bound.speedup is None or gain.likely_speedup is not None:
-        return False
-    return gain.basis == BOUND and (gain.speedup is None or gain.speedup >= bound.speedup - 1e-9)
+    if gain.basis != BOUND or gain.likely_speedup is not None or gain.predicted_speedup:
+        return 0
+    ceiling = run.bound.speedup if run is not None and run.bound is not None else None
+    if gain.speedup is not None and ceiling is not None and gain.speedup < 0.9 * ceiling:
+        return 1
+    return 2
 
 
 def _title(finding) -> str:

@@ -80,6 +80,12 @@ class ExpectedGain:
         statement: the reasoning, in a sentence with its numbers.
         likely_speedup: what the change itself brought when it was timed
             (`PipelineTuner(measure_fixes=True)`); `None` otherwise.
+        predicted_speedup: what the change should bring by the pipeline's
+            capacity, from the profiler window's time in the stage: a
+            sequential map given AUTOTUNE parallel calls spreads that time
+            over the cores, a cache removes it from the passes that read it
+            back. A prediction, shown beside the bound or the measured
+            figure; `None` when no window timed the stage.
     """
 
     speedup: Optional[float] = None
@@ -88,6 +94,7 @@ class ExpectedGain:
     basis: str = MEASURED
     statement: str = ""
     likely_speedup: Optional[float] = None
+    predicted_speedup: Optional[float] = None
 
     @property
     def speeds_up(self) -> bool:
@@ -228,9 +235,18 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     'no clear gain (bound: up to 1.02x)'
     >>> describe_gain(ExpectedGain(speedup=1.0, basis="never read back"))
     'no gain: this fit never reads a cache back'
+    >>> describe_gain(ExpectedGain(speedup=2.0, basis="bound", predicted_speedup=1.9))
+    'up to 2.00x faster (bound; predicted 1.90x)'
     """
     if gain is None:
         return "correctness, not speed"
+    described = _described(gain)
+    if gain.predicted_speedup is not None and described.endswith(")"):
+        return f"{described[:-1]}; predicted {gain.predicted_speedup:.2f}x)"
+    return described
+
+
+def _described(gain: ExpectedGain) -> str:
     if gain.likely_speedup is not None:
         if gain.likely_speedup < LEAST_MEASURED_GAIN:
             return f"no clear gain (measured: the change timed, {gain.likely_speedup:.2f}x)"
