@@ -186,7 +186,8 @@ def advise(
             (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
             the measured figure (`likely_speedup`), and the advice is ranked
             again: fixes timed faster first (largest first; an untimed cache
-            of the bottleneck stage keeps its lead), fixes timed at no gain
+            of the bottleneck stage keeps its lead when `reuse` does not
+            tell the fit's passes), fixes timed at no gain
             last; an untimed fix keeps its bound.
         reuse: the fit's `DataReuse` (see `advice.data_reuse`): a cache in a
             fit that reads no element twice gets no gain, and one that does
@@ -237,7 +238,7 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     if _apply_timings(run, ranked, fix_timings):
-        _sort_by_timing(ranked, len(at_bottleneck))
+        _sort_by_timing(ranked, len(at_bottleneck), run)
     # What cannot make steps faster (a ceiling under LEAST_SHOWN_GAIN, a cache
     # never read back, a fix timed at no gain) comes after every speed fix,
     # so that a stage's first recommendation is the change that can help.
@@ -260,19 +261,20 @@ def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
     return at_bottleneck, errors, others
 
 
-def _sort_by_timing(ranked: List[Recommendation], at_bottleneck: int) -> None:
+def _sort_by_timing(ranked: List[Recommendation], at_bottleneck: int, run: "_Run") -> None:
     """Ranks timed fixes first, fastest first; the first `at_bottleneck` are the bottleneck's.
 
     Stable: within a tier the rules' order stands, so that one stage's
     recommendation is its fix timed fastest, or else its first untimed. An
-    untimed cache of the bottleneck stage keeps its lead: it removes the
-    stage's work from every epoch after the first, which no timed parallelism
-    does (a cache is timed only when whole epochs fit).
+    untimed cache of the bottleneck stage keeps its lead where the fit's
+    passes are not known: it removes the stage's work from every epoch after
+    the first, which no timed parallelism does (a cache is timed only when
+    whole epochs fit); where they are, its figure counts its filling pass.
     """
     leading = {
         id(item)
         for item in ranked[:at_bottleneck]
-        if _caches_with_gain(item) and _measured_tier(item) == 1
+        if _cache_leads(item, run) and _measured_tier(item) == 1
     }
     ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
 
@@ -327,14 +329,21 @@ def _bottleneck_key(recommendation: Recommendation, run: "_Run"):
     # first, which no amount of parallelism does; Python under the GIL may not
     # parallelise at all. So among speed fixes of that stage, the cache leads.
     first = 0 if recommendation.severity == "error" else (
-        1 if _caches_with_gain(recommendation) else 2
+        1 if _cache_leads(recommendation, run) else 2
     )
     return (first,) + _rank_key(recommendation, run)
 
 
-def _caches_with_gain(recommendation: Recommendation) -> bool:
+def _cache_leads(recommendation: Recommendation, run: "_Run") -> bool:
+    """Whether a cache leads its stage: it speeds up, and the fit's passes are not known.
+
+    Where they are (`DataReuse`), its gain counts its filling pass over the
+    fit's, and it ranks by that figure like any other fix.
+    """
     gain = recommendation.expected_gain
-    return recommendation.id == CACHE_MISSING and (gain is None or gain.speeds_up)
+    if recommendation.id != CACHE_MISSING or (gain is not None and not gain.speeds_up):
+        return False
+    return run.reuse is None or run.reuse.repeats is None
 
 
 def _no_speed_fix(recommendation: Recommendation) -> bool:

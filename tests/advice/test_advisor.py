@@ -402,6 +402,21 @@ def test_a_cache_the_fit_never_reads_back_gets_no_gain_and_yields_the_stage():
     assert recommendation.describe_gain(gain) == "no gain: this fit never reads a cache back"
 
 
+def test_where_the_passes_are_known_a_cache_ranks_by_its_figure_over_them():
+    sequential = finding("sequential-map", "warning", "map(load_image)", "load_image")
+    cache = finding("cache-missing", "info", "map(load_image)", "load_image")
+    two_passes = DataReuse(batches_read=40, batches_per_pass=20)
+    ranked = advisor.advise(
+        stats(30.0, 10.0), profile(), [sequential, cache], cpu_count=8, reuse=two_passes
+    )
+    # The map over 8 cores: 40 ms -> 20.3 ms (1.97x predicted); the cache serves
+    # half the fit: 1.39x. The parallel map leads, the cache is folded into it.
+    assert [r.id for r in ranked] == ["sequential-map"]
+    assert ranked[0].expected_gain.predicted_speedup == pytest.approx(40.0 / 20.3125)
+    folded = " ".join(e.detail for e in ranked[0].evidence)
+    assert "Its gain: up to 1.39x faster (bound; predicted 1.39x)" in folded
+
+
 def test_a_cache_read_back_counts_its_filling_pass_over_the_fit():
     cache = finding("cache-missing", "info", "map(load_image)", "load_image")
     steady = advisor.advise(stats(30.0, 10.0), None, [cache])[0].expected_gain.speedup
