@@ -667,12 +667,10 @@ def _stage_gain(
         gain = _within_cores(run, gain)
     if gain is None or stage_ms is None or not gain.step_ms or change is None:
         return gain
-    # Plumber's operational analysis, for the one stage the change touches:
-    # its time spread over the cores, or gone from the passes a cache serves.
-    step_ms = gain.step_ms
-    freed_ms = stage_ms * (1.0 - 1.0 / run.cpu_count) if change == PARALLEL else stage_ms
-    after = max(step_ms - freed_ms, gain.step_ms_after or 0.0, 1e-9)
-    predicted = min(step_ms / after, gain.speedup or math.inf)
+    after = _predicted_step_ms(run, gain.step_ms, stage_ms, change)
+    if after is None:
+        return gain
+    predicted = min(gain.step_ms / after, gain.speedup or math.inf)
     return dataclasses.replace(
         gain,
         predicted_speedup=predicted,
@@ -682,6 +680,29 @@ def _stage_gain(
             + f"): a step of {after:.2f} ms, {predicted:.2f}x faster."
         ),
     )
+
+
+def _predicted_step_ms(run: _Run, step_ms: float, stage_ms: float, change: str):
+    """The step after `change` by Plumber's operational analysis of the one stage it touches.
+
+    The input prepares a batch in `t_in` (the wait, plus the compute it
+    overlaps when the pipeline already runs ahead of the step); the stage's
+    part of it is spread over the cores (AUTOTUNE parallel calls, which also
+    run ahead of the step) or gone (a cache, on the passes that read it back).
+    A step takes its compute plus the input, or the longer of the two when the
+    input runs ahead. `None` without a compute time.
+    """
+    compute = run.bound.step_ms_after if run.bound is not None else None
+    if not compute or compute >= step_ms:
+        return None
+    wait = step_ms - compute
+    ahead = fix_timing.ends_ahead(run.pipeline) if run.pipeline is not None else False
+    t_in = wait + (compute if ahead else 0.0)
+    stage_in = min(stage_ms / wait, 1.0) * t_in
+    if change == PARALLEL:
+        return max(compute, t_in - stage_in * (1.0 - 1.0 / run.cpu_count))
+    left = t_in - stage_in
+    return max(compute, left) if ahead else compute + left
 
 
 def _change_of(finding_id: str) -> Optional[str]:

@@ -271,7 +271,7 @@ def time_fixes(
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
         return timings
-    overlapped = _ends_in_prefetch(pipeline)
+    overlapped = ends_ahead(pipeline)
     for timing, rewrite in wanted:
         timing.overlapped_before = overlapped
         timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
@@ -487,8 +487,15 @@ def _skipped_reason(skipped, kind: str, recommendation: Recommendation) -> str:
     return "kpt.tune's rewriter does not make this change on this pipeline"
 
 
-def _ends_in_prefetch(pipeline) -> bool:
-    """Whether the last stage TensorFlow runs prepares batches ahead of the consumer."""
+def ends_ahead(pipeline) -> bool:
+    """Whether the last stage TensorFlow runs prepares batches ahead of the consumer.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+    >>> ends_ahead(read_pipeline(tf.data.Dataset.range(8).batch(2).prefetch(1)))
+    True
+    """
     final = pipeline.runtime_final or pipeline.final
     while final is not None and final.kind == kinds.WITH_OPTIONS and final.inputs:
         final = pipeline.stage(final.inputs[0])

@@ -19,6 +19,13 @@ from typing import List
 from typing import Optional
 from typing import Sequence
 
+# A comparison stops early once its first rounds put the two pipelines clearly
+# apart: after at least this many rounds, every round's ratio beyond
+# `CLEAR_RATIO` on the same side (a sign test whose rounds each differ by more
+# than the noise of this machine: a tenth, rarely a fifth, between passes).
+CLEAR_ROUNDS = 3
+CLEAR_RATIO = 1.25
+
 
 @dataclasses.dataclass
 class PassPlan:
@@ -32,11 +39,16 @@ class PassPlan:
             start another only when it runs out.
         consumer_step_s: seconds the simulated training step sleeps after
             each batch; `None` or 0 for the dataset alone.
+        warmup_batches: with `num_batches`, batches read from the pass's
+            iterator before its clock starts (its threads and buffers start
+            up, as in training's first steps, which a pass of a few batches
+            would otherwise mostly time).
     """
 
     epochs: int = 2
     num_batches: Optional[int] = None
     consumer_step_s: Optional[float] = None
+    warmup_batches: int = 0
 
 
 def time_pass(dataset, plan: PassPlan) -> float:
@@ -48,11 +60,12 @@ def time_pass(dataset, plan: PassPlan) -> float:
 
     Returns:
         The wall time of the pass in seconds, from the first iterator's
-        creation to the end of the last epoch (its iterator destroyed).
+        creation (or the end of its warm-up) to the end of the last epoch
+        (its iterator destroyed).
     """
     step = plan.consumer_step_s or 0.0
+    iterator = _warmed_up(dataset, plan)
     began = time.perf_counter()
-    iterator = None
     for _ in range(plan.epochs):
         fresh = iterator is None or plan.num_batches is None
         if fresh:
@@ -78,12 +91,26 @@ def time_pass(dataset, plan: PassPlan) -> float:
     return time.perf_counter() - began
 
 
+def _warmed_up(dataset, plan: PassPlan):
+    """An iterator past its warm-up batches (`plan.warmup_batches`), or `None`."""
+    if not plan.warmup_batches or plan.num_batches is None:
+        return None
+    iterator = iter(dataset)
+    for _ in range(plan.warmup_batches):
+        try:
+            next(iterator)
+        except StopIteration:
+            return None
+    return iterator
+
+
 def side_by_side(
     factories: Dict[str, Callable[[], object]],
     plan: PassPlan,
     rounds: int,
     deadline: Optional[float] = None,
     on_pass: Optional[Callable[[], None]] = None,
+    settled: Optional[Callable[[Dict[str, List[float]]], bool]] = None,
 ) -> Dict[str, List[float]]:
     """Times several datasets in alternating passes.
 
@@ -98,6 +125,8 @@ def side_by_side(
         deadline: a `time.perf_counter()` value after which no new round
             starts (at least one round always runs).
         on_pass: called after each timed pass (e.g. to show progress).
+        settled: called with the times after each round; `True` stops the
+            rounds there (see `clearly_apart`).
 
     Returns:
         name -> list of pass times in seconds, one per round run.
@@ -120,10 +149,36 @@ def side_by_side(
                     on_pass()
             if enabled:
                 gc.enable()
+            if settled is not None and settled(times):
+                break
     finally:
         if enabled:
             gc.enable()
     return times
+
+
+def clearly_apart(first: Sequence[float], second: Sequence[float]) -> bool:
+    """Whether paired rounds already put two pipelines clearly apart (see `CLEAR_RATIO`).
+
+    Args:
+        first: pass times of one dataset, one per round.
+        second: pass times of the other, from the same rounds.
+
+    Returns:
+        `True` after `CLEAR_ROUNDS` rounds or more whose every ratio is
+        beyond `CLEAR_RATIO` on the same side.
+
+    Example:
+
+    >>> clearly_apart([2.0, 2.1, 1.9], [1.0, 1.0, 1.0]), clearly_apart([2.0, 1.1], [1.0, 1.0])
+    (True, False)
+    >>> clearly_apart([2.0, 1.1, 2.0], [1.0, 1.0, 1.0])
+    False
+    """
+    ratios = [a / b for a, b in zip(first, second) if b > 0]
+    if len(ratios) < CLEAR_ROUNDS:
+        return False
+    return all(r >= CLEAR_RATIO for r in ratios) or all(r <= 1 / CLEAR_RATIO for r in ratios)
 
 
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:

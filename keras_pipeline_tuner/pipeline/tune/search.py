@@ -12,10 +12,12 @@ import statistics
 import time
 
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.pipeline.tune.cache_scratch import FillTooLong
 from keras_pipeline_tuner.pipeline.tune.code import tuned_code
 from keras_pipeline_tuner.pipeline.tune.paired_timing import median_ratio
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.results import FAILED
+from keras_pipeline_tuner.pipeline.tune.results import UNVERIFIED
 from keras_pipeline_tuner.pipeline.tune.results import RewriteOutcome
 from keras_pipeline_tuner.pipeline.tune.results import TuneResult
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
@@ -50,11 +52,20 @@ class Search:
         pipeline = read_pipeline(session.dataset)
         python = session.read_reference(pipeline)
         candidates, outcomes, problem = self._plan(pipeline)
+        session.size_passes(len(candidates) + 1)
         kept, against_original, original_alone = self._try_all(candidates, outcomes)
         session.budget.rounds = session.budget.rounds_for(1)
-        original_times, tuned_times = self._final_times(
-            kept, against_original, original_alone, problem
-        )
+        try:
+            original_times, tuned_times = self._final_times(
+                kept, against_original, original_alone, problem
+            )
+        except FillTooLong as error:
+            original_times, tuned_times = self._chained_times(kept, outcomes, original_alone)
+            session.notes.append(
+                f"The final comparison with the original did not run ({error}): the "
+                "speed-up is the product of each kept rewrite's own measured ratio, each "
+                "against the pipeline before it."
+            )
         session.progress.stop()
         return self._result(pipeline, python, kept, outcomes, original_times, tuned_times)
 
@@ -143,6 +154,15 @@ class Search:
         )
         return times["original"], times["original"]
 
+    def _chained_times(self, kept, outcomes, original_alone):
+        """The original's times, and the tuned pipeline's by the kept rewrites' ratios."""
+        ratio = 1.0
+        for outcome in outcomes:
+            if outcome.applied and outcome.ratio:
+                ratio *= outcome.ratio
+        original = list(original_alone or [self.session.budget.pass_estimate_s])
+        return original, [seconds * ratio for seconds in original]
+
     def _result(self, pipeline, python, kept, outcomes, original_times, tuned_times):
         """The tuned dataset and the `TuneResult`, with its notes; logs the outcome."""
         session = self.session
@@ -157,6 +177,13 @@ class Search:
             tuned = session.dataset
             tuned_label = str(pipeline)
             code = ""
+        unproven = [o.change for o in outcomes if o.status == UNVERIFIED and o.change]
+        if unproven:
+            session.notes.append(
+                f"Not tried: {', '.join(unproven)}, which would call the pipeline's Python "
+                "from several threads; pass allow_unverified=True to time and keep it if "
+                "the function keeps no state between calls."
+            )
         if session.budget.epoch_limit is not None:
             session.notes.append(
                 f"The pipeline calls Python ({', '.join(python)}), whose side effects run "

@@ -7,6 +7,7 @@ without it (`paired_timing`), within the session's `budget`. `tune` tries its
 candidates in turn (`search`); `time_rewrites` times each alone (`measure`).
 """
 
+import dataclasses
 import statistics
 import time
 from typing import Callable
@@ -18,6 +19,7 @@ from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.tune import paired_timing
+from keras_pipeline_tuner.pipeline.tune import pass_size
 from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE
 from keras_pipeline_tuner.pipeline.tune.budget import Budget
 from keras_pipeline_tuner.pipeline.tune.cache_point import draws_randomly
@@ -104,6 +106,9 @@ class TuningSession:
         self.spec = dataset.element_spec
         self.graph_def = graph_def_of(dataset)
         self.notes: List[str] = []
+        # The pipeline as read, and whether it draws random numbers (with its reference).
+        self.pipeline = None
+        self.random = False
         self.checks = ElementChecks(plan, self.budget, self.build)
         self.scratch = CacheScratch(
             dataset, self.graph_def, self.budget, self.checks, cache_path, cache_memory_bytes
@@ -147,6 +152,7 @@ class TuningSession:
         Sets the reference elements, whether they repeat (a random
         pipeline's do not), and the cost of an epoch.
         """
+        self.pipeline = pipeline
         python = _python_stages(pipeline)
         if python:
             self.budget.epoch_limit = self.max_python_epochs
@@ -156,11 +162,8 @@ class TuningSession:
         source = independent_copy(self.dataset)
         source = self.dataset if source is None else source
         epoch_s = self.checks.read_reference(source, EPOCH_BUDGET_SHARE * self.budget.budget_s)
-        if (
-            self.checks.repeatable
-            and draws_randomly(pipeline)
-            and self.rebuild_problem() is not None
-        ):
+        self.random = draws_randomly(pipeline)
+        if self.checks.repeatable and self.random and self.rebuild_problem() is not None:
             # Random, but its own cache replays the first pass: a rebuild,
             # with an empty cache, draws anew.
             self.checks.repeatable = False
@@ -175,6 +178,33 @@ class TuningSession:
             epoch_s + len(self.checks.reference) * (self.plan.consumer_step_s or 0.0)
         )
         return python
+
+    def size_passes(self, comparisons: int) -> None:
+        """Cuts the timed passes to a few batches when whole epochs do not fit (`pass_size`).
+
+        Args:
+            comparisons: side-by-side comparisons still to run.
+        """
+        batches = len(self.checks.reference)
+        if not batches:
+            return
+        epoch_s = self.budget.pass_estimate_s / self.plan.epochs
+        left_s = self.budget.deadline - time.perf_counter()
+        shuffles = any(stage.kind == kinds.SHUFFLE for stage in self.pipeline.stages)
+        sized, note = pass_size.sized_plan(
+            self.plan, epoch_s, batches, left_s, comparisons, shuffles
+        )
+        if note is None:
+            return
+        # One plan object is shared with the budget and the checks: changed in place.
+        for field in dataclasses.fields(sized):
+            setattr(self.plan, field.name, getattr(sized, field.name))
+        batch_s = epoch_s / batches
+        # Checks read the same batches as a pass: compared with the reference's first.
+        self.checks.reference = self.checks.reference[: sized.num_batches]
+        self.budget.epoch_s = sized.num_batches * batch_s
+        self.budget.pass_estimate_s = (sized.num_batches + sized.warmup_batches) * batch_s
+        self.notes.append(note)
 
     def rebuild_problem(self) -> Optional[str]:
         """Why the pipeline rebuilt from its own graph is not the original, if it is not."""
@@ -233,6 +263,9 @@ class TuningSession:
             factories,
             self.budget.affordable_rounds(final=bool(kept)),
             deadline=self.budget.deadline - reserve,
+            # A rewrite clearly faster or slower after its first rounds is
+            # decided: the rest of the budget goes to the next candidate.
+            settled=lambda found: paired_timing.clearly_apart(found["with"], found["without"]),
         )
         outcome.ratio = paired_timing.median_ratio(times["with"], times["without"])
         outcome.rounds = len(times["with"])
@@ -241,6 +274,15 @@ class TuningSession:
 
     def _refusal(self, rewrite, kept) -> Optional[Tuple[str, str]]:
         """Why the rewrite is not measured, as `(status, reason)`, or `None`."""
+        if rewrite.unverified is not None and not self.checks.repeatable and not self.random:
+            # Two passes in the same order gave other elements, and no random
+            # op draws: the Python keeps state between calls (a counter).
+            return NOT_APPLICABLE, (
+                "not applied, even with allow_unverified=True: the pipeline's Python gave "
+                "other elements on a second pass over the same inputs, so it depends on "
+                "the calls before it (a counter, a generator's state); parallel calls would "
+                "change which element gets which result"
+            )
         if rewrite.unverified is not None and not self.allow_unverified:
             return UNVERIFIED, (
                 f"not applied: its elements cannot be proven equal to the original's "
@@ -316,7 +358,7 @@ class TuningSession:
         self.scratch.fill(dataset)
         return lambda: dataset
 
-    def side_by_side(self, factories, rounds: int, deadline: Optional[float]):
+    def side_by_side(self, factories, rounds: int, deadline: Optional[float], settled=None):
         """Times the factories' datasets in alternating passes (`paired_timing`).
 
         Counts the passes' epochs and cost against the budget, and shows them
@@ -324,7 +366,12 @@ class TuningSession:
         """
         began = time.perf_counter()
         times = paired_timing.side_by_side(
-            factories, self.plan, rounds, deadline=deadline, on_pass=self.progress.advance
+            factories,
+            self.plan,
+            rounds,
+            deadline=deadline,
+            on_pass=self.progress.advance,
+            settled=settled,
         )
         self.budget.record_passes(times, began)
         return times

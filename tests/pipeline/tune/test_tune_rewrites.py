@@ -185,8 +185,10 @@ def test_stateful_python_function_is_not_parallelised_unproven():
     dataset = tf.data.Dataset.range(48).map(tag).batch(4)
     tuned, result = kpt.tune(dataset, budget_s=12, max_python_epochs=12, verbose=0)
     parallel = outcome(result, "parallel-map")
-    assert parallel.status == "not proven" and not parallel.applied
-    assert "allow_unverified=True" in parallel.reason and "counter" in parallel.reason
+    # Two passes over the same inputs gave other tags: it depends on the calls
+    # before it, which no flag makes safe to call from several threads.
+    assert parallel.status == "not applicable" and not parallel.applied
+    assert "depends on the calls before it" in parallel.reason and "counter" in parallel.reason
     assert not any(o.kind == "parallel-map" for o in result.applied)
     # The Python function ran for a bounded number of epochs, and the result says so.
     assert result.epoch_limit == 12 and result.epochs_run <= 12
@@ -202,8 +204,8 @@ def test_stateful_python_function_is_not_parallelised_unproven():
     )
     parallel = outcome(result, "parallel-map")
     assert parallel.changes_order and parallel.changes_determinism and not parallel.verified
-    if parallel.applied:
-        assert result.changes_order and "unproven" in parallel.reason
+    assert parallel.status == "not applicable" and not parallel.applied
+    assert "even with allow_unverified=True" in parallel.reason
 
 
 def test_max_python_epochs_must_allow_the_checks():

@@ -1,0 +1,84 @@
+"""How long a timed pass of `tune` is: whole epochs when they fit the budget, else a few batches.
+
+A pipeline whose epoch takes seconds cannot be timed in whole epochs: three
+rounds of two passes of two epochs each, for every candidate, would spend the
+budget on the original. Most rewrites (parallel calls, prefetch, fusion,
+vectorisation, thread pools) change the rate at which batches come, which a
+few batches after a warm-up show as well as an epoch does; a cache, which
+needs a second pass over the same elements, is filled once by a whole untimed
+epoch and then read by passes of the same few batches (see
+`TuningSession.factory`). So when whole-epoch passes do not fit, every pass
+reads `num_batches` batches after `WARMUP_BATCHES` untimed ones, sized so
+that the passes of every comparison fit `PASSES_SHARE` of the budget left.
+A pipeline that shuffles keeps whole epochs: its buffer fills during the
+warm-up, and a few batches after it would time the buffer, not the stages.
+"""
+
+from typing import Optional
+from typing import Tuple
+
+from keras_pipeline_tuner.pipeline.tune.budget import MIN_ROUNDS
+from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
+
+# Batches read before a pass's clock starts: its threads and buffers start up.
+WARMUP_BATCHES = 2
+# The fewest timed batches per pass: fewer would time the iterator's start.
+MIN_BATCHES = 4
+# Share of the budget left that the timed passes may take: each candidate's
+# check reads an epoch, and building datasets takes the rest.
+PASSES_SHARE = 0.5
+
+
+def sized_plan(
+    plan: PassPlan,
+    epoch_s: float,
+    batches: int,
+    left_s: float,
+    comparisons: int,
+    shuffles: bool = False,
+) -> Tuple[PassPlan, Optional[str]]:
+    """The plan of `tune`'s passes, and a note when they are cut to a few batches.
+
+    Args:
+        plan: the plan as asked (`epochs`, `num_batches`, `consumer_step_s`).
+        epoch_s: seconds of one epoch of the original, consumer included.
+        batches: batches in one epoch of the original.
+        left_s: seconds of the budget left.
+        comparisons: side-by-side comparisons still to run (candidates and
+            the final one).
+        shuffles: whether the pipeline has a shuffle buffer (whole epochs).
+
+    Returns:
+        `(plan, note)`: the plan unchanged (note `None`) when the caller gave
+        `num_batches` or whole-epoch passes fit; otherwise a plan of one epoch
+        of `num_batches` batches after `WARMUP_BATCHES`, and a note that says so.
+
+    Example:
+
+    >>> plan, note = sized_plan(PassPlan(epochs=2), epoch_s=5.0, batches=30,
+    ...                         left_s=50.0, comparisons=3)
+    >>> plan.epochs, plan.num_batches, plan.warmup_batches
+    (1, 6, 2)
+    >>> sized_plan(PassPlan(epochs=2), 0.1, 30, 50.0, 3)[1] is None
+    True
+    """
+    passes = 2 * MIN_ROUNDS * max(comparisons, 1)
+    if plan.num_batches is not None or plan.epochs * epoch_s * passes <= PASSES_SHARE * left_s:
+        return plan, None
+    if shuffles or batches < 2 * (WARMUP_BATCHES + MIN_BATCHES):
+        return plan, None
+    batch_s = epoch_s / batches
+    fitting = int(PASSES_SHARE * left_s / passes / batch_s) - WARMUP_BATCHES
+    num_batches = max(MIN_BATCHES, min(fitting, batches - WARMUP_BATCHES))
+    sized = PassPlan(
+        epochs=1,
+        num_batches=num_batches,
+        consumer_step_s=plan.consumer_step_s,
+        warmup_batches=WARMUP_BATCHES,
+    )
+    note = (
+        f"One epoch takes {epoch_s:.2f} s: {passes} passes of {plan.epochs} whole epochs would "
+        f"not fit the budget, so each timed pass read {num_batches} batches after "
+        f"{WARMUP_BATCHES} untimed ones (a cache was filled first by one whole epoch)."
+    )
+    return sized, note

@@ -1,0 +1,86 @@
+"""`tune` on pipelines whose epoch takes seconds: passes of a few batches, early stops, Python.
+
+The pipelines sleep in known amounts per element (in a Python function, or in
+TensorFlow's own sleep op), so that which one is faster is beyond any load.
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.data.experimental.ops import testing
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.pipeline.tune import paired_timing
+
+
+def slow_python_map(element_s: float, elements: int):
+    def load_python(index):
+        time.sleep(element_s)
+        return np.full((4,), index, np.float32)
+
+    def load(index):
+        x = tf.py_function(load_python, [index], tf.float32)
+        x.set_shape((4,))
+        return x
+
+    return tf.data.Dataset.range(elements).map(load).batch(8)
+
+
+def test_a_slow_epoch_is_timed_in_passes_of_a_few_batches_within_the_budget():
+    # 30 batches of 80 ms: an epoch of 2.4 s, for a budget of 16 s.
+    dataset = slow_python_map(0.010, 240)
+    began = time.perf_counter()
+    _, result = kpt.tune(dataset, budget_s=16, allow_unverified=True, verbose=0)
+    elapsed = time.perf_counter() - began
+    assert result.epochs == 1 and result.batches_per_epoch is not None
+    assert any("each timed pass read" in note for note in result.notes), result.notes
+    parallel = next(r for r in result.rewrites if "num_parallel_calls" in r.change)
+    assert parallel.status == "kept", parallel.reason
+    # Two sleeping calls at once, at least: clearly faster.
+    assert parallel.ratio < 0.75
+    # The budget binds: its end, plus the final build, a little after.
+    assert elapsed < 16 * 1.05 + 1.0, elapsed
+
+
+def test_without_allow_unverified_one_note_says_what_was_not_tried_and_how():
+    _, result = kpt.tune(slow_python_map(0.002, 48), budget_s=4, verbose=0)
+    notes = [note for note in result.notes if note.startswith("Not tried:")]
+    assert len(notes) == 1
+    assert "map(load, num_parallel_calls=AUTOTUNE)" in notes[0]
+    assert "allow_unverified=True" in notes[0]
+
+
+def test_a_comparison_clearly_apart_stops_after_its_first_rounds():
+    def sleeping(microseconds):
+        return lambda: tf.data.Dataset.range(6).apply(testing.sleep(microseconds))
+
+    times = paired_timing.side_by_side(
+        {"without": sleeping(2000), "with": sleeping(8000)},
+        paired_timing.PassPlan(epochs=1),
+        rounds=9,
+        settled=lambda found: paired_timing.clearly_apart(found["with"], found["without"]),
+    )
+    # Four times slower in every round: decided after three of the nine.
+    assert len(times["with"]) == paired_timing.CLEAR_ROUNDS
+
+
+def test_a_python_function_that_depends_on_its_calls_is_refused_even_when_allowed():
+    calls = []
+
+    def tag_python(index):
+        calls.append(index)  # its output depends on how many calls came before
+        time.sleep(0.002)
+        return np.float32(len(calls))
+
+    def tag(index):
+        x = tf.py_function(tag_python, [index], tf.float32)
+        x.set_shape(())
+        return x
+
+    dataset = tf.data.Dataset.range(48).map(tag).batch(8)
+    _, result = kpt.tune(dataset, budget_s=6, allow_unverified=True, verbose=0)
+    parallel = next(r for r in result.rewrites if "num_parallel_calls" in r.change)
+    assert parallel.status == "not applicable"
+    assert "even with allow_unverified=True" in parallel.reason
+    assert "depends on the calls before it" in parallel.reason
