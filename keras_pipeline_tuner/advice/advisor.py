@@ -53,6 +53,7 @@ from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
+from keras_pipeline_tuner.advice.recommendation import LEAST_SHOWN_GAIN
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
@@ -243,7 +244,9 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
     # never read back, a fix timed at no gain) comes after every speed fix,
     # so that a stage's first recommendation is the change that can help.
     ranked.sort(key=_no_speed_fix)
-    return ranked
+    # A ceiling under LEAST_SHOWN_GAIN says the change cannot help: no advice
+    # (the inspection still lists the finding).
+    return [item for item in ranked if not _cannot_help(item)]
 
 
 def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
@@ -344,6 +347,18 @@ def _cache_leads(recommendation: Recommendation, run: "_Run") -> bool:
     if recommendation.id != CACHE_MISSING or (gain is not None and not gain.speeds_up):
         return False
     return run.reuse is None or run.reuse.repeats is None
+
+
+def _cannot_help(recommendation: Recommendation) -> bool:
+    gain = recommendation.expected_gain
+    return (
+        recommendation.severity != "error"
+        and gain is not None
+        and gain.basis == BOUND
+        and gain.likely_speedup is None
+        and gain.speedup is not None
+        and gain.speedup < LEAST_SHOWN_GAIN
+    )
 
 
 def _no_speed_fix(recommendation: Recommendation) -> bool:
