@@ -202,7 +202,7 @@ def run_demo(
     console = console or Console(highlight=False, soft_wrap=True)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kpt-demo-")
     images, epochs, batch_size, budget_s = (160, 3, 16, 20) if quick else (384, 3, 16, 40)
-    tune_batches = 3 if quick else 8
+    tune_batches = 3 if quick else 6
     data_dir = os.path.join(log_dir, "images")
     with console.status(f"Writing {images} synthetic JPEG files to {data_dir} ..."):
         pattern = write_images(data_dir, images)
@@ -271,14 +271,16 @@ def _tune(naive, compute_s: float, budget_s: float, batches: int, console: Conso
     """Runs `kpt.tune` on the naive pipeline and prints what it did: `(tuned, result)`."""
     from keras_pipeline_tuner.pipeline.tune.tuning import tune
 
-    # Passes of a few batches, not whole epochs: every rewrite gets measured
-    # side by side within the budget instead of the budget running out. The
-    # loader runs Python (Pillow) and keeps no state: running it on several
-    # threads is safe, which tune cannot prove by itself.
+    # Passes of one epoch of a few batches, not whole epochs: every rewrite
+    # gets measured side by side within the budget instead of the budget
+    # running out (a cache is filled first by one untimed epoch). The loader
+    # runs Python (Pillow) and keeps no state: running it on several threads
+    # is safe, which tune cannot prove by itself.
     tuned, result = tune(
         naive,
         consumer_step_s=compute_s,
         budget_s=budget_s,
+        epochs=1,
         num_batches=batches,
         allow_unverified=True,
     )

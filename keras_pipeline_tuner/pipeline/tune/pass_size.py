@@ -10,8 +10,10 @@ epoch and then read by passes of the same few batches (see
 `TuningSession.factory`). So when whole-epoch passes do not fit, every pass
 reads `num_batches` batches after `WARMUP_BATCHES` untimed ones, sized so
 that the passes of every comparison fit `PASSES_SHARE` of the budget left.
-A pipeline that shuffles keeps whole epochs: its buffer fills during the
-warm-up, and a few batches after it would time the buffer, not the stages.
+A shuffle buffer fills before its first element comes out: the warm-up
+covers it (`warmup_batches`), and a pipeline whose buffer is a large part of
+an epoch keeps whole epochs, since a few batches after it would time the
+buffer, not the stages.
 """
 
 from typing import Optional
@@ -35,7 +37,7 @@ def sized_plan(
     batches: int,
     left_s: float,
     comparisons: int,
-    shuffles: bool = False,
+    warmup_batches: Optional[int] = WARMUP_BATCHES,
 ) -> Tuple[PassPlan, Optional[str]]:
     """The plan of `tune`'s passes, and a note when they are cut to a few batches.
 
@@ -46,7 +48,8 @@ def sized_plan(
         left_s: seconds of the budget left.
         comparisons: side-by-side comparisons still to run (candidates and
             the final one).
-        shuffles: whether the pipeline has a shuffle buffer (whole epochs).
+        warmup_batches: batches that fill the pipeline's buffers (at least
+            `WARMUP_BATCHES`), or `None` when they are not known (whole epochs).
 
     Returns:
         `(plan, note)`: the plan unchanged (note `None`) when the caller gave
@@ -65,20 +68,23 @@ def sized_plan(
     passes = 2 * MIN_ROUNDS * max(comparisons, 1)
     if plan.num_batches is not None or plan.epochs * epoch_s * passes <= PASSES_SHARE * left_s:
         return plan, None
-    if shuffles or batches < 2 * (WARMUP_BATCHES + MIN_BATCHES):
+    if warmup_batches is None:
+        return plan, None
+    warmup = max(WARMUP_BATCHES, warmup_batches)
+    if batches < 2 * (warmup + MIN_BATCHES):
         return plan, None
     batch_s = epoch_s / batches
-    fitting = int(PASSES_SHARE * left_s / passes / batch_s) - WARMUP_BATCHES
-    num_batches = max(MIN_BATCHES, min(fitting, batches - WARMUP_BATCHES))
+    fitting = int(PASSES_SHARE * left_s / passes / batch_s) - warmup
+    num_batches = max(MIN_BATCHES, min(fitting, batches - warmup))
     sized = PassPlan(
         epochs=1,
         num_batches=num_batches,
         consumer_step_s=plan.consumer_step_s,
-        warmup_batches=WARMUP_BATCHES,
+        warmup_batches=warmup,
     )
     note = (
         f"One epoch takes {epoch_s:.2f} s: {passes} passes of {plan.epochs} whole epochs would "
         f"not fit the budget, so each timed pass read {num_batches} batches after "
-        f"{WARMUP_BATCHES} untimed ones (a cache was filled first by one whole epoch)."
+        f"{warmup} untimed ones (a cache was filled first by one whole epoch)."
     )
     return sized, note

@@ -190,9 +190,8 @@ class TuningSession:
             return
         epoch_s = self.budget.pass_estimate_s / self.plan.epochs
         left_s = self.budget.deadline - time.perf_counter()
-        shuffles = any(stage.kind == kinds.SHUFFLE for stage in self.pipeline.stages)
         sized, note = pass_size.sized_plan(
-            self.plan, epoch_s, batches, left_s, comparisons, shuffles
+            self.plan, epoch_s, batches, left_s, comparisons, _buffer_batches(self.pipeline)
         )
         if note is None:
             return
@@ -375,6 +374,27 @@ class TuningSession:
         )
         self.budget.record_passes(times, began)
         return times
+
+
+def _buffer_batches(pipeline) -> Optional[int]:
+    """Batches that fill the pipeline's shuffle buffers; `None` when not known.
+
+    A buffer of elements before a batch stage holds `buffer / batch_size`
+    batches; one after it holds `buffer` batches.
+    """
+    batches = 0
+    for stage in pipeline.stages:
+        if stage.kind != kinds.SHUFFLE:
+            continue
+        buffer = stage.params.get("buffer_size")
+        if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 0:
+            return None
+        batch = next((s for s in pipeline.downstream(stage) if s.kind == kinds.BATCH), None)
+        size = batch.params.get("batch_size") if batch is not None else 1
+        if not isinstance(size, int) or size <= 0:
+            return None
+        batches += -(-buffer // size)
+    return batches
 
 
 def _python_stages(pipeline) -> List[str]:
