@@ -245,19 +245,21 @@ class AfterTraining:
         if asked_s is None and (dataset is None or "tensorflow" not in sys.modules):
             # "auto": nothing to time without a tf.data dataset, and nothing to say.
             return
-        with self.guard(features.FIX_TIMING), run.cost.part(tuner_cost.FIX_TIMING):
+        report = None
+        with self.guard(features.FIX_TIMING):
             if dataset is None or not isinstance(dataset, tensorflow().data.Dataset):
-                if asked_s is None:
-                    return
-                run.notes.append(
-                    "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, and "
-                    "training was not given one (or was given one distributed by a strategy; "
-                    "a custom loop's is the one it iterates through tuner.iterate)."
-                )
+                if asked_s is not None:
+                    run.notes.append(
+                        "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, "
+                        "and training was not given one (or was given one distributed by a "
+                        "strategy; a custom loop's is the one it iterates through "
+                        "tuner.iterate)."
+                    )
                 return
             report = run.built_report()
-            if report is None or not report.verdict.input_bound:
-                return
+        if report is None or not report.verdict.input_bound:
+            return
+        with self.guard(features.FIX_TIMING), run.cost.part(tuner_cost.FIX_TIMING):
             budget_s = self._fix_timing_budget(run, asked_s)
             if budget_s is None:
                 return
@@ -272,7 +274,6 @@ class AfterTraining:
                     self.settings.allow_unverified,
                     report.reuse,
                 )
-
 
     def _fix_timing_budget(self, run, asked_s: Optional[float]) -> Optional[float]:
         """The fix timing's seconds: as asked, or "auto"'s cap (`None`: too short, noted)."""
