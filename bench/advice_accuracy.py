@@ -1,7 +1,7 @@
 """Calibration of the advice: predicted gains against gains measured by applying the fix.
 
 Ten small jobs whose cause is known (a sleep-bound py_function map, the same
-map in a fit that reads 48 of its 25 000 batches and so never reads a cache
+map in a fit that reads 48 of its 50 000 batches and so never reads a cache
 back, a GIL-bound Python map, a random TF-op map, a sequential interleave over
 files on slow storage, a slow generator, a PyDataset read by one worker, an
 expensive deterministic map with no cache, a healthy pipeline, and a healthy
@@ -235,7 +235,7 @@ def _map_cases() -> list:
         ),
         Case(
             "sleep-bound map, data never repeats",
-            "the same map; fit(steps_per_epoch) reads 48 of 25 000 batches: no cache read back",
+            "the same map; fit(steps_per_epoch) reads 48 of 50 000 batches: no cache read back",
             lambda: large_source().map(sleep_python).batch(BATCH),
             {
                 "sequential-map": lambda: large_source()
@@ -503,7 +503,7 @@ def main():
             print(f"  advised: {', '.join(line['advised'])}")
             print(f"  top: {line['top']}; predicted {predicted}")
             print(
-                f"  measured steady-state gains (original {line['original_ms']:.1f} ms/step): "
+                f"  measured gains over the fit (original {line['original_ms']:.1f} ms/step): "
                 + (
                     ", ".join(f"{key} {gain:.2f}x" for key, gain in line["measured"].items())
                     or "none applied"
