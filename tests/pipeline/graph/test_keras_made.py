@@ -71,10 +71,14 @@ def test_fit_names_keras_loader_as_the_users_call(image_directory, tmp_path):
     # The profiler timed the loader, named as the call.
     assert LABEL in [iterator.stage for iterator in report.profile.iterators]
     assert LABEL in [finding.stage for finding in report.findings]
-    if report.verdict != kpt.Verdict.NOT_INPUT_BOUND:
-        # Its advice is about the call: the utility's arguments and a cache.
-        advised = [r for r in report.recommendations if r.stage == LABEL]
-        assert advised and "keras.utils.image_dataset_from_directory(" in advised[0].fix
+    # Its advice is about the call: the utility's arguments and a cache. (Only
+    # moderately input-bound, on a busy machine, a cache over two epochs may
+    # bring under 1.05x, and a change that cannot help is no advice.)
+    advised = [r for r in report.recommendations if r.stage == LABEL]
+    if report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND:
+        assert advised, report.recommendations
+    if advised:
+        assert "keras.utils.image_dataset_from_directory(" in advised[0].fix
 
 
 def test_inspect_advises_a_cache_the_user_can_write(image_directory):
