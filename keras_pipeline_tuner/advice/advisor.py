@@ -37,7 +37,6 @@ service ranks after the errors.
 
 import dataclasses
 import math
-import os
 import re
 from typing import TYPE_CHECKING
 from typing import Iterable
@@ -76,6 +75,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
+from keras_pipeline_tuner.timing.cpu_usage import allowed_cpu_count
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -209,7 +209,7 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or _usable_cores(), what_if, judgement)
+    run = _Run(stats, profile, cpu_count or allowed_cpu_count(), what_if, judgement)
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
@@ -240,9 +240,9 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
         ranked.append(_find_the_bottleneck(run))
     if _apply_timings(run, ranked, fix_timings):
         _sort_by_timing(ranked, len(at_bottleneck), run)
-    # What cannot make steps faster (a ceiling under LEAST_SHOWN_GAIN, a cache
-    # never read back, a fix timed at no gain) comes after every speed fix,
-    # so that a stage's first recommendation is the change that can help.
+    # What cannot make steps faster (a cache never read back, a fix timed at
+    # no gain) comes after every speed fix, so that a stage's first
+    # recommendation is the change that can help.
     ranked.sort(key=_no_speed_fix)
     # A ceiling under LEAST_SHOWN_GAIN says the change cannot help: no advice
     # (the inspection still lists the finding).
@@ -1007,13 +1007,6 @@ def _node(finding) -> Optional[str]:
 
 
 # Small helpers.
-
-
-def _usable_cores() -> int:
-    # The cores this process may run on (its affinity), not the host's count.
-    if hasattr(os, "sched_getaffinity"):
-        return max(len(os.sched_getaffinity(0)), 1)
-    return os.cpu_count() or 1
 
 
 def _parse_stage(stage: Optional[str]):

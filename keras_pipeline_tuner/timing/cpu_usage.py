@@ -131,6 +131,17 @@ class CpuMeter:
         )
 
 
+def allowed_cpu_count() -> int:
+    """The cores this process may run on (its affinity mask), not the host's count.
+
+    Example:
+
+    >>> allowed_cpu_count() >= 1
+    True
+    """
+    return len(_allowed_cpus()) or 1
+
+
 def _allowed_cpus() -> Tuple[int, ...]:
     try:
         return tuple(sorted(os.sched_getaffinity(0)))
