@@ -20,9 +20,12 @@ _MAX_ROUNDS = 9
 _FAST_SIDE_S = 1.0
 # ... and at most this many rounds.
 _MAX_FAST_ROUNDS = 45
-# Share of the budget one epoch of the original may take before tuning gives up
-# (and the share of what is left that filling or sizing a cache may take).
+# Share of what is left of the budget that filling or sizing a cache may take.
 EPOCH_BUDGET_SHARE = 0.3
+# Share of the budget the first read of the original may take: it is read three
+# times before any timing (the reference, whether it repeats, its rebuild), so a
+# longer epoch is cut there and every pass reads a few batches of it.
+REFERENCE_SHARE = 0.1
 
 
 class Budget:

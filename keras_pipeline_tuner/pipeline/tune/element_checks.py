@@ -19,6 +19,7 @@ from typing import Tuple
 import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.tune.pass_size import LEAST_CUT_BATCHES
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 
 # Relative tolerance for floating-point elements of a vectorised map: the same
@@ -42,6 +43,8 @@ class ElementChecks:
         repeatable: whether the original gives the same elements every pass.
         ordered: False once a kept rewrite may reorder elements: later checks
             then compare the elements as a multiset.
+        cut: the batches of the reference when its epoch was cut at the
+            time limit (the epoch is longer), else `None`.
 
     Example:
 
@@ -65,6 +68,9 @@ class ElementChecks:
         self.repeatable = True
         self.ordered = True
         self._reference_rows: Optional[List[str]] = None
+        self.cut: Optional[int] = None
+        # Whether the last read stopped at its time limit before the epoch's end.
+        self._cut_short = False
 
     @property
     def description(self) -> str:
@@ -76,6 +82,11 @@ class ElementChecks:
     def read_reference(self, dataset, time_limit_s: Optional[float]) -> float:
         """Reads the original's first epoch twice: the reference, and whether it repeats.
 
+        An epoch longer than `time_limit_s` is cut where the limit is reached
+        (when the plan reads whole epochs), after `LEAST_CUT_BATCHES` at least:
+        the reference is then its first batches (`cut`), and every later
+        read stops there too.
+
         Args:
             dataset: the original dataset (or a copy with seeds of its own).
             time_limit_s: the longest the first read may take; `None` for no limit.
@@ -84,37 +95,52 @@ class ElementChecks:
             The seconds of the first read.
 
         Raises:
-            ValueError: if the first read takes longer than `time_limit_s`.
+            ValueError: if the first read takes longer than `time_limit_s`
+                although the plan reads `num_batches` batches.
         """
         reference, epoch_s = self.epoch_digests(dataset, time_limit_s)
+        if self._cut_short:
+            self.cut = len(reference)
         again, _ = self.epoch_digests(dataset, None)
         self.repeatable = [value for value, _ in reference] == [value for value, _ in again]
         self.reference = reference
         return epoch_s
 
     def epoch_digests(self, dataset, time_limit_s: Optional[float]):
-        """Digests of an epoch's elements (`num_batches` of them at most), and its seconds.
+        """Digests of an epoch's elements (`num_batches` or `cut` of them at most), and its seconds.
 
         Raises:
-            ValueError: if the epoch takes longer than `time_limit_s`.
+            ValueError: if the plan reads `num_batches` batches and they take
+                longer than `time_limit_s` (without it the read stops there).
         """
         self.budget.epochs_run += 1
+        self._cut_short = False
         began = time.perf_counter()
         found = []
         iterator = iter(dataset)
-        while self.plan.num_batches is None or len(found) < self.plan.num_batches:
+        most = self._most()
+        while most is None or len(found) < most:
             try:
                 element = next(iterator)
             except StopIteration:
                 break
             found.append(_digest(element))
             if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
+                if self.plan.num_batches is None:
+                    if len(found) < LEAST_CUT_BATCHES:
+                        continue
+                    self._cut_short = True
+                    break
                 raise ValueError(
-                    f"One epoch of the dataset takes longer than {time_limit_s:.0f} s, too "
-                    f"long for budget_s={self.budget.budget_s:g}: pass num_batches=... to time "
-                    "fewer batches per epoch, or a larger budget_s."
+                    f"{self.plan.num_batches} batches of the dataset take longer than "
+                    f"{time_limit_s:.0f} s, too long for budget_s={self.budget.budget_s:g}: "
+                    "pass a smaller num_batches=..., or a larger budget_s."
                 )
         return found, time.perf_counter() - began
+
+    def _most(self) -> Optional[int]:
+        """The most batches an epoch read for a check takes: the plan's, or the cut's."""
+        return self.plan.num_batches if self.plan.num_batches is not None else self.cut
 
     def first_digests(self, dataset) -> List[str]:
         """Value digests of the first elements of a pass, to compare two passes."""
@@ -181,7 +207,7 @@ class ElementChecks:
         tf = tensorflow()
         self.budget.epochs_run += 2
         for position, (one, other) in enumerate(itertools.zip_longest(
-            _take(without, self.plan.num_batches), _take(with_, self.plan.num_batches)
+            _take(without, self._most()), _take(with_, self._most())
         )):
             if one is None or other is None:
                 return "the number of batches differs"
@@ -203,7 +229,7 @@ class ElementChecks:
         """Sorted digests of an epoch's elements, batches split into rows."""
         self.budget.epochs_run += 1
         rows = []
-        for element in _take(dataset, self.plan.num_batches):
+        for element in _take(dataset, self._most()):
             rows.extend(_row_digests(element))
         return sorted(rows)
 

@@ -20,12 +20,16 @@ from typing import Optional
 from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.tune.budget import MIN_ROUNDS
+from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_SHARE
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
 
 # Batches read before a pass's clock starts: its threads and buffers start up.
 WARMUP_BATCHES = 2
 # The fewest timed batches per pass: fewer would time the iterator's start.
 MIN_BATCHES = 4
+# The fewest batches an epoch is cut to: fewer would leave a warm-up and a
+# timed pass little of it.
+LEAST_CUT_BATCHES = 2 * (WARMUP_BATCHES + MIN_BATCHES)
 # Share of the budget left that the timed passes may take: each candidate's
 # check reads an epoch, and building datasets takes the rest.
 PASSES_SHARE = 0.5
@@ -38,6 +42,7 @@ def sized_plan(
     left_s: float,
     comparisons: int,
     warmup_batches: Optional[int] = WARMUP_BATCHES,
+    whole_epoch: bool = True,
 ) -> Tuple[PassPlan, Optional[str]]:
     """The plan of `tune`'s passes, and a note when they are cut to a few batches.
 
@@ -50,10 +55,14 @@ def sized_plan(
             the final one).
         warmup_batches: batches that fill the pipeline's buffers (at least
             `WARMUP_BATCHES`), or `None` when they are not known (whole epochs).
+        whole_epoch: `False` when `batches` and `epoch_s` are only the first
+            part of an epoch (its first read was cut at its time limit): the
+            passes are then always cut, to that part at most.
 
     Returns:
         `(plan, note)`: the plan unchanged (note `None`) when the caller gave
-        `num_batches` or whole-epoch passes fit; otherwise a plan of one epoch
+        `num_batches`, whole-epoch passes fit, or too few batches were read
+        to cut them; otherwise a plan of one epoch
         of `num_batches` batches after `WARMUP_BATCHES`, and a note that says so.
 
     Example:
@@ -64,14 +73,18 @@ def sized_plan(
     (1, 6, 2)
     >>> sized_plan(PassPlan(epochs=2), 0.1, 30, 50.0, 3)[1] is None
     True
+    >>> sized_plan(PassPlan(epochs=2), 0.1, 30, 50.0, 3, whole_epoch=False)[0].num_batches
+    28
     """
     passes = 2 * MIN_ROUNDS * max(comparisons, 1)
-    if plan.num_batches is not None or plan.epochs * epoch_s * passes <= PASSES_SHARE * left_s:
+    if plan.num_batches is not None:
         return plan, None
-    if warmup_batches is None:
+    fits = plan.epochs * epoch_s * passes <= PASSES_SHARE * left_s
+    if (whole_epoch and fits) or warmup_batches is None:
         return plan, None
     warmup = max(WARMUP_BATCHES, warmup_batches)
-    if batches < 2 * (warmup + MIN_BATCHES):
+    # A whole epoch is kept when cutting it would leave few batches to time.
+    if batches < (LEAST_CUT_BATCHES if whole_epoch else warmup + MIN_BATCHES):
         return plan, None
     batch_s = epoch_s / batches
     fitting = int(PASSES_SHARE * left_s / passes / batch_s) - warmup
@@ -82,9 +95,18 @@ def sized_plan(
         consumer_step_s=plan.consumer_step_s,
         warmup_batches=warmup,
     )
+    if whole_epoch:
+        why = (
+            f"One epoch takes {epoch_s:.2f} s: {passes} passes of {plan.epochs} whole epochs "
+            "would not fit the budget"
+        )
+    else:
+        why = (
+            f"The first {batches} batches of an epoch took {epoch_s:.2f} s, the most its "
+            f"first read may take ({REFERENCE_SHARE:.0%} of the budget)"
+        )
     note = (
-        f"One epoch takes {epoch_s:.2f} s: {passes} passes of {plan.epochs} whole epochs would "
-        f"not fit the budget, so each timed pass read {num_batches} batches after "
-        f"{warmup} untimed ones (a cache was filled first by one whole epoch)."
+        f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed ones "
+        "(a cache was filled first by one whole epoch)."
     )
     return sized, note

@@ -20,7 +20,7 @@ from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.tune import pass_size
-from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE
+from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_SHARE
 from keras_pipeline_tuner.pipeline.tune.budget import Budget
 from keras_pipeline_tuner.pipeline.tune.cache_point import draws_randomly
 from keras_pipeline_tuner.pipeline.tune.cache_scratch import CacheScratch
@@ -124,6 +124,7 @@ class TuningSession:
         """Times each rewrite on its own against the pipeline as written; keeps none."""
         pipeline = read_pipeline(self.dataset)
         self.read_reference(pipeline)
+        self.size_passes(len(rewrites))
         problem = self.rebuild_problem()
         timed = []
         for index, rewrite in enumerate(rewrites):
@@ -161,7 +162,7 @@ class TuningSession:
         # order (rebuilt datasets get fresh seed generators too).
         source = independent_copy(self.dataset)
         source = self.dataset if source is None else source
-        epoch_s = self.checks.read_reference(source, EPOCH_BUDGET_SHARE * self.budget.budget_s)
+        epoch_s = self.checks.read_reference(source, REFERENCE_SHARE * self.budget.budget_s)
         self.random = draws_randomly(pipeline)
         if self.checks.repeatable and self.random and self.rebuild_problem() is not None:
             # Random, but its own cache replays the first pass: a rebuild,
@@ -184,6 +185,10 @@ class TuningSession:
 
         Args:
             comparisons: side-by-side comparisons still to run.
+
+        Raises:
+            ValueError: if the epoch was cut at its first read (`ElementChecks.cut`)
+                before enough batches for a timed pass came.
         """
         batches = len(self.checks.reference)
         if not batches:
@@ -191,9 +196,21 @@ class TuningSession:
         epoch_s = self.budget.pass_estimate_s / self.plan.epochs
         left_s = self.budget.deadline - time.perf_counter()
         sized, note = pass_size.sized_plan(
-            self.plan, epoch_s, batches, left_s, comparisons, _buffer_batches(self.pipeline)
+            self.plan,
+            epoch_s,
+            batches,
+            left_s,
+            comparisons,
+            _buffer_batches(self.pipeline),
+            whole_epoch=self.checks.cut is None,
         )
         if note is None:
+            if self.checks.cut is not None:
+                raise ValueError(
+                    f"The first {batches} batches of the dataset took {epoch_s:.1f} s, too "
+                    f"few for a timed pass within budget_s={self.budget.budget_s:g}: pass a "
+                    "larger budget_s, or num_batches=... to time fewer batches per epoch."
+                )
             return
         # One plan object is shared with the budget and the checks: changed in place.
         for field in dataclasses.fields(sized):

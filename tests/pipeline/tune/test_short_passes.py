@@ -14,7 +14,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline.tune import paired_timing
 
 
-def slow_python_map(element_s: float, elements: int):
+def slow_python_map(element_s: float, elements: int, batch_size: int = 8):
     def load_python(index):
         time.sleep(element_s)
         return np.full((4,), index, np.float32)
@@ -24,7 +24,7 @@ def slow_python_map(element_s: float, elements: int):
         x.set_shape((4,))
         return x
 
-    return tf.data.Dataset.range(elements).map(load).batch(8)
+    return tf.data.Dataset.range(elements).map(load).batch(batch_size)
 
 
 def test_a_slow_epoch_is_timed_in_passes_of_a_few_batches_within_the_budget():
@@ -41,6 +41,20 @@ def test_a_slow_epoch_is_timed_in_passes_of_a_few_batches_within_the_budget():
     assert parallel.ratio < 0.75
     # The budget binds: its end, plus the final build, a little after.
     assert elapsed < 16 * 1.05 + 1.0, elapsed
+
+
+def test_an_epoch_longer_than_the_budget_is_read_in_part_and_the_budget_binds():
+    # 300 batches of 40 ms: an epoch of 12 s, for a budget of 10 s. Its first
+    # read stops at a tenth of the budget, and every later read at the same batch.
+    dataset = slow_python_map(0.020, 600, batch_size=2)
+    began = time.perf_counter()
+    _, result = kpt.tune(dataset, budget_s=10, allow_unverified=True, verbose=0)
+    elapsed = time.perf_counter() - began
+    assert any(note.startswith("The first ") for note in result.notes), result.notes
+    assert result.batches_per_epoch < 300
+    parallel = next(r for r in result.rewrites if "num_parallel_calls" in r.change)
+    assert parallel.status == "kept", parallel.reason
+    assert elapsed < 10 * 1.05 + 1.0, elapsed
 
 
 def test_without_allow_unverified_one_note_says_what_was_not_tried_and_how():
