@@ -1,5 +1,6 @@
 """The CPU budget: parsers on saved cgroup files, then real limits set by the kernel."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import uuid
 
 import pytest
 
+from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner.timing import cpu_budget
 from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_budget import CpuCgroup
@@ -25,6 +27,8 @@ from keras_pipeline_tuner.timing.cpu_budget import parse_mountinfo
 from keras_pipeline_tuner.timing.cpu_budget import parse_proc_cgroup
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 from keras_pipeline_tuner.timing.cpu_budget import tightest_quota
+from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 
 # --- Saved contents -----------------------------------------------------------
 
@@ -207,6 +211,27 @@ def test_cpu_stat_v1_and_v2():
 )
 def test_budget_figures(budget, cpus, binding, sentence):
     assert (budget.cpus, budget.binding, budget.describe()) == (cpus, binding, sentence)
+
+
+def test_usage_judged_against_a_binding_quota_and_kept_in_json():
+    quota = CpuBudget(8, 8, 0.5, "/cg/kpt", 2)
+    usage = CpuUsage(
+        wall_s=2.0,
+        cpu_count=8,
+        process_cores=0.45,
+        host_busy=0.1,
+        budget=quota,
+        throttling=Throttling(20, 19, 0.9),
+    )
+    # 0.45 of 8 idle host cores, but 90 % of a 0.5 CPU quota: saturated.
+    assert usage.busy == pytest.approx(0.9) and usage.saturated
+    assert "cgroup quota 0.50 CPU (v2) binds" in usage.describe()
+    assert "throttled it in 19 of 20" in usage.describe()
+    again = from_dict(CpuUsage, json.loads(json.dumps(dataclasses.asdict(usage))), "cpu")
+    assert again == usage
+    # A report written before the budget existed still reads.
+    old = from_dict(CpuUsage, {"wall_s": 1.0, "cpu_count": 2, "process_cores": 1.0}, "cpu")
+    assert old.budget is None and old.throttling is None
 
 
 # --- The kernel's limits ----------------------------------------------------------
@@ -398,3 +423,21 @@ def test_unlimited_budget_is_the_affinity_count():
     meter.start()
     throttling = meter.stop()
     assert throttling is None or throttling.throttled_periods == 0
+
+
+def test_cpu_meter_counts_child_processes_and_reads_the_budget():
+    meter = CpuMeter()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 0.5: pass",
+        ]
+    )
+    child.wait(timeout=60)
+    meter.stop()
+    usage = meter.usage()
+    # The child's busy half second counts (this process only waited for it).
+    assert usage.process_cores * usage.wall_s > 0.2
+    assert usage.budget == read_cpu_budget()
+    assert "budget" in usage.describe()
