@@ -2,18 +2,21 @@
 
 A pipeline that waits for input although its stages already run in parallel
 needs more CPUs, not more threads: whether the CPUs were saturated decides
-between the two. Two figures are measured over the run, both without extra
-dependencies and at the cost of reading a few counters at its start and end:
+between the two. Two figures are measured over the run, at the cost of reading
+a few counters at its start and end:
 
-- the process: its user and system CPU time (`os.times()`, all its threads,
-  tf.data's included) over the wall time, in cores;
+- the process: its user and system CPU time over the wall time, in cores:
+  all its threads (tf.data's included) and its child processes (the workers
+  of a `PyDataset` or a DataLoader), live or already waited for (psutil;
+  without it `os.times()`, which sees children only once waited for);
 - the host: the share of time the CPUs this process may run on were busy, from
   the kernel's counters in `/proc/stat` (Linux; every process counts, so other
   jobs on the host show too). Elsewhere only the process figure exists.
 
-A container's CPU quota (cgroups) is not read: on a host where the quota is
-below the CPUs the process may run on, both figures understate how saturated
-the quota is.
+Beside them the meter reads the process's CPU budget (`cpu_budget`: affinity
+mask and the container's cgroup quota) and how often the kernel throttled the
+cgroup over the span. Where a quota binds, the host's CPUs can be idle while
+the job has no CPU time left, so the process's use is judged against the quota.
 """
 
 import dataclasses
@@ -22,6 +25,12 @@ import time
 from typing import Dict
 from typing import Optional
 from typing import Tuple
+
+from keras_pipeline_tuner.timing.cpu_budget import QUOTA
+from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+from keras_pipeline_tuner.timing.cpu_budget import ThrottleMeter
+from keras_pipeline_tuner.timing.cpu_budget import Throttling
+from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 
 _PROC_STAT = "/proc/stat"
 # Fields of a /proc/stat cpu line that are idle time: idle and iowait.
@@ -38,10 +47,16 @@ class CpuUsage:
         wall_s: the span's wall time in seconds.
         cpu_count: the CPUs this process may run on.
         process_cores: CPU time this process used over the wall time: the
-            average number of cores it kept busy (all its threads).
+            average number of cores it kept busy (all its threads and its
+            child processes).
         host_busy: share of the time those CPUs were busy, counting every
             process on the host; `None` where the kernel's counters cannot be
             read (not Linux).
+        budget: the CPUs the process may use (affinity and cgroup quota),
+            read when the span began; `None` where not read.
+        throttling: how often the kernel throttled the process's cgroup for
+            exceeding its quota over the span; `None` where the cgroup has no
+            throttling counters (no cgroup, or not Linux).
 
     Example:
 
@@ -53,13 +68,25 @@ class CpuUsage:
     cpu_count: int
     process_cores: float
     host_busy: Optional[float] = None
+    budget: Optional[CpuBudget] = None
+    throttling: Optional[Throttling] = None
 
     @property
     def busy(self) -> float:
-        """The share of the CPUs that was busy: the host's, else this process's."""
+        """The share of the CPUs that was busy: the host's, else this process's.
+
+        Where a cgroup quota binds, the process's share of the quota when
+        that is higher: a job that used its quota up is out of CPU however
+        idle the host's CPUs are.
+        """
+        own = min(self.process_cores / max(self.cpu_count, 1), 1.0)
+        if self.budget is not None and self.budget.binding == QUOTA:
+            own = min(self.process_cores / self.budget.limit_cpus, 1.0)
+            if self.host_busy is not None:
+                return max(own, self.host_busy)
         if self.host_busy is not None:
             return self.host_busy
-        return min(self.process_cores / max(self.cpu_count, 1), 1.0)
+        return own
 
     @property
     def saturated(self) -> bool:
@@ -74,6 +101,10 @@ class CpuUsage:
         )
         if self.host_busy is not None:
             text += f"; those cores were {self.host_busy * 100:.0f} % busy (all processes)"
+        if self.budget is not None:
+            text += f"; {self.budget.describe()}"
+        if self.throttling is not None and self.throttling.periods > 0:
+            text += f"; {self.throttling.describe()}"
         return text
 
 
@@ -96,6 +127,9 @@ class CpuMeter:
 
     def restart(self) -> None:
         """Starts measuring from now."""
+        self._budget = read_cpu_budget()
+        self._throttle = ThrottleMeter(self._budget.cgroup)
+        self._throttle.start()
         self._started = time.monotonic()
         self._process_s = _process_cpu_s()
         self._host = _host_counters(self._cpus)
@@ -104,6 +138,7 @@ class CpuMeter:
     def stop(self) -> None:
         """Ends the span: `usage()` returns the usage up to now from then on."""
         self._stopped = self.usage()
+        self._throttle.stop()
 
     def usage(self) -> Optional[CpuUsage]:
         """The usage from the start to now, or to the stop.
@@ -128,6 +163,8 @@ class CpuMeter:
             cpu_count=len(self._cpus) or (os.cpu_count() or 1),
             process_cores=max(_process_cpu_s() - self._process_s, 0.0) / wall,
             host_busy=host_busy,
+            budget=self._budget,
+            throttling=self._throttle.elapsed(),
         )
 
 
@@ -150,8 +187,32 @@ def _allowed_cpus() -> Tuple[int, ...]:
 
 
 def _process_cpu_s() -> float:
+    """CPU seconds of this process's threads and of its children, live or waited for."""
+    try:
+        import psutil
+    except ImportError:
+        return _os_cpu_s()
+    process = psutil.Process()
+    try:
+        own = process.cpu_times()
+        children = process.children(recursive=True)
+    except psutil.Error:
+        return _os_cpu_s()
+    total = own.user + own.system + own.children_user + own.children_system
+    for child in children:
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            # Ended since listed: counted in children_* once waited for.
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _os_cpu_s() -> float:
+    """CPU seconds of this process and of the children it waited for."""
     times = os.times()
-    return times.user + times.system
+    return times.user + times.system + times.children_user + times.children_system
 
 
 def _host_counters(cpus: Tuple[int, ...]) -> Optional[Tuple[int, int]]:
