@@ -44,6 +44,7 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
+from keras_pipeline_tuner.advice import cpu_limits
 from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
@@ -75,7 +76,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
-from keras_pipeline_tuner.timing.cpu_usage import allowed_cpu_count
+from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -172,12 +173,14 @@ def advise(
         findings: `Finding`s of the pipeline inspection, if it ran.
         cpu_count: CPU cores a parallelised stage can use: a fix that runs a
             stage on parallel threads is at most this many times faster; the
-            cores this process may run on (its affinity) by default.
+            run's CPU budget (`cpu.budget`: affinity and container quota) by
+            default, read now when the run has none.
         what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
             with input free, measured, replaces the step clock's compute time
             as the floor no input-pipeline change goes below.
         cpu: `CpuUsage` of the run: with every stage already parallel, saturated
-            CPUs make the tf.data service the advice (see `scale_out_advice`).
+            CPUs make the tf.data service the advice (see `scale_out_advice`);
+            its CPU budget and throttling add the advice of `cpu_limits`.
         workers: the chief's `MultiWorkerSummary` of a multi-worker run: the job
             is judged by its straggler, which is named first.
         judgement: the run's `Judgement` (see `advice.verdict`), so that the
@@ -209,19 +212,26 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or allowed_cpu_count(), what_if, judgement)
+    budget = cpu.budget if cpu is not None and cpu.budget is not None else read_cpu_budget()
+    cores = cpu_count or budget.cpus
+    run = _Run(stats, profile, cores, what_if, judgement)
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
-        return [_not_the_bottleneck(run)] + [
-            _from_finding(run, finding) for finding in findings if _severity(finding) == "error"
-        ]
+        return (
+            [_not_the_bottleneck(run)]
+            + [_from_finding(run, finding) for finding in findings if _severity(finding) == "error"]
+            + cpu_limits.cpu_limit_recommendations(pipeline, cpu, None)
+        )
 
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
     ranked = _ranked(run, findings, offload, fix_timings)
     straggler = scale_out_advice.straggler_recommendation(workers)
-    return ([straggler] if straggler else []) + _one_per_stage(ranked)
+    # Advice from the CPU budget comes after the pipeline's own: it has no
+    # speed figure of its own (see `cpu_limits`).
+    limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound)
+    return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:

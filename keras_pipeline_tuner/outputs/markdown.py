@@ -56,6 +56,9 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
         lines += ["", escape(report.judgement.line)]
         lines += [f"- {escape(cost)}" for cost in report.judgement.one_off]
     lines += [""] + _timings_table(report)
+    limits = report.cpu.limits() if report.cpu is not None else None
+    if limits is not None:
+        lines += ["", escape(limits)]
     if report.workers is not None:
         lines += _workers(report.workers)
     bound = report.input_free

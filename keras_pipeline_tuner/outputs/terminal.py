@@ -133,6 +133,9 @@ def print_summary(
         )
     if report.tuner_cost is not None:
         console.print(Text(report.tuner_cost.summary()))
+    limits = report.cpu.limits() if report.cpu is not None else None
+    if limits is not None:
+        console.print(Text(limits))
     if report.workers is not None:
         _print_workers(report.workers, console)
     if report.profile is not None:

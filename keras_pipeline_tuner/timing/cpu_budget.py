@@ -171,6 +171,34 @@ class CpuBudget:
         return float(max(self.affinity_count, 1))
 
     @property
+    def hidden_from_tf_data(self) -> bool:
+        """Whether a quota cuts the budget below the CPUs tf.data sizes itself by.
+
+        tf.data (its thread pool, AUTOTUNE's CPU budget) counts the CPUs the
+        process may be scheduled on, its affinity, and not the quota.
+
+        Example:
+
+        >>> CpuBudget(8, 8, quota_cpus=2.0).hidden_from_tf_data
+        True
+        >>> CpuBudget(2, 2, quota_cpus=1.5).hidden_from_tf_data  # both round to 2
+        False
+        """
+        return self.binding == QUOTA and self.cpus < self.affinity_count
+
+    def holds(self, threads: object) -> bool:
+        """Whether a thread count set in an option (an int above 0) is at most `cpus`.
+
+        Example:
+
+        >>> budget = CpuBudget(8, 8, quota_cpus=2.0)
+        >>> budget.holds(2), budget.holds(0), budget.holds(None), budget.holds(4)
+        (True, False, False, False)
+        """
+        counted = isinstance(threads, int) and not isinstance(threads, bool)
+        return counted and 0 < threads <= self.cpus
+
+    @property
     def binding(self) -> str:
         """Which limit binds: "quota", "affinity" or "host".
 

@@ -26,6 +26,7 @@ from typing import Dict
 from typing import Optional
 from typing import Tuple
 
+from keras_pipeline_tuner.timing.cpu_budget import HOST
 from keras_pipeline_tuner.timing.cpu_budget import QUOTA
 from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_budget import ThrottleMeter
@@ -92,6 +93,30 @@ class CpuUsage:
     def saturated(self) -> bool:
         """Whether the CPUs were busy at least `BUSY_FRACTION` of the time."""
         return self.busy >= BUSY_FRACTION
+
+    def limits(self) -> Optional[str]:
+        """The CPU budget and throttling in one line, when either limits the job.
+
+        Returns:
+            E.g. "CPU budget 1 CPU: cgroup quota 1.00 CPU (v1) binds; affinity
+            2 of 2 host CPUs; the kernel throttled it in 15 of 16 quota
+            periods (94 %, 1.45 s stopped)."; `None` when every host CPU is
+            the process's and it was never throttled (the JSON report holds
+            the figures all the same).
+
+        Example:
+
+        >>> CpuUsage(wall_s=1.0, cpu_count=2, process_cores=1.0,
+        ...          budget=CpuBudget(2, 2)).limits() is None
+        True
+        """
+        throttled = self.throttling is not None and self.throttling.throttled_periods > 0
+        if self.budget is None or (self.budget.binding == HOST and not throttled):
+            return None
+        text = f"CPU {self.budget.describe()}"
+        if throttled:
+            text += f"; {self.throttling.describe()}"
+        return text + "."
 
     def describe(self) -> str:
         """The figures in one sentence, e.g. for a recommendation's evidence."""
@@ -166,17 +191,6 @@ class CpuMeter:
             budget=self._budget,
             throttling=self._throttle.elapsed(),
         )
-
-
-def allowed_cpu_count() -> int:
-    """The cores this process may run on (its affinity mask), not the host's count.
-
-    Example:
-
-    >>> allowed_cpu_count() >= 1
-    True
-    """
-    return len(_allowed_cpus()) or 1
 
 
 def _allowed_cpus() -> Tuple[int, ...]:

@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-import uuid
 
 import pytest
 
@@ -283,92 +281,6 @@ def run_child(mode, target, busy_s=1.5):
     )
     assert process.returncode == 0, process.stderr
     return json.loads(process.stdout)
-
-
-def writable_cpu_hierarchy():
-    """`(version, directory)` under which a test cgroup with a CPU quota can be made."""
-    if os.geteuid() != 0:
-        pytest.skip("setting a cgroup CPU quota needs root")
-    try:
-        with open("/proc/self/cgroup") as proc, open("/proc/self/mountinfo") as mounts:
-            candidates = find_cpu_cgroups(proc.read(), mounts.read())
-    except OSError:
-        pytest.skip("no /proc/self/cgroup or mountinfo (not Linux)")
-    for candidate in candidates:
-        top = candidate.mount_point
-        if candidate.version == 1 and os.path.exists(os.path.join(top, "cpu.cfs_quota_us")):
-            return 1, top
-        if candidate.version == 2:
-            try:
-                with open(os.path.join(top, "cgroup.subtree_control")) as file:
-                    if "cpu" in file.read().split():
-                        return 2, top
-            except OSError:
-                pass
-    pytest.skip("no cgroup hierarchy with the cpu controller to make a test cgroup in")
-
-
-@pytest.fixture
-def quota_cgroup():
-    """A function making a cgroup with a CPU quota; removes what it made afterwards."""
-    version, top = writable_cpu_hierarchy()
-    made = []
-
-    def make(cpus, nested=False):
-        """Makes `top/kpt-test-*` with quota `cpus`, and under it `inner` without
-        one when `nested`; returns `(directory to join, directory with the quota)`."""
-        path = os.path.join(top, f"kpt-test-{uuid.uuid4().hex[:8]}")
-        try:
-            os.mkdir(path)
-        except OSError as error:
-            pytest.skip(f"cannot make a cgroup under {top}: {error}")
-        made.append(path)
-        period = 100000
-        # High weights win the scheduler's share from any other load: the
-        # quota, not the machine's load, limits the test's loops.
-        if version == 1:
-            write(path, "cpu.cfs_period_us", str(period))
-            write(path, "cpu.cfs_quota_us", str(int(cpus * period)))
-            write(path, "cpu.shares", "262144")
-        else:
-            write(path, "cpu.max", f"{int(cpus * period)} {period}")
-            write(path, "cpu.weight", "10000")
-        if not nested:
-            return path, path
-        inner = os.path.join(path, "inner")
-        if version == 2:
-            write(path, "cgroup.subtree_control", "+cpu")
-        os.mkdir(inner)
-        made.append(inner)
-        return inner, path
-
-    try:
-        yield make
-    finally:
-        for path in reversed(made):
-            remove_cgroup(path, top)
-
-
-def write(directory, name, value):
-    with open(os.path.join(directory, name), "w") as file:
-        file.write(value)
-
-
-def remove_cgroup(path, top):
-    """Moves what is left in the cgroup to `top` (its processes have exited), then removes it."""
-    for _ in range(50):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as file:
-                left = [line.strip() for line in file if line.strip()]
-            for pid in left:
-                write(top, "cgroup.procs", pid)
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    os.rmdir(path)
 
 
 def assert_throttled_by_quota(result, quota, quota_dir):

@@ -8,7 +8,6 @@ Stages TensorFlow already runs in parallel after its default rewrites are
 left alone. Whether a rewrite is worth it is measured (`tuning`).
 """
 
-import os
 from typing import List
 from typing import Optional
 from typing import Tuple
@@ -18,6 +17,7 @@ from keras_pipeline_tuner.pipeline.graph.model import Pipeline
 from keras_pipeline_tuner.pipeline.graph.rerun import side_effects
 from keras_pipeline_tuner.pipeline.tune.cache_point import cache_caveat
 from keras_pipeline_tuner.pipeline.tune.cache_point import cache_point
+from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_BUDGET
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_OFF
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
@@ -34,6 +34,7 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.vectorize import vectorize_blocker
+from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 
 
 def plan_rewrites(
@@ -150,11 +151,28 @@ def _plan_prefetch(pipeline, final, rewrites, skipped) -> None:
 
 
 def _plan_options(pipeline, final, rewrites) -> None:
-    """Plans the `tf.data.Options` rewrites: a private thread pool, autotuning off."""
+    """Plans the `tf.data.Options` rewrites: AUTOTUNE's CPU budget under a quota, a
+    private thread pool, autotuning off."""
+    budget = read_cpu_budget()
+    if budget.hidden_from_tf_data and not budget.holds(
+        pipeline.options.get("autotune_options.cpu_budget")
+    ):
+        # AUTOTUNE sizes its parallelism from the CPUs the process may be
+        # scheduled on; a container's quota, which it does not see, is less.
+        rewrites.append(
+            Rewrite(
+                kind=AUTOTUNE_BUDGET,
+                node=final.node,
+                stage=final.label,
+                change=f"options.autotune.cpu_budget = {budget.cpus}",
+                options={"autotune.cpu_budget": budget.cpus},
+            )
+        )
     if "threading_options.private_threadpool_size" not in pipeline.options:
         # Its own pool keeps the pipeline's threads from queueing behind
-        # other work of the process (e.g. the training step's).
-        threads = os.cpu_count() or 1
+        # other work of the process (e.g. the training step's), sized to the
+        # CPUs the process may use (its affinity, or a container's quota).
+        threads = budget.cpus
         rewrites.append(
             Rewrite(
                 kind=THREADPOOL,

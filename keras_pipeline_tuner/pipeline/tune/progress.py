@@ -34,17 +34,23 @@ class PassProgress:
         # rich writes no cursor codes when its output is not a terminal: a
         # log file gets the final line only.
         from rich.progress import BarColumn
-        from rich.progress import MofNCompleteColumn
         from rich.progress import Progress
         from rich.progress import TextColumn
+        from rich.table import Column
 
+        # One text column after the bar: a narrow console cuts its end (what
+        # is timed), not the counts.
         self._progress = Progress(
-            TextColumn("kpt.tune: timed passes"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[elapsed]}"),
+            BarColumn(bar_width=12),
+            TextColumn(
+                "kpt.tune: {task.completed:.0f}/{task.total:.0f} timed passes, "
+                "{task.fields[elapsed]}{task.fields[what]}",
+                table_column=Column(no_wrap=True, overflow="ellipsis"),
+            ),
         )
-        self._task = self._progress.add_task("tune", total=total_passes, elapsed="")
+        self._task = self._progress.add_task(
+            "tune", total=total_passes, elapsed=self._elapsed(), what=""
+        )
         self._progress.start()
 
     def estimate(self, passes_left: int) -> None:
@@ -53,13 +59,20 @@ class PassProgress:
             done = self._progress.tasks[0].completed
             self._progress.update(self._task, total=done + passes_left)
 
+    def timing(self, what: str) -> None:
+        """Names what the next passes time, e.g. "map(load, num_parallel_calls=AUTOTUNE)"."""
+        if self._progress is not None:
+            self._progress.update(self._task, what=f"; timing {what}", elapsed=self._elapsed())
+
     def advance(self) -> None:
         """Counts one timed pass."""
         if self._progress is not None:
-            used = time.perf_counter() - self.budget.started
-            self._progress.update(
-                self._task, advance=1, elapsed=f"{used:.0f} s of {self.budget.budget_s:g} s"
-            )
+            self._progress.update(self._task, advance=1, elapsed=self._elapsed())
+
+    def _elapsed(self) -> str:
+        used = time.perf_counter() - self.budget.started
+        left = max(self.budget.budget_s - used, 0.0)
+        return f"{used:.0f} s of {self.budget.budget_s:g} s used, {left:.0f} s left"
 
     def stop(self) -> None:
         """Ends the bar at the passes done."""

@@ -28,13 +28,14 @@ PARALLEL_BATCH = "parallel-batch"
 MAP_FUSION = "map-fusion"
 REORDER = "nondeterministic"
 THREADPOOL = "private-threadpool"
+AUTOTUNE_BUDGET = "autotune-cpu-budget"
 AUTOTUNE_OFF = "autotune-off"
 
 # The order in which rewrites are tried: vectorisation first (it changes how
 # much work there is), then parallelism (it helps every epoch), then the cache
 # (it helps from the second epoch), then the prefetch that overlaps whatever is
 # left with the consumer; smaller refinements (parallel batch copies, map
-# fusion, reordering, the thread pool) last, when the budget is left.
+# fusion, reordering, AUTOTUNE's CPU budget, the thread pool) last, when the budget is left.
 KINDS = (
     VECTORIZE,
     PARALLEL_INTERLEAVE,
@@ -45,11 +46,12 @@ KINDS = (
     PARALLEL_BATCH,
     MAP_FUSION,
     REORDER,
+    AUTOTUNE_BUDGET,
     THREADPOOL,
     AUTOTUNE_OFF,
 )
 # Rewrites made by setting `tf.data.Options` on the final dataset.
-OPTION_KINDS = (MAP_FUSION, THREADPOOL, AUTOTUNE_OFF)
+OPTION_KINDS = (MAP_FUSION, AUTOTUNE_BUDGET, THREADPOOL, AUTOTUNE_OFF)
 
 # Where each op with a tunable degree of parallelism keeps it, counted from the
 # end of its data inputs: op -> (index from the end, argument name).

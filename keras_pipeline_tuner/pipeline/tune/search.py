@@ -138,6 +138,7 @@ class Search:
         if against_original is not None:
             return against_original
         if kept:
+            session.progress.timing("the tuned pipeline against the original")
             times = session.side_by_side(
                 {"original": session.factory([]), "tuned": session.factory(kept)},
                 session.budget.affordable_rounds(final=False),

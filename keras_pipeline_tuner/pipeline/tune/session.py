@@ -275,6 +275,7 @@ class TuningSession:
             outcome.status = NOT_MEASURED
             outcome.reason = str(error)
             return outcome, None
+        self.progress.timing(rewrite.change)
         times = self.side_by_side(
             factories,
             self.budget.affordable_rounds(final=bool(kept)),

@@ -20,6 +20,7 @@ from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner._util.argument_checks import seconds
 from keras_pipeline_tuner._util.argument_checks import verbosity
+from keras_pipeline_tuner._util.stderr_lines import dropped_lines
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
 from keras_pipeline_tuner.pipeline.tune.results import TimedRewrite
@@ -107,8 +108,11 @@ def tune(
     """
     # Every argument, checked in the order of the signature, goes to the session.
     session = _checked_session(**locals())
+    # TensorFlow's warnings about the passes' partial reads of caches are
+    # about the tuner's passes, not the user's pipeline (see `stderr_lines`).
     try:
-        return Search(session).run()
+        with dropped_lines():
+            return Search(session).run()
     finally:
         session.close()
 
@@ -249,6 +253,7 @@ def time_rewrites(
         verbose=0,
     )
     try:
-        return session.measure(list(rewrites))
+        with dropped_lines():
+            return session.measure(list(rewrites))
     finally:
         session.close()

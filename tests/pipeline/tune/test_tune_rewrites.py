@@ -281,4 +281,6 @@ def test_progress_writes_no_terminal_codes_when_output_is_not_a_terminal(capsys)
     written = capsys.readouterr()
     text = written.out + written.err
     assert "timed passes" in text
+    # What is timed, and what is left of the budget.
+    assert " s of 2 s used, " in text and " s left; timing " in text
     assert "\x1b" not in text and "\r" not in text

@@ -1,0 +1,221 @@
+"""Advice from the CPUs the job really has: a container's quota, and the kernel's throttling.
+
+Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
+`Throttling`, see `timing.cpu_budget`) rather than on the step clock:
+
+- tf.data's AUTOTUNE sizes the pipeline's parallelism from the CPUs the
+  process may be scheduled on (its affinity mask), not from a container's
+  quota. Under a quota below that count the pipeline runs more threads than
+  it has CPU time for, and the kernel stops the whole group once the quota is
+  used up. The advice sets `options.autotune.cpu_budget` to the budget (and a
+  private thread pool set above it, down to it). A private pool of the
+  budget's size is not advised: under a 1-CPU quota on two cores
+  (`bench/cpu_quota.py`), a pool of one thread made a fit's steps 1.4-1.6x
+  slower, where AUTOTUNE's budget alone left them within the noise.
+- A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
+  the budget has CPUs for runs them in turn, not in parallel: the advice sets
+  `workers` / `num_workers` to the budget.
+- A job throttled in a meaningful share of its periods (`THROTTLED_SHARE`) is
+  slowed by the kernel, the model as much as the pipeline: its verdict says how
+  the two share the CPU time the quota gives, not how fast either could run.
+  The advice states the figures and the two ways out (a larger limit, fewer
+  threads).
+
+None of them has a speed figure of its own: a quota is a ceiling on CPU time,
+and what fewer threads bring under it depends on what they were contending
+for. `kpt.tune` times the thread-pool change with the budget's value.
+"""
+
+from typing import TYPE_CHECKING
+from typing import List
+from typing import Optional
+
+from keras_pipeline_tuner.advice.recommendation import BOUND
+from keras_pipeline_tuner.advice.recommendation import Evidence
+from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.pipeline.graph import kinds
+
+if TYPE_CHECKING:
+    from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+
+CPU_BUDGET = "CPU budget"
+
+QUOTA_THREADS = "cpu-quota-threads"
+QUOTA_WORKERS = "cpu-quota-workers"
+THROTTLED = "cpu-throttled"
+
+# Share of the quota periods throttled from which the job counts as slowed by
+# the kernel: a tenth of its periods cut short.
+THROTTLED_SHARE = 0.1
+# Input stages that are not tf.data: their threads are not tf.data's pool.
+_NOT_TF_DATA = (kinds.PY_DATASET, kinds.DATA_LOADER, kinds.GENERATOR, kinds.ARRAYS)
+_POOL_OPTION = "threading_options.private_threadpool_size"
+_AUTOTUNE_BUDGET_OPTION = "autotune_options.cpu_budget"
+
+
+def cpu_limit_recommendations(
+    pipeline: Optional["Pipeline"], cpu: Optional["CpuUsage"], gain: Optional[ExpectedGain]
+) -> List[Recommendation]:
+    """The recommendations the run's CPU budget and throttling call for.
+
+    Args:
+        pipeline: the `Pipeline` the run's findings were read from, if any.
+        cpu: the run's `CpuUsage` (with its `budget` and `throttling`).
+        gain: the run's input-free ceiling (`ExpectedGain`), when the run is
+            input-bound: the most a change to the input can bring.
+
+    Returns:
+        The "cpu-quota-threads", "cpu-quota-workers" and "cpu-throttled"
+        `Recommendation`s that apply, in that order.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.cpu_budget import CpuBudget, Throttling
+    >>> from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    >>> budget = CpuBudget(host_count=8, affinity_count=8, quota_cpus=2.0,
+    ...                    cgroup=None, cgroup_version=2)
+    >>> cpu = CpuUsage(wall_s=10.0, cpu_count=8, process_cores=2.0, budget=budget,
+    ...                throttling=Throttling(100, 40, 3.0))
+    >>> [r.id for r in cpu_limit_recommendations(None, cpu, None)]
+    ['cpu-throttled']
+    """
+    if cpu is None or cpu.budget is None:
+        return []
+    found = [
+        _threads_over_quota(pipeline, cpu, gain),
+        _workers_over_budget(pipeline, cpu, gain),
+        _throttled(cpu),
+    ]
+    return [item for item in found if item is not None]
+
+
+def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
+    """AUTOTUNE (and a pool set by hand) sized to the quota, when tf.data cannot see it."""
+    budget = cpu.budget
+    if not budget.hidden_from_tf_data or pipeline is None or not _is_tf_data(pipeline):
+        return None
+    cpus = budget.cpus
+    lines = []
+    if not budget.holds(pipeline.options.get(_AUTOTUNE_BUDGET_OPTION)):
+        lines.append(f"options.autotune.cpu_budget = {cpus}")
+    pool = pipeline.options.get(_POOL_OPTION)
+    if isinstance(pool, int) and pool > cpus:
+        lines.append(f"options.threading.private_threadpool_size = {cpus}")
+    if not lines:
+        return None
+    return Recommendation(
+        id=QUOTA_THREADS,
+        title=f"Give tf.data's AUTOTUNE the {cpus}-CPU quota as its budget",
+        severity="warning" if _throttled_share(cpu) >= THROTTLED_SHARE else "info",
+        evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
+        fix="\n".join(["options = tf.data.Options()"] + lines + ["ds = ds.with_options(options)"]),
+        expected_gain=_no_figure(gain, "A budget the size of the quota"),
+        stage=None,
+        reason=(
+            f"tf.data's AUTOTUNE sizes the pipeline's parallelism from the "
+            f"{budget.affinity_count} CPUs this process may be scheduled on, but the "
+            f"container's quota gives it {budget.quota_cpus:.2f} CPU of time: the threads it "
+            "starts beyond that queue for the same time, and the kernel stops every thread "
+            f"of the job once it is used up. Check with kpt.tune, which times this change "
+            f"with {cpus}."
+        ),
+    )
+
+
+def _workers_over_budget(pipeline, cpu, gain) -> Optional[Recommendation]:
+    """Fewer loader worker processes, when they are more than the budget's CPUs."""
+    budget = cpu.budget
+    if pipeline is None:
+        return None
+    for stage in pipeline.stages:
+        if stage.kind == kinds.PY_DATASET and stage.params.get("use_multiprocessing"):
+            name, workers = "workers", stage.params.get("workers")
+            fix = f"super().__init__(workers={budget.cpus}, use_multiprocessing=True, **kwargs)"
+        elif stage.kind == kinds.DATA_LOADER:
+            name, workers = "num_workers", stage.params.get("num_workers")
+            fix = f"DataLoader(dataset, ..., num_workers={budget.cpus})"
+        else:
+            continue
+        if not isinstance(workers, int) or workers <= budget.cpus:
+            continue
+        return Recommendation(
+            id=QUOTA_WORKERS,
+            title=f"Run {budget.cpus} loader workers, not {workers}",
+            severity="warning" if _throttled_share(cpu) >= THROTTLED_SHARE else "info",
+            evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
+            fix=fix,
+            expected_gain=_no_figure(gain, f"{budget.cpus} workers instead of {workers}"),
+            stage=stage.label,
+            reason=(
+                f"{stage.label} runs {workers} worker processes ({name}={workers}) on a "
+                f"budget of {budget.cpus} CPU ({budget.binding} binds): the workers take "
+                "turns on the CPUs and each holds a batch in memory while it waits. "
+                f"{name}={budget.cpus} loads as fast with less memory and no contention "
+                "with the training step."
+            ),
+        )
+    return None
+
+
+def _throttled(cpu) -> Optional[Recommendation]:
+    """The kernel throttled the job in a meaningful share of its periods."""
+    throttling = cpu.throttling
+    if throttling is None or throttling.share < THROTTLED_SHARE:
+        return None
+    budget = cpu.budget
+    return Recommendation(
+        id=THROTTLED,
+        title=f"The CPU quota stopped this job in {throttling.share * 100:.0f} % of periods",
+        severity="warning",
+        evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
+        fix=(
+            "# Either a larger limit (Kubernetes resources.limits.cpu, docker --cpus),\n"
+            "# or fewer threads: tf.data.Options().autotune.cpu_budget, the loaders'\n"
+            "# workers, and\n"
+            f"# tf.config.threading.set_intra_op_parallelism_threads({budget.cpus})"
+        ),
+        expected_gain=ExpectedGain(
+            basis=BOUND,
+            statement=(
+                f"The kernel stopped the job's threads for {throttling.throttled_s:.2f} s in "
+                f"total: the input wait and the compute time above both include it, so "
+                "the verdict says how the two share the quota, not how fast either runs."
+            ),
+        ),
+        stage=None,
+        reason=(
+            f"The job used up its {budget.limit_cpus:.2f}-CPU quota in "
+            f"{throttling.throttled_periods} of {throttling.periods} scheduling periods and "
+            "was stopped until the next one each time: the model and the pipeline are both "
+            "slowed by the kernel, not only by each other."
+        ),
+    )
+
+
+def _is_tf_data(pipeline) -> bool:
+    return bool(pipeline.stages) and not any(
+        stage.kind in _NOT_TF_DATA for stage in pipeline.stages
+    )
+
+
+def _throttled_share(cpu) -> float:
+    return cpu.throttling.share if cpu.throttling is not None else 0.0
+
+
+def _no_figure(gain: Optional[ExpectedGain], change: str) -> ExpectedGain:
+    """The gain of a change that has no figure of its own: the run's ceiling, if any."""
+    statement = (
+        f"{change} cannot be bounded from this run: what it brings depends on what the "
+        "threads were contending for."
+    )
+    if gain is None or gain.speedup is None:
+        return ExpectedGain(basis=BOUND, statement=statement)
+    return ExpectedGain(
+        speedup=gain.speedup,
+        step_ms=gain.step_ms,
+        step_ms_after=gain.step_ms_after,
+        basis=BOUND,
+        statement=f"{statement} {gain.statement}",
+    )

@@ -1,0 +1,214 @@
+"""Advice from the CPU budget: rules on given usage, and fits under a real quota and mask.
+
+The fits run in a child process that joins a cgroup with a CPU quota (or sets
+its affinity to one CPU) after importing TensorFlow, so that the limit binds
+the fit, not the import. Their pipeline runs a map of real TensorFlow work on
+AUTOTUNE threads: two threads and the training step against one CPU of quota
+are throttled however loaded the machine (the test cgroup's weight wins the
+scheduler's share from other load).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from keras_pipeline_tuner.advice.cpu_limits import QUOTA_THREADS
+from keras_pipeline_tuner.advice.cpu_limits import QUOTA_WORKERS
+from keras_pipeline_tuner.advice.cpu_limits import THROTTLED
+from keras_pipeline_tuner.advice.cpu_limits import cpu_limit_recommendations
+from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+from keras_pipeline_tuner.pipeline.graph.model import Stage
+from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+from keras_pipeline_tuner.timing.cpu_budget import Throttling
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+
+
+def usage(quota=None, affinity=8, throttled=0):
+    budget = CpuBudget(
+        host_count=8, affinity_count=affinity, quota_cpus=quota, cgroup=None, cgroup_version=2
+    )
+    return CpuUsage(
+        wall_s=10.0,
+        cpu_count=affinity,
+        process_cores=1.0,
+        budget=budget,
+        throttling=Throttling(100, throttled_periods=throttled, throttled_s=0.01 * throttled),
+    )
+
+
+def tf_data(options=None):
+    stage = Stage(node="map", op="ParallelMapDatasetV2", kind=kinds.MAP, params={})
+    return Pipeline(stages=[stage], options=options or {})
+
+
+def ids(pipeline, cpu):
+    return [r.id for r in cpu_limit_recommendations(pipeline, cpu, None)]
+
+
+def test_a_binding_quota_becomes_autotunes_cpu_budget():
+    found = cpu_limit_recommendations(tf_data(), usage(quota=2.0), None)
+    assert [r.id for r in found] == [QUOTA_THREADS]
+    assert "options.autotune.cpu_budget = 2" in found[0].fix
+    # A private pool of the budget's size is not advised (see `cpu_limits`)...
+    assert "private_threadpool_size" not in found[0].fix
+    # ... but one set above the budget is advised down to it.
+    larger = cpu_limit_recommendations(
+        tf_data({"threading_options.private_threadpool_size": 8}), usage(quota=2.0), None
+    )
+    assert "options.threading.private_threadpool_size = 2" in larger[0].fix
+    # No speed figure of its own, and none made up.
+    assert found[0].expected_gain.speedup is None
+
+
+def test_threads_already_within_the_quota_or_an_unbinding_quota_get_no_advice():
+    sized = {"autotune_options.cpu_budget": 2}
+    assert ids(tf_data(sized), usage(quota=2.0)) == []
+    # A quota above the affinity count does not bind; nor does none; one that
+    # rounds up to the affinity count leaves AUTOTUNE's own budget right.
+    assert ids(tf_data(), usage(quota=16.0)) == []
+    assert ids(tf_data(), usage(quota=7.5)) == []
+    assert ids(tf_data(), usage()) == []
+
+
+def test_loader_workers_above_the_budget_are_advised_down():
+    loader = Stage(node="L", op="DataLoader", kind=kinds.DATA_LOADER, params={"num_workers": 8})
+    found = cpu_limit_recommendations(Pipeline(stages=[loader]), usage(affinity=2), None)
+    assert [r.id for r in found] == [QUOTA_WORKERS]
+    assert "num_workers=2" in found[0].fix
+    loader.params["num_workers"] = 2
+    assert ids(Pipeline(stages=[loader]), usage(affinity=2)) == []
+
+
+def test_a_throttled_job_is_told_so_with_its_figures():
+    found = cpu_limit_recommendations(None, usage(quota=1.0, throttled=40), None)
+    assert [r.id for r in found] == [THROTTLED]
+    assert "40 %" in found[0].title
+    assert "40 of 100" in found[0].reason
+    # Below a tenth of the periods: not a finding.
+    assert ids(None, usage(quota=1.0, throttled=5)) == []
+
+
+# --- Fits under the kernel's limits ------------------------------------------------
+
+FIT = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    import keras_pipeline_tuner as kpt
+    from keras_pipeline_tuner.outputs.markdown import render_markdown
+
+    mode, target = sys.argv[1], sys.argv[2]
+    if mode == "cgroup":
+        with open(os.path.join(target, "cgroup.procs"), "w") as file:
+            file.write(str(os.getpid()))
+    elif mode == "affinity":
+        os.sched_setaffinity(0, {int(target)})
+
+    def work(i):
+        x = tf.random.stateless_normal((96, 96), seed=tf.stack([i, i]))
+        for _ in range(6):
+            x = tf.tanh(tf.matmul(x, x) / 96.0)
+        return tf.reduce_mean(x, axis=0), tf.cast(i % 2, tf.float32)
+
+    ds = (tf.data.Dataset.range(400).map(work, num_parallel_calls=tf.data.AUTOTUNE)
+          .batch(8).prefetch(tf.data.AUTOTUNE))
+    model = keras.Sequential([keras.Input((96,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False,
+                              measure_fixes=False)
+    model.fit(ds, epochs=2, steps_per_epoch=25, callbacks=[tuner], verbose=0)
+    report = tuner.report
+    print(json.dumps({
+        "cpus": report.cpu.budget.cpus,
+        "binding": report.cpu.budget.binding,
+        "quota": report.cpu.budget.quota_cpus,
+        "throttling": None if report.cpu.throttling is None else
+            [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
+        "advice": {r.id: r.fix for r in report.recommendations},
+        "text": report.cpu.describe(),
+        "markdown": render_markdown(report),
+    }))
+    """
+)
+
+
+def run_fit(mode, target):
+    process = subprocess.run(
+        [sys.executable, "-c", FIT, mode, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.multiprocess
+def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgroup):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a quota of one cannot bind below the affinity count")
+    join, _ = quota_cgroup(1.0)
+    result = run_fit("cgroup", join)
+    assert (result["cpus"], result["binding"], result["quota"]) == (1, "quota", 1.0), result
+    throttled, periods = result["throttling"]
+    assert periods > 0 and throttled > 0, result
+    assert "cgroup quota 1.00 CPU" in result["text"]
+    # The Text tab (and the terminal) state the budget, what binds, the throttling.
+    assert "CPU budget 1 CPU: cgroup quota 1.00 CPU" in result["markdown"]
+    assert "the kernel throttled it in" in result["markdown"]
+    assert "options.autotune.cpu_budget = 1" in result["advice"][QUOTA_THREADS]
+
+
+@pytest.mark.multiprocess
+def test_a_fit_on_one_cpu_of_its_mask_has_an_affinity_budget_and_no_throttling():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a mask of one cannot bind")
+    result = run_fit("affinity", min(os.sched_getaffinity(0)))
+    assert (result["cpus"], result["binding"]) == (1, "affinity"), result
+    assert "CPU budget 1 CPU: affinity 1 of" in result["markdown"]
+    assert result["throttling"] is None or result["throttling"][0] == 0, result
+    assert QUOTA_THREADS not in result["advice"] and THROTTLED not in result["advice"]
+
+
+TUNE = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    import keras_pipeline_tuner as kpt
+
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as file:
+        file.write(str(os.getpid()))
+    ds = tf.data.Dataset.range(64).map(
+        lambda i: tf.reduce_sum(tf.matmul(tf.ones((64, 64)) * tf.cast(i, tf.float32),
+                                          tf.ones((64, 64)))),
+        num_parallel_calls=tf.data.AUTOTUNE).batch(8)
+    _, result = kpt.tune(ds, budget_s=8, verbose=0)
+    print(json.dumps({o.kind: [o.change, o.status] for o in result.rewrites}))
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_tune_times_autotunes_budget_at_the_quota(quota_cgroup):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a quota of one cannot bind below the affinity count")
+    join, _ = quota_cgroup(1.0)
+    process = subprocess.run(
+        [sys.executable, "-c", TUNE, join], capture_output=True, text=True, timeout=240
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    outcomes = json.loads(process.stdout.strip().splitlines()[-1])
+    change, status = outcomes["autotune-cpu-budget"]
+    assert change == "options.autotune.cpu_budget = 1"
+    assert status in ("kept", "not faster", "not measured"), outcomes
+    # The private pool, when tried, is sized to the budget too.
+    assert outcomes["private-threadpool"][0] == "options.threading.private_threadpool_size = 1"
