@@ -256,7 +256,12 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
     ranked.sort(key=_no_speed_fix)
     # A ceiling under LEAST_SHOWN_GAIN says the change cannot help: no advice
     # (the inspection still lists the finding).
-    return [item for item in ranked if not _cannot_help(item)]
+    ranked = [item for item in ranked if not _cannot_help(item)]
+    if input_bound and not ranked:
+        # Every finding was a change that cannot help (a prefetch where
+        # compute is tiny): the wait still has a cause to point at.
+        ranked.append(_bottleneck_stage(run) if bottleneck else _find_the_bottleneck(run))
+    return ranked
 
 
 def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
@@ -598,6 +603,10 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         change = CACHE
     elif kind == kinds.MAP and "num_parallel_calls" in fix:
         change = PARALLEL
+    gain = _stage_gain(run, stage, change, run.profile.bottleneck_node)
+    if change == CACHE:
+        # A cache gains only where the fit reads its elements again.
+        gain = _cache_gain(run, gain)
     return Recommendation(
         id=BOTTLENECK_STAGE,
         title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
@@ -605,7 +614,7 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         evidence=_profile_evidence(run.profile, stage, run.profile.bottleneck_node)
         + run.clock_evidence,
         fix=fix.format(function=function or "fn", stage=stage),
-        expected_gain=_stage_gain(run, stage, change, run.profile.bottleneck_node),
+        expected_gain=gain,
         stage=stage,
         reason=reason,
         stage_node=run.profile.bottleneck_node,

@@ -397,6 +397,21 @@ def test_a_cache_the_fit_never_reads_back_gets_no_gain_and_yields_the_stage():
     assert recommendation.describe_gain(gain) == "no gain: this fit never reads a cache back"
 
 
+def test_a_bottleneck_stage_whose_fix_is_a_cache_follows_the_fits_reuse():
+    # A stage with no fix of its own kind: its fix is a cache after it.
+    window = profile("flat_map(parse)")
+    never = DataReuse(batches_read=60, batches_per_pass=12500)
+    ranked = advisor.advise(stats(30.0, 10.0), window, [], reuse=never)
+    assert ranked[0].id == "bottleneck-stage" and ".cache()" in ranked[0].fix
+    assert recommendation.describe_gain(ranked[0].expected_gain) == (
+        "no gain: this fit never reads a cache back"
+    )
+    twice = DataReuse(batches_read=40, batches_per_pass=20)
+    gain = advisor.advise(stats(30.0, 10.0), window, [], reuse=twice)[0].expected_gain
+    steady = advisor.advise(stats(30.0, 10.0), window, [])[0].expected_gain
+    assert gain.speedup < steady.speedup and "2.0 passes" in gain.statement
+
+
 def test_where_the_passes_are_known_a_cache_ranks_by_its_figure_over_them():
     sequential = finding("sequential-map", "warning", "map(load_image)", "load_image")
     cache = finding("cache-missing", "info", "map(load_image)", "load_image")

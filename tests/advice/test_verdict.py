@@ -285,7 +285,11 @@ def test_a_cache_filling_first_epoch_leaves_a_healthy_steady_state():
     # 30 ms step once there): far from the 5 % boundary, whatever the load.
     report = fit(slow_then_cached(96), model=tiny_model(compute_delay_s=0.08))
     assert report.verdict == NOT, report.judgement.line
-    assert any(cost.startswith("Epoch 1 waited") for cost in report.judgement.one_off)
+    waits = [(e.kind, e.epoch, e.steady and e.steady.mean_wait_ms) for e in report.epochs]
+    assert any(cost.startswith("Epoch 1 waited") for cost in report.judgement.one_off), (
+        report.judgement.one_off,
+        waits,
+    )
     assert not speed_advice(report)
 
 

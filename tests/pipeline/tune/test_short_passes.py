@@ -4,9 +4,13 @@ The pipelines sleep in known amounts per element (in a Python function, or in
 TensorFlow's own sleep op), so that which one is faster is beyond any load.
 """
 
+import subprocess
+import sys
+import textwrap
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.python.data.experimental.ops import testing
 
@@ -100,3 +104,52 @@ def test_a_python_function_that_depends_on_its_calls_is_refused_even_when_allowe
     assert parallel.status == "not applicable"
     assert "even with allow_unverified=True" in parallel.reason
     assert "depends on the calls before it" in parallel.reason
+
+
+QUIET = textwrap.dedent(
+    """
+    import os, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    import numpy as np
+    import tensorflow as tf
+    import keras_pipeline_tuner as kpt
+    from keras_pipeline_tuner._util.stderr_lines import dropped_lines
+
+    # The user's own partial read of a cache: TensorFlow's warning stays.
+    iterator = iter(tf.data.Dataset.range(10).cache())
+    next(iterator)
+    del iterator
+    with dropped_lines(["noise"]):
+        os.write(2, b"kept line\\nnoise line\\n")
+        print("kept from Python", file=sys.stderr, flush=True)
+
+    def load_python(index):
+        time.sleep(0.004)
+        return np.full((4,), index, np.float32)
+
+    def load(index):
+        x = tf.py_function(load_python, [index], tf.float32)
+        x.set_shape((4,))
+        return x
+
+    # The user's cache, read in part by tune's cut epoch, checks and passes.
+    dataset = tf.data.Dataset.range(2000).map(load).cache().batch(2)
+    _, result = kpt.tune(dataset, budget_s=6, verbose=0)
+    assert any(note.startswith("The first ") for note in result.notes), result.notes
+    print("tune done", file=sys.stderr, flush=True)
+    """
+)
+
+
+@pytest.mark.multiprocess
+def test_tensorflows_warnings_about_tunes_partial_reads_stay_out_of_the_log():
+    process = subprocess.run(
+        [sys.executable, "-c", QUIET], capture_output=True, text=True, timeout=240
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    lines = process.stderr.splitlines()
+    warned = [line for line in lines if "did not fully read the dataset being cached" in line]
+    # The user's own partial read only, not the tuner's dozens.
+    assert len(warned) == 1, warned
+    assert "kept line" in lines and "kept from Python" in lines and "tune done" in lines
+    assert "noise line" not in lines
