@@ -5,8 +5,9 @@ for reasons that have nothing to do with the pipeline. Two pipelines are only
 compared fairly when they are timed alternately in the same run (each round in
 a different order, so neither always runs first), with Python's garbage
 collector off while a pass runs (a full collection with TensorFlow loaded takes
-hundreds of milliseconds at random moments), and judged by the median of the
-per-round ratios.
+hundreds of milliseconds at random moments) and the objects alive before the
+rounds frozen out of the collections between them, and judged by the median of
+the per-round ratios.
 """
 
 import dataclasses
@@ -134,6 +135,15 @@ def side_by_side(
     names = list(factories)
     times: Dict[str, List[float]] = {name: [] for name in names}
     enabled = gc.isenabled()
+    # After one full collection, everything alive moves to the permanent
+    # generation: the collection before each round then scans only what the
+    # rounds made, not a training script's whole heap (a second or more of
+    # wall time per round in a large process on a busy machine). Left alone
+    # when the process froze objects of its own.
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.collect()
+        gc.freeze()
     try:
         for index in range(rounds):
             if index and deadline is not None and time.perf_counter() > deadline:
@@ -152,6 +162,8 @@ def side_by_side(
             if settled is not None and settled(times):
                 break
     finally:
+        if freeze:
+            gc.unfreeze()
         if enabled:
             gc.enable()
     return times

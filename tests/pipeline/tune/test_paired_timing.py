@@ -1,5 +1,6 @@
 """Side-by-side timing of real datasets: what a pass consumes, and the rotation."""
 
+import gc
 import time
 
 import pytest
@@ -78,3 +79,25 @@ def test_median_ratio():
     assert paired_timing.median_ratio([1.0, 3.0, 2.0], [2.0, 2.0, 2.0]) == 1.0
     with pytest.raises(ValueError, match="positive"):
         paired_timing.median_ratio([1.0], [0.0])
+
+
+def test_the_collector_is_left_as_it_was_and_collects_little_between_rounds():
+    seen = []
+
+    def factory():
+        # Between rounds only what the rounds made is collected: what was
+        # alive before is frozen out of it.
+        seen.append(gc.get_freeze_count())
+        return tf.data.Dataset.range(4)
+
+    paired_timing.side_by_side({"one": factory}, paired_timing.PassPlan(epochs=1), rounds=2)
+    assert all(count > 0 for count in seen)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    # A process that froze objects of its own keeps them frozen.
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        paired_timing.side_by_side({"one": factory}, paired_timing.PassPlan(epochs=1), rounds=1)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
