@@ -24,13 +24,11 @@ import logging
 import os
 import statistics
 import sys
-import time
 from typing import Callable
 from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
@@ -41,6 +39,7 @@ from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of  # noqa: E40
 from keras_pipeline_tuner.pipeline.tune import paired_timing  # noqa: E402
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild  # noqa: E402
 from tests.helpers import guide_pipelines as guide  # noqa: E402
+from tests.helpers.slow_pipelines import slow_python_map  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -52,22 +51,6 @@ class Lesson:
     step_s: float = guide.STEP_S
     # kpt.tune's budget_s for this lesson; `None` for the command line's.
     budget_s: Optional[float] = None
-
-
-def _slow_python_map(parallel: bool) -> tf.data.Dataset:
-    """A pipeline whose epoch takes seconds: a Python decode of 20 ms per element."""
-
-    def load_python(index):
-        time.sleep(0.020)
-        return np.full((4,), index, np.float32)
-
-    def load(index):
-        x = tf.py_function(load_python, [index], tf.float32)
-        x.set_shape((4,))
-        return x
-
-    calls = tf.data.AUTOTUNE if parallel else None
-    return tf.data.Dataset.range(240).map(load, num_parallel_calls=calls).batch(8)
 
 
 LESSONS = (
@@ -85,8 +68,8 @@ LESSONS = (
     # of a few batches within a budget of 60 s.
     Lesson(
         "slow epoch: Python map",
-        lambda: _slow_python_map(False),
-        lambda: _slow_python_map(True),
+        lambda: slow_python_map(0.020, 240),
+        lambda: slow_python_map(0.020, 240, parallel=True),
         epochs=1,
         step_s=0.0,
         budget_s=60.0,

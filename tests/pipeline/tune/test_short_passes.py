@@ -16,19 +16,7 @@ from tensorflow.python.data.experimental.ops import testing
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline.tune import paired_timing
-
-
-def slow_python_map(element_s: float, elements: int, batch_size: int = 8):
-    def load_python(index):
-        time.sleep(element_s)
-        return np.full((4,), index, np.float32)
-
-    def load(index):
-        x = tf.py_function(load_python, [index], tf.float32)
-        x.set_shape((4,))
-        return x
-
-    return tf.data.Dataset.range(elements).map(load).batch(batch_size)
+from tests.helpers.slow_pipelines import slow_python_map
 
 
 def test_a_slow_epoch_is_timed_in_passes_of_a_few_batches_within_the_budget():
@@ -110,10 +98,10 @@ QUIET = textwrap.dedent(
     """
     import os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
-    import numpy as np
     import tensorflow as tf
     import keras_pipeline_tuner as kpt
     from keras_pipeline_tuner._util.stderr_lines import dropped_lines
+    from tests.helpers.slow_pipelines import slow_python_map
 
     # The user's own partial read of a cache: TensorFlow's warning stays.
     iterator = iter(tf.data.Dataset.range(10).cache())
@@ -123,17 +111,8 @@ QUIET = textwrap.dedent(
         os.write(2, b"kept line\\nnoise line\\n")
         print("kept from Python", file=sys.stderr, flush=True)
 
-    def load_python(index):
-        time.sleep(0.004)
-        return np.full((4,), index, np.float32)
-
-    def load(index):
-        x = tf.py_function(load_python, [index], tf.float32)
-        x.set_shape((4,))
-        return x
-
     # The user's cache, read in part by tune's cut epoch, checks and passes.
-    dataset = tf.data.Dataset.range(2000).map(load).cache().batch(2)
+    dataset = slow_python_map(0.004, 2000, batch_size=1).unbatch().cache().batch(2)
     _, result = kpt.tune(dataset, budget_s=6, verbose=0)
     assert any(note.startswith("The first ") for note in result.notes), result.notes
     print("tune done", file=sys.stderr, flush=True)
