@@ -111,26 +111,7 @@ def print_summary(
             "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
         )
     console.print(table)
-    if report.judgement is not None:
-        for cost in report.judgement.one_off:
-            console.print(Text(cost))
-    if report.train.host_gap.median_ms:
-        console.print(
-            f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
-        )
-    first = report.first_steps.get("train")
-    if first is not None:
-        tracing = (
-            "tracing not measured apart"
-            if first.tracing_ms is None
-            else f"tracing {first.tracing_ms:.0f} ms"
-        )
-        console.print(
-            f"First step {first.wall_ms:.0f} ms ({tracing}), "
-            "reported apart. The ms columns are medians; input % is the total wait over the "
-            "total step time of all steps (the verdict above is the steady state's). "
-            "Per-epoch figures in the report."
-        )
+    _print_step_notes(report, console)
     if report.tuner_cost is not None:
         console.print(Text(report.tuner_cost.summary()))
     limits = report.cpu.limits() if report.cpu is not None else None
@@ -178,6 +159,30 @@ def visible(value: Any) -> Any:
     if isinstance(value, dict):
         return {visible(key): visible(item) for key, item in value.items()}
     return value
+
+
+def _print_step_notes(report: Report, console: Console) -> None:
+    """The lines under the table: one-off costs, the loop's own gap, the first step."""
+    if report.judgement is not None:
+        for cost in report.judgement.one_off:
+            console.print(Text(cost))
+    if report.train.host_gap.median_ms:
+        console.print(
+            f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
+        )
+    first = report.first_steps.get("train")
+    if first is not None:
+        tracing = (
+            "tracing not measured apart"
+            if first.tracing_ms is None
+            else f"tracing {first.tracing_ms:.0f} ms"
+        )
+        console.print(
+            f"First step {first.wall_ms:.0f} ms ({tracing}), "
+            "reported apart. The ms columns are medians; input % is the total wait over the "
+            "total step time of all steps (the verdict above is the steady state's). "
+            "Per-epoch figures in the report."
+        )
 
 
 def recommendation_line(rank: int, recommendation: Recommendation) -> Text:

@@ -108,11 +108,19 @@ def tune(
     """
     # Every argument, checked in the order of the signature, goes to the session.
     session = _checked_session(**locals())
-    # TensorFlow's warnings about the passes' partial reads of caches are
-    # about the tuner's passes, not the user's pipeline (see `stderr_lines`).
+    return _quietly(session, Search(session).run)
+
+
+def _quietly(session, work):
+    """Runs `work()`, then closes the session.
+
+    TensorFlow's warnings about the passes' partial reads of caches are about
+    the tuner's passes, not the user's pipeline: kept out of standard error
+    meanwhile (see `stderr_lines`).
+    """
     try:
         with dropped_lines():
-            return Search(session).run()
+            return work()
     finally:
         session.close()
 
@@ -252,8 +260,4 @@ def time_rewrites(
         min_gain=0.0,
         verbose=0,
     )
-    try:
-        with dropped_lines():
-            return session.measure(list(rewrites))
-    finally:
-        session.close()
+    return _quietly(session, lambda: session.measure(list(rewrites)))
