@@ -729,9 +729,11 @@ def test_loop_cpu_figure_leaves_the_first_call_out():
     assert report.train.steps == 9
     # With the first call, the process's CPU time would hold its 1.5 s of
     # spinning; over the sleeping steps it is nearly none. The process's own CPU
-    # time: other processes on the machine (a busy one) do not count.
+    # time: other processes on the machine (a busy one) do not count, but its
+    # live child processes do, and a test worker may hold some from earlier
+    # tests (0.50 s was seen beside two busy loops): 1 s keeps clear of both.
     assert report.cpu is not None, report.notes
-    assert report.cpu.process_cores * report.cpu.wall_s < 0.5, report.cpu
+    assert report.cpu.process_cores * report.cpu.wall_s < 1.0, report.cpu
 
 
 @pytest.mark.parametrize(
