@@ -212,9 +212,7 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    budget = cpu.budget if cpu is not None and cpu.budget is not None else read_cpu_budget()
-    cores = cpu_count or budget.cpus
-    run = _Run(stats, profile, cores, what_if, judgement)
+    run = _Run(stats, profile, cpu_count or _budget_cpus(cpu), what_if, judgement)
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
@@ -232,6 +230,12 @@ def advise(
     # speed figure of its own (see `cpu_limits`).
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound)
     return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits
+
+
+def _budget_cpus(cpu: Optional["CpuUsage"]) -> int:
+    """The run's CPU budget, or the process's read now when the run has none."""
+    budget = cpu.budget if cpu is not None else None
+    return (budget or read_cpu_budget()).cpus
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:

@@ -35,6 +35,7 @@ from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.tune.planning import autotune_budget_short
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.pipeline.graph.model import Pipeline
@@ -52,7 +53,6 @@ THROTTLED_SHARE = 0.1
 # Input stages that are not tf.data: their threads are not tf.data's pool.
 _NOT_TF_DATA = (kinds.PY_DATASET, kinds.DATA_LOADER, kinds.GENERATOR, kinds.ARRAYS)
 _POOL_OPTION = "threading_options.private_threadpool_size"
-_AUTOTUNE_BUDGET_OPTION = "autotune_options.cpu_budget"
 
 
 def cpu_limit_recommendations(
@@ -98,7 +98,7 @@ def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
         return None
     cpus = budget.cpus
     lines = []
-    if not budget.holds(pipeline.options.get(_AUTOTUNE_BUDGET_OPTION)):
+    if autotune_budget_short(pipeline, budget):
         lines.append(f"options.autotune.cpu_budget = {cpus}")
     pool = pipeline.options.get(_POOL_OPTION)
     if isinstance(pool, int) and pool > cpus:
@@ -108,7 +108,7 @@ def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
     return Recommendation(
         id=QUOTA_THREADS,
         title=f"Give tf.data's AUTOTUNE the {cpus}-CPU quota as its budget",
-        severity="warning" if _throttled_share(cpu) >= THROTTLED_SHARE else "info",
+        severity=_severity(cpu),
         evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
         fix="\n".join(["options = tf.data.Options()"] + lines + ["ds = ds.with_options(options)"]),
         expected_gain=_no_figure(gain, "A budget the size of the quota"),
@@ -143,7 +143,7 @@ def _workers_over_budget(pipeline, cpu, gain) -> Optional[Recommendation]:
         return Recommendation(
             id=QUOTA_WORKERS,
             title=f"Run {budget.cpus} loader workers, not {workers}",
-            severity="warning" if _throttled_share(cpu) >= THROTTLED_SHARE else "info",
+            severity=_severity(cpu),
             evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
             fix=fix,
             expected_gain=_no_figure(gain, f"{budget.cpus} workers instead of {workers}"),
@@ -200,8 +200,10 @@ def _is_tf_data(pipeline) -> bool:
     )
 
 
-def _throttled_share(cpu) -> float:
-    return cpu.throttling.share if cpu.throttling is not None else 0.0
+def _severity(cpu) -> str:
+    """A warning where the job was throttled in a meaningful share of periods, else info."""
+    share = cpu.throttling.share if cpu.throttling is not None else 0.0
+    return "warning" if share >= THROTTLED_SHARE else "info"
 
 
 def _no_figure(gain: Optional[ExpectedGain], change: str) -> ExpectedGain:

@@ -163,7 +163,6 @@ class CpuMeter:
     def stop(self) -> None:
         """Ends the span: `usage()` returns the usage up to now from then on."""
         self._stopped = self.usage()
-        self._throttle.stop()
 
     def usage(self) -> Optional[CpuUsage]:
         """The usage from the start to now, or to the stop.

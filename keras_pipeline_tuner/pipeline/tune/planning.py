@@ -34,6 +34,7 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.vectorize import vectorize_blocker
+from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 
 
@@ -150,15 +151,37 @@ def _plan_prefetch(pipeline, final, rewrites, skipped) -> None:
     )
 
 
+def autotune_budget_short(pipeline: Pipeline, budget: CpuBudget) -> bool:
+    """Whether AUTOTUNE's CPU budget should be set to `budget.cpus` (a quota binds).
+
+    AUTOTUNE sizes its parallelism from the CPUs the process may be scheduled
+    on; a container's quota, which it does not see, can be less. The one rule
+    for `kpt.tune`'s rewrite and the advice (`advice.cpu_limits`).
+
+    Args:
+        pipeline: the `Pipeline`, with the options it sets.
+        budget: the process's `CpuBudget`.
+
+    Returns:
+        `True` when the quota is below what tf.data counts and the pipeline's
+        own `autotune.cpu_budget` is unset or above the budget.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    >>> autotune_budget_short(Pipeline(stages=[]), CpuBudget(8, 8, quota_cpus=2.0))
+    True
+    """
+    return budget.hidden_from_tf_data and not budget.holds(
+        pipeline.options.get("autotune_options.cpu_budget")
+    )
+
+
 def _plan_options(pipeline, final, rewrites) -> None:
     """Plans the `tf.data.Options` rewrites: AUTOTUNE's CPU budget under a quota, a
     private thread pool, autotuning off."""
     budget = read_cpu_budget()
-    if budget.hidden_from_tf_data and not budget.holds(
-        pipeline.options.get("autotune_options.cpu_budget")
-    ):
-        # AUTOTUNE sizes its parallelism from the CPUs the process may be
-        # scheduled on; a container's quota, which it does not see, is less.
+    if autotune_budget_short(pipeline, budget):
         rewrites.append(
             Rewrite(
                 kind=AUTOTUNE_BUDGET,
