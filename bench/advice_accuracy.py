@@ -25,7 +25,11 @@ A "measured" prediction passes within [0.67x, 1.5x] of the measured gain; a
 a *predicted* figure, where the advice has one, is checked against [0.67, 1.5]
 too.
 
-    python bench/advice_accuracy.py [--rounds 3]
+With `--defaults` the tuner runs as a user adds it (`PipelineTuner(log_dir=...)`:
+the profiler window and the fix timing "auto"), to show what its top figure is
+without asking for more.
+
+    python bench/advice_accuracy.py [--rounds 3] [--only NAME] [--defaults]
 """
 
 import argparse
@@ -379,8 +383,10 @@ def fit_step_ms(build, fit_kwargs) -> float:
     return statistics.fmean(steps) * 1e3
 
 
-def advised(case, log_dir):
-    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(3, 15), measure_fixes=True)
+def advised(case, log_dir, defaults: bool = False):
+    # `--defaults`: the tuner as a user adds it (profile and fix timing "auto").
+    settings = {} if defaults else dict(profile=(3, 15), measure_fixes=True)
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, **settings)
     model().fit(
         case.build(), epochs=2, callbacks=[tuner], verbose=0, shuffle=False, **case.fit_kwargs
     )
@@ -406,8 +412,8 @@ def describe_top(report):
     return top, f"{top.id} at {top.stage}", gain
 
 
-def run_case(case, rounds, log_dir) -> dict:
-    report = advised(case, log_dir)
+def run_case(case, rounds, log_dir, defaults: bool = False) -> dict:
+    report = advised(case, log_dir, defaults)
     top, top_text, gain = describe_top(report)
     # Every fix advised, also those folded into another on the same stage.
     advised_ids = [i for r in report.recommendations for i in [r.id, *r.also]]
@@ -480,6 +486,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default=None, help="run the cases whose name holds this")
+    parser.add_argument(
+        "--defaults", action="store_true", help="the tuner with its default arguments"
+    )
     args = parser.parse_args()
     print(
         f"compute {COMPUTE_S * 1e3:.0f} ms/step, batches of {BATCH}, {BATCHES} steps/epoch, "
@@ -490,7 +499,9 @@ def main():
         for index, case in enumerate(cases(directory)):
             if args.only and args.only not in case.name:
                 continue
-            line = run_case(case, args.rounds, os.path.join(directory, f"run{index}"))
+            line = run_case(
+                case, args.rounds, os.path.join(directory, f"run{index}"), args.defaults
+            )
             top = line["measured"].get(line["top_id"])
             predicted = (
                 f"{line['predicted']:.2f}x ({line['basis']})"

@@ -17,7 +17,8 @@ milliseconds, a median over rounds (where the tuner's step is the quicker one,
 that adds its gain back, so the fit's begin and end hooks are also timed
 directly, between two stamps listed around the tuner).
 
-Cases: a model of about 1 ms per step (less on JAX), one of about 10 ms, and a
+Cases: a model of about 1 ms per step, one of about 10 ms (each case's batch
+is fitted to its step time on the machine it runs on, and printed), and a
 tiny model (about 0.1 ms a step on an idle machine), where per-step costs show
 most, which also prints how much the log dir's event files grew per fit
 (scalars of long runs are summarised, so they stay small).
@@ -167,13 +168,32 @@ def event_bytes(log_dir: str) -> int:
     )
 
 
-def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
-    import keras_pipeline_tuner as kpt
-
-    # An epoch of about `epoch_s` seconds: probe the plain step first.
+def probe_step_s(width: int, batch: int, features: int) -> float:
+    """Seconds of one plain step of the case, after a warm-up fit (tracing left out)."""
     model, dataset = make_case(width, batch, 200, features)
     timed_fit(model, dataset, [])
-    probe = timed_fit(model, dataset, []) / 200
+    return timed_fit(model, dataset, []) / 200
+
+
+def calibrated_batch(width: int, batch: int, features: int, target_ms) -> int:
+    """The batch that brings a plain step near `target_ms` on this machine.
+
+    The cases are named for a step time, and a step's cost grows with the batch
+    about linearly at these widths: one probe, one proportional correction.
+    Without a target the batch is kept.
+    """
+    if target_ms is None:
+        return batch
+    probe = probe_step_s(width, batch, features)
+    return max(1, round(batch * target_ms / (probe * 1e3)))
+
+
+def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, target_ms=None):
+    import keras_pipeline_tuner as kpt
+
+    batch = calibrated_batch(width, batch, features, target_ms)
+    # An epoch of about `epoch_s` seconds: probe the plain step first.
+    probe = probe_step_s(width, batch, features)
     steps = int(min(max(epoch_s / probe, 100), 50_000))
     model, dataset = make_case(width, batch, steps, features)
     configurations = {
@@ -214,7 +234,8 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64):
                 grown.append(event_bytes(log_dir) - size)
     step_ms = statistics.median(step["plain"]) * 1e3
     print(
-        f"{name}: {step_ms:.3f} ms/step plain; {epochs} epochs of {steps} steps x {rounds} rounds",
+        f"{name}: {step_ms:.3f} ms/step plain (batch {batch}); {epochs} epochs of {steps} steps "
+        f"x {rounds} rounds",
         flush=True,
     )
     for key in order[1:]:
@@ -277,17 +298,18 @@ def main():
         flush=True,
     )
     with tempfile.TemporaryDirectory() as log_dir:
+        # (name, width, first batch, features, the step time its batch is fitted to).
         cases = {
-            "small": ("~1 ms model", 128, 64, 64),
-            "large": ("~10 ms model", 1024, 256, 64),
+            "small": ("~1 ms model", 128, 64, 64, 1.0),
+            "large": ("~10 ms model", 1024, 256, 64, 10.0),
             # Where per-step costs show most: Keras' own loop is nearly all of the step.
-            "tiny": ("tiny model", 4, 1, 8),
+            "tiny": ("tiny model", 4, 1, 8, None),
         }
         for case in args.cases:
-            name, width, batch, features = cases[case]
+            name, width, batch, features, target_ms = cases[case]
             measure(
                 name, width, batch, args.rounds, os.path.join(log_dir, case), args.epoch_s,
-                max(args.epochs, 3), features=features,
+                max(args.epochs, 3), features=features, target_ms=target_ms,
             )
 
 

@@ -18,6 +18,7 @@ before and put back after. Training itself is not touched.
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Callable
 from typing import List
@@ -300,6 +301,12 @@ CONTENTION_MIN_STEPS = 10
 # few scheduling slices), at most this many (short steps: enough already).
 CONTENTION_MIN_TIMED = 5
 CONTENTION_MAX_STEPS = 100
+# The check's own cap: the larger of these seconds and this share of the fit's
+# time. A fit of 10 ms steps would otherwise spend its whole share of the
+# budget (1.5 s of 2 s) on a check whose mean of 15 steps a side is already
+# within a few percent, and a fit under a minute should cost under a second.
+CONTENTION_LEAST_S = 0.5
+CONTENTION_FIT_SHARE = 0.01
 # The first round may take this share of what is left of the budget: the
 # outputs need the rest (a second round runs only if it still fits).
 CONTENTION_BUDGET_SHARE = 0.75
@@ -347,8 +354,23 @@ class ContentionPlan:
     step_s: float = 0.0
 
 
+def contention_cap_s(fit_s: float) -> float:
+    """The most a contention check after a fit of `fit_s` seconds may take, in seconds.
+
+    Example:
+
+    >>> contention_cap_s(30.0), contention_cap_s(600.0)
+    (0.5, 6.0)
+    """
+    return max(CONTENTION_LEAST_S, CONTENTION_FIT_SHARE * max(fit_s, 0.0))
+
+
 def contention_plan(
-    step_ms: float, tracing_s: float, fresh_iterator_s: float, budget_s: float
+    step_ms: float,
+    tracing_s: float,
+    fresh_iterator_s: float,
+    budget_s: float,
+    cap_s: float = math.inf,
 ) -> Tuple[Optional[ContentionPlan], float]:
     """Sizes a contention check by time: as many steps as fit in the budget.
 
@@ -359,17 +381,20 @@ def contention_plan(
         fresh_iterator_s: what a new iterator of the pipeline took to give its
             first steps in training (set-up, a shuffle buffer filling).
         budget_s: what is left of the tuner's budget.
+        cap_s: the most the check may take (`contention_cap_s`).
 
     Returns:
         `(plan, smallest_s)`: the plan, or `None` when even the smallest check
         (`CONTENTION_MIN_TIMED` steps a side) would not fit in its share of the
-        budget; and what that smallest check would take.
+        budget or its cap; and what that smallest check would take.
 
     Example:
 
     >>> plan, _ = contention_plan(2.0, 0.1, 0.0, budget_s=2.0)
     >>> plan.steps
     100
+    >>> contention_plan(12.0, 0.0, 0.0, budget_s=2.0, cap_s=0.5)[0].steps
+    16
     >>> contention_plan(300.0, 0.5, 1.0, budget_s=2.0)[0] is None
     True
     """
@@ -380,7 +405,7 @@ def contention_plan(
         + fresh_iterator_s
     )
     smallest_s = fixed_s + 2 * CONTENTION_MIN_TIMED * step_s
-    allowed_s = CONTENTION_BUDGET_SHARE * budget_s
+    allowed_s = min(CONTENTION_BUDGET_SHARE * budget_s, cap_s)
     if smallest_s > allowed_s:
         return None, smallest_s
     steps = CONTENTION_MAX_STEPS

@@ -15,6 +15,7 @@ later fit sees (see `pipeline.rerun` and `instrumentation.what_if_replay`).
 import dataclasses
 import logging
 import sys
+import time
 from typing import Optional
 
 from keras_pipeline_tuner._util import features
@@ -131,17 +132,22 @@ class AfterTraining:
             )
             return
         remaining_s = run.cost.remaining_s()
+        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
             # fit's traced function, reused, is not traced again.
             _tracing_s(run.clock) if traced_step is None else 0.0,
             _fresh_iterator_s(run.clock),
             remaining_s,
+            cap_s,
         )
         if plan is None:
             run.notes.append(
                 skipped + f"even its shortest form would take about {smallest_s:.1f} s, more "
-                f"than its share of what was left of the tuner's budget ({remaining_s:.1f} s; "
+                f"than its cap ({cap_s:.1f} s, the larger of "
+                f"{what_if_replay.CONTENTION_LEAST_S:g} s and "
+                f"{what_if_replay.CONTENTION_FIT_SHARE * 100:g} % of the fit) or its share of "
+                f"what was left of the tuner's budget ({remaining_s:.1f} s; "
                 "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
             )
             return
@@ -151,7 +157,10 @@ class AfterTraining:
         with self.guard(features.CONTENTION_CHECK), run.cost.part("contention check"):
             try:
                 # The outputs after it need the rest of the budget.
-                deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                deadline = min(
+                    run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE),
+                    time.monotonic() + cap_s,
+                )
                 run.what_if = what_if_replay.contention_check(
                     model, verdict.shows_contention, plan, deadline, traced_step
                 )

@@ -6,6 +6,7 @@ import keras
 import pytest
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.outputs import terminal
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import Sleep
@@ -55,8 +56,9 @@ def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
 
 
 def test_the_report_states_what_the_check_cost():
-    # A budget a busy machine's slower set-up cannot exhaust: the check runs.
-    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=30)
+    # A budget a busy machine's slower set-up cannot exhaust, and steps short
+    # enough for the check's own cap: the check runs.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.005), cost_budget_s=30)
     assert report.what_if is not None, report.notes
     cost = report.tuner_cost
     assert cost.budget_s == 30.0
@@ -64,6 +66,19 @@ def test_the_report_states_what_the_check_cost():
     assert cost.after_training_s >= sum(cost.parts.values()) - 1e-6
     again = kpt.Report.from_json(report.to_json())
     assert again.tuner_cost == cost
+
+
+def test_the_check_keeps_to_its_own_cap_whatever_the_budget():
+    # 20 ms steps and a budget of 30 s, whose share would give the check 100
+    # steps a side (some 4 s): its own cap, half a second for a fit of
+    # seconds, sizes it, or skips it and says so.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=30)
+    cost = report.tuner_cost
+    cap_s = what_if_replay.contention_cap_s(cost.fit_s)
+    assert cap_s == what_if_replay.CONTENTION_LEAST_S
+    if report.what_if is None:
+        assert any("did not run" in note and "contention" in note for note in report.notes)
+    assert cost.parts.get("contention check", 0.0) < 3 * cap_s
 
 
 def test_the_cost_is_in_the_terminal_summary(capsys):
@@ -74,8 +89,10 @@ def test_the_cost_is_in_the_terminal_summary(capsys):
     assert f"its budget of {report.tuner_cost.budget_s:.1f} s" in shown
 
 
-def test_a_check_longer_than_a_second_is_announced_first(capsys):
-    # 30 ms steps and a 6 s budget: a check of a few seconds, said before it runs.
+def test_a_check_longer_than_a_second_is_announced_first(capsys, monkeypatch):
+    # 30 ms steps and a 6 s budget: a check of a few seconds, said before it
+    # runs. (Its own cap is raised to the seconds a fit of minutes gives it.)
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     report = _fit(
         cached_source(16 * BATCH).batch(BATCH), tiny_model(0.03), verbose=1, cost_budget_s=6
     )
@@ -101,7 +118,7 @@ def test_the_check_reuses_the_step_fit_traced():
     # Tracing the step again took seconds on a busy machine, most of the
     # check's set-up: the check runs fit's own timed function instead.
     model = CountsTraces(
-        [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.02), keras.layers.Dense(1)]
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.005), keras.layers.Dense(1)]
     )
     model.compile("sgd", "mse")
     report = _fit(cached_source(24 * BATCH).batch(BATCH), model, cost_budget_s=30)

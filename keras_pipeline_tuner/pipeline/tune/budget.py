@@ -26,6 +26,10 @@ EPOCH_BUDGET_SHARE = 0.3
 # times before any timing (the reference, whether it repeats, its rebuild), so a
 # longer epoch is cut there and every pass reads a few batches of it.
 REFERENCE_SHARE = 0.1
+# Share of the budget a pass under way may run past its end before it is
+# stopped: rounds are sized from the passes timed so far, and a machine that
+# slows down several-fold after that would otherwise carry them far past it.
+OVERRUN_SHARE = 0.02
 
 
 class Budget:
@@ -39,6 +43,8 @@ class Budget:
         budget_s: the budget, in seconds.
         started: `time.perf_counter()` when the session started.
         deadline: `time.perf_counter()` when the budget is spent.
+        stop_at: `time.perf_counter()` when a timed pass still running is
+            stopped (`OVERRUN_SHARE` of the budget after `deadline`).
         pass_estimate_s: seconds of one timed pass of the pipeline as it
             stands (the original, then with the rewrites kept).
         pass_overhead_s: wall time a timed pass costs beyond the pass itself
@@ -64,6 +70,7 @@ class Budget:
         self.budget_s = budget_s
         self.started = time.perf_counter()
         self.deadline = self.started + budget_s
+        self.stop_at = self.deadline + OVERRUN_SHARE * budget_s
         self.pass_estimate_s = 0.0
         self.pass_overhead_s = 0.0
         self.epoch_s = 0.0

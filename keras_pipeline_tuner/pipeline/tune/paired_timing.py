@@ -28,6 +28,10 @@ CLEAR_ROUNDS = 3
 CLEAR_RATIO = 1.25
 
 
+class OutOfTime(RuntimeError):
+    """A timed pass ran past the moment it had to stop by (`stop_at`)."""
+
+
 @dataclasses.dataclass
 class PassPlan:
     """What one timed pass over a dataset consists of.
@@ -52,17 +56,22 @@ class PassPlan:
     warmup_batches: int = 0
 
 
-def time_pass(dataset, plan: PassPlan) -> float:
+def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float:
     """Times one pass over a dataset as a training loop would consume it.
 
     Args:
         dataset: the `tf.data.Dataset`.
         plan: the `PassPlan`.
+        stop_at: a `time.perf_counter()` value past which the pass stops,
+            checked after every batch; `None` for none.
 
     Returns:
         The wall time of the pass in seconds, from the first iterator's
         creation (or the end of its warm-up) to the end of the last epoch
         (its iterator destroyed).
+
+    Raises:
+        OutOfTime: if the pass was still running at `stop_at`.
     """
     step = plan.consumer_step_s or 0.0
     iterator = _warmed_up(dataset, plan)
@@ -84,6 +93,11 @@ def time_pass(dataset, plan: PassPlan) -> float:
             taken += 1
             if step:
                 time.sleep(step)
+            if stop_at is not None and time.perf_counter() > stop_at:
+                raise OutOfTime(
+                    f"a timed pass was still running when the budget ran out, after {taken} "
+                    "batches"
+                )
         if plan.num_batches is None:
             # Destroying an iterator can take a while (autotuning threads
             # stop); it is part of what an epoch costs, so it is timed.
@@ -112,6 +126,7 @@ def side_by_side(
     deadline: Optional[float] = None,
     on_pass: Optional[Callable[[], None]] = None,
     settled: Optional[Callable[[Dict[str, List[float]]], bool]] = None,
+    stop_at: Optional[float] = None,
 ) -> Dict[str, List[float]]:
     """Times several datasets in alternating passes.
 
@@ -128,9 +143,15 @@ def side_by_side(
         on_pass: called after each timed pass (e.g. to show progress).
         settled: called with the times after each round; `True` stops the
             rounds there (see `clearly_apart`).
+        stop_at: a `time.perf_counter()` value at which a pass under way
+            stops (a machine that slowed down after the rounds were sized):
+            its round is dropped, and the rounds before it are returned.
 
     Returns:
-        name -> list of pass times in seconds, one per round run.
+        name -> list of pass times in seconds, one per round run in full.
+
+    Raises:
+        OutOfTime: if `stop_at` came before the first round ended.
     """
     names = list(factories)
     times: Dict[str, List[float]] = {name: [] for name in names}
@@ -151,12 +172,18 @@ def side_by_side(
             gc.collect()
             gc.disable()
             shift = index % len(names)
-            for name in names[shift:] + names[:shift]:
-                dataset = factories[name]()
-                times[name].append(time_pass(dataset, plan))
-                del dataset
-                if on_pass is not None:
-                    on_pass()
+            try:
+                for name in names[shift:] + names[:shift]:
+                    dataset = factories[name]()
+                    times[name].append(time_pass(dataset, plan, stop_at))
+                    del dataset
+                    if on_pass is not None:
+                        on_pass()
+            except OutOfTime:
+                # Only whole rounds pair their passes: the one cut short is dropped.
+                if not index:
+                    raise
+                return {name: found[:index] for name, found in times.items()}
             if enabled:
                 gc.enable()
             if settled is not None and settled(times):

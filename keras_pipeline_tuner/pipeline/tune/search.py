@@ -14,6 +14,7 @@ import time
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.tune.cache_scratch import FillTooLong
 from keras_pipeline_tuner.pipeline.tune.code import tuned_code
+from keras_pipeline_tuner.pipeline.tune.paired_timing import OutOfTime
 from keras_pipeline_tuner.pipeline.tune.paired_timing import median_ratio
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.results import FAILED
@@ -59,7 +60,7 @@ class Search:
             original_times, tuned_times = self._final_times(
                 kept, against_original, original_alone, problem
             )
-        except FillTooLong as error:
+        except (FillTooLong, OutOfTime) as error:
             original_times, tuned_times = self._chained_times(kept, outcomes, original_alone)
             session.notes.append(
                 f"The final comparison with the original did not run ({error}): the "

@@ -276,14 +276,23 @@ class TuningSession:
             outcome.reason = str(error)
             return outcome, None
         self.progress.timing(rewrite.change)
-        times = self.side_by_side(
-            factories,
-            self.budget.affordable_rounds(final=bool(kept)),
-            deadline=self.budget.deadline - reserve,
-            # A rewrite clearly faster or slower after its first rounds is
-            # decided: the rest of the budget goes to the next candidate.
-            settled=lambda found: paired_timing.clearly_apart(found["with"], found["without"]),
-        )
+        try:
+            times = self.side_by_side(
+                factories,
+                self.budget.affordable_rounds(final=bool(kept)),
+                deadline=self.budget.deadline - reserve,
+                # A rewrite clearly faster or slower after its first rounds is
+                # decided: the rest of the budget goes to the next candidate.
+                settled=lambda found: paired_timing.clearly_apart(found["with"], found["without"]),
+            )
+        except paired_timing.OutOfTime as error:
+            outcome.status = NOT_MEASURED
+            outcome.reason = (
+                f"its first round did not end within the budget ({error}; "
+                f"{time.perf_counter() - self.budget.started:.1f} s of "
+                f"budget_s={self.budget.budget_s:g} used)"
+            )
+            return outcome, None
         outcome.ratio = paired_timing.median_ratio(times["with"], times["without"])
         outcome.rounds = len(times["with"])
         self._judge(outcome, rewrite, trial, keep)
@@ -389,6 +398,7 @@ class TuningSession:
             deadline=deadline,
             on_pass=self.progress.advance,
             settled=settled,
+            stop_at=self.budget.stop_at,
         )
         self.budget.record_passes(times, began)
         return times

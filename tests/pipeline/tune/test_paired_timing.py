@@ -75,6 +75,38 @@ def test_deadline_stops_after_the_first_round():
     assert len(times["a"]) == 1
 
 
+def test_a_pass_still_running_at_stop_at_drops_its_round_and_keeps_the_whole_ones():
+    rounds = []
+
+    def factory():
+        rounds.append(time.perf_counter())
+        # The second round's dataset is slow: 100 batches of 20 ms, two seconds.
+        slow = len(rounds) > 1
+        return tf.data.Dataset.range(100 if slow else 2).map(
+            lambda i: tf.numpy_function(lambda v: time.sleep(0.02) or v, [i], tf.int64)
+            if slow
+            else i
+        )
+
+    began = time.perf_counter()
+    times = paired_timing.side_by_side(
+        {"one": factory}, paired_timing.PassPlan(epochs=1), rounds=3, stop_at=began + 0.3
+    )
+    # Stopped within a few batches of stop_at, not after the second round's two seconds.
+    assert time.perf_counter() - began < 1.2
+    assert len(times["one"]) == 1
+
+
+def test_a_first_round_past_stop_at_is_out_of_time():
+    with pytest.raises(paired_timing.OutOfTime, match="budget ran out"):
+        paired_timing.side_by_side(
+            {"one": lambda: tf.data.Dataset.range(3)},
+            paired_timing.PassPlan(epochs=1),
+            rounds=3,
+            stop_at=time.perf_counter() - 1,
+        )
+
+
 def test_median_ratio():
     assert paired_timing.median_ratio([1.0, 3.0, 2.0], [2.0, 2.0, 2.0]) == 1.0
     with pytest.raises(ValueError, match="positive"):
