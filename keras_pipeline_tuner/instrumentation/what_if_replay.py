@@ -425,11 +425,16 @@ class RoundControl:
         deadline: `time.monotonic()` by which the check must end.
         pipeline_step_s: the training's mean step time, which a step on the
             real pipeline takes at least.
+        first_round_by: `time.monotonic()` by which the first round must
+            end (the check's own cap), or `None` for `deadline`. A second
+            round, which runs only when the first showed contention, may go on
+            to `deadline`: it is what keeps a burst of load from deciding.
     """
 
     shows_contention: Callable[[float, float], bool]
     deadline: float
     pipeline_step_s: float
+    first_round_by: Optional[float] = None
     # The steps a side the first round timed (`steps_for`).
     sized_steps: int = 0
 
@@ -443,7 +448,8 @@ class RoundControl:
         Raises:
             ReplayUnsupported: when not even `CONTENTION_MIN_TIMED` fit.
         """
-        remaining_s = self.deadline - time.monotonic()
+        ends_by = self.deadline if self.first_round_by is None else self.first_round_by
+        remaining_s = min(ends_by, self.deadline) - time.monotonic()
         # A step of each side, with room for the pipeline's fresh iterator and
         # its epoch ends (measured here: blocks take up to about twice this).
         side_s = 2 * (call_s + max(call_s, self.pipeline_step_s))
@@ -474,6 +480,7 @@ def contention_check(
     plan: ContentionPlan,
     deadline: float,
     traced_step=None,
+    first_round_by: Optional[float] = None,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
@@ -490,12 +497,14 @@ def contention_check(
         deadline: `time.monotonic()` after which no second round starts.
         traced_step: fit's timed training function, traced already
             (`FitTiming.traced_train_step()`), or `None` to trace one.
+        first_round_by: `time.monotonic()` by which the first round must end
+            (`contention_cap_s`), or `None` for `deadline`.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
     found = fit_input.find_fit_input(model)
-    control = RoundControl(shows_contention, deadline, plan.step_s)
+    control = RoundControl(shows_contention, deadline, plan.step_s, first_round_by)
 
     # The real pipeline's steps are timed here too, between parts of the
     # replay, rather than taken from training: both then run under the same

@@ -157,12 +157,12 @@ class AfterTraining:
         with self.guard(features.CONTENTION_CHECK), run.cost.part("contention check"):
             try:
                 # The outputs after it need the rest of the budget.
-                deadline = min(
-                    run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE),
-                    time.monotonic() + cap_s,
-                )
+                deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                # Its cap bounds the first round; a second one, run only when
+                # the first showed contention, may use the budget's share.
                 run.what_if = what_if_replay.contention_check(
-                    model, verdict.shows_contention, plan, deadline, traced_step
+                    model, verdict.shows_contention, plan, deadline, traced_step,
+                    first_round_by=time.monotonic() + cap_s,
                 )
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
