@@ -19,6 +19,7 @@ from typing import Tuple
 import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.tune.paired_timing import OutOfTime
 from keras_pipeline_tuner.pipeline.tune.pass_size import LEAST_CUT_BATCHES
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 
@@ -125,6 +126,7 @@ class ElementChecks:
             except StopIteration:
                 break
             found.append(_digest(element))
+            _stop_at(self.budget.stop_at)
             if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
                 if self.plan.num_batches is None:
                     if len(found) < LEAST_CUT_BATCHES:
@@ -207,7 +209,8 @@ class ElementChecks:
         tf = tensorflow()
         self.budget.epochs_run += 2
         for position, (one, other) in enumerate(itertools.zip_longest(
-            _take(without, self._most()), _take(with_, self._most())
+            _take(without, self._most(), self.budget.stop_at),
+            _take(with_, self._most(), self.budget.stop_at),
         )):
             if one is None or other is None:
                 return "the number of batches differs"
@@ -229,12 +232,12 @@ class ElementChecks:
         """Sorted digests of an epoch's elements, batches split into rows."""
         self.budget.epochs_run += 1
         rows = []
-        for element in _take(dataset, self._most()):
+        for element in _take(dataset, self._most(), self.budget.stop_at):
             rows.extend(_row_digests(element))
         return sorted(rows)
 
 
-def _take(dataset, count: Optional[int]):
+def _take(dataset, count: Optional[int], stop_at: float):
     iterator = iter(dataset)
     taken = 0
     while count is None or taken < count:
@@ -243,6 +246,13 @@ def _take(dataset, count: Optional[int]):
         except StopIteration:
             return
         taken += 1
+        _stop_at(stop_at)
+
+
+def _stop_at(stop_at: float) -> None:
+    """Stops a check's read still running past the budget's end (`Budget.stop_at`)."""
+    if time.perf_counter() > stop_at:
+        raise OutOfTime("a check of the elements was still reading when the time budget ran out")
 
 
 def _row_digests(element) -> List[str]:

@@ -63,7 +63,7 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
         dataset: the `tf.data.Dataset`.
         plan: the `PassPlan`.
         stop_at: a `time.perf_counter()` value past which the pass stops,
-            checked after every batch; `None` for none.
+            checked before every batch; `None` for none.
 
     Returns:
         The wall time of the pass in seconds, from the first iterator's
@@ -74,7 +74,7 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
         OutOfTime: if the pass was still running at `stop_at`.
     """
     step = plan.consumer_step_s or 0.0
-    iterator = _warmed_up(dataset, plan)
+    iterator = _warmed_up(dataset, plan, stop_at)
     began = time.perf_counter()
     for _ in range(plan.epochs):
         fresh = iterator is None or plan.num_batches is None
@@ -82,6 +82,7 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
             iterator = iter(dataset)
         taken = 0
         while plan.num_batches is None or taken < plan.num_batches:
+            _check_time(stop_at, taken)
             try:
                 next(iterator)
             except StopIteration:
@@ -93,11 +94,6 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
             taken += 1
             if step:
                 time.sleep(step)
-            if stop_at is not None and time.perf_counter() > stop_at:
-                raise OutOfTime(
-                    f"a timed pass was still running when the budget ran out, after {taken} "
-                    "batches"
-                )
         if plan.num_batches is None:
             # Destroying an iterator can take a while (autotuning threads
             # stop); it is part of what an epoch costs, so it is timed.
@@ -106,12 +102,20 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
     return time.perf_counter() - began
 
 
-def _warmed_up(dataset, plan: PassPlan):
+def _check_time(stop_at: Optional[float], taken: int) -> None:
+    if stop_at is not None and time.perf_counter() > stop_at:
+        raise OutOfTime(
+            f"a timed pass was still running when the time budget ran out, after {taken} batches"
+        )
+
+
+def _warmed_up(dataset, plan: PassPlan, stop_at: Optional[float]):
     """An iterator past its warm-up batches (`plan.warmup_batches`), or `None`."""
     if not plan.warmup_batches or plan.num_batches is None:
         return None
     iterator = iter(dataset)
     for _ in range(plan.warmup_batches):
+        _check_time(stop_at, 0)
         try:
             next(iterator)
         except StopIteration:

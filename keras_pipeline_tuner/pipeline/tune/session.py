@@ -259,6 +259,10 @@ class TuningSession:
         trial = kept + [rewrite]
         try:
             mismatch, check = self.checks.check(rewrite, kept, trial)
+        except paired_timing.OutOfTime as error:
+            outcome.status = NOT_MEASURED
+            outcome.reason = self._out_of_time(error)
+            return outcome, None
         except Exception as error:  # noqa: BLE001 - a failed candidate is skipped.
             outcome.status = FAILED
             outcome.reason = f"the rewritten pipeline did not run: {type(error).__name__}: {error}"
@@ -287,16 +291,19 @@ class TuningSession:
             )
         except paired_timing.OutOfTime as error:
             outcome.status = NOT_MEASURED
-            outcome.reason = (
-                f"its first round did not end within the budget ({error}; "
-                f"{time.perf_counter() - self.budget.started:.1f} s of "
-                f"budget_s={self.budget.budget_s:g} used)"
-            )
+            outcome.reason = self._out_of_time(error)
             return outcome, None
         outcome.ratio = paired_timing.median_ratio(times["with"], times["without"])
         outcome.rounds = len(times["with"])
         self._judge(outcome, rewrite, trial, keep)
         return outcome, (times["without"], times["with"])
+
+    def _out_of_time(self, error) -> str:
+        """Why a rewrite was not measured when the budget ran out under it."""
+        return (
+            f"{error} ({time.perf_counter() - self.budget.started:.1f} s of "
+            f"budget_s={self.budget.budget_s:g} used)"
+        )
 
     def _refusal(self, rewrite, kept) -> Optional[Tuple[str, str]]:
         """Why the rewrite is not measured, as `(status, reason)`, or `None`."""

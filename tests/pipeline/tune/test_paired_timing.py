@@ -98,7 +98,7 @@ def test_a_pass_still_running_at_stop_at_drops_its_round_and_keeps_the_whole_one
 
 
 def test_a_first_round_past_stop_at_is_out_of_time():
-    with pytest.raises(paired_timing.OutOfTime, match="budget ran out"):
+    with pytest.raises(paired_timing.OutOfTime, match="still running"):
         paired_timing.side_by_side(
             {"one": lambda: tf.data.Dataset.range(3)},
             paired_timing.PassPlan(epochs=1),

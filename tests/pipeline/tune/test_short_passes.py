@@ -50,6 +50,31 @@ def test_an_epoch_longer_than_the_budget_is_read_in_part_and_the_budget_binds():
     assert elapsed < 10 * 1.05 + 1.0, elapsed
 
 
+def test_a_pipeline_that_slows_down_after_its_passes_were_sized_still_ends_in_budget():
+    # 1 ms an element for the first 3 s (the reads that size the passes),
+    # then 500 ms: a machine that got far slower. A pass sized on the first
+    # reads (some twenty batches) would then take ten seconds, so a pass
+    # under way at the budget's end would carry tune to 12 s or more.
+    began = time.perf_counter()
+
+    def load_python(index):
+        time.sleep(0.001 if time.perf_counter() - began < 3.0 else 0.5)
+        return np.full((4,), index, np.float32)
+
+    def load(index):
+        x = tf.py_function(load_python, [index], tf.float32)
+        x.set_shape((4,))
+        return x
+
+    dataset = tf.data.Dataset.range(100_000).map(load).batch(1)
+    _, result = kpt.tune(dataset, budget_s=6, verbose=0)
+    elapsed = time.perf_counter() - began
+    # Stopped at the budget's end (and 2 % more), after the element then in
+    # flight (half a second) and its iterator's end, which waits for the
+    # calls under way (as long again), with a margin for a busy machine.
+    assert elapsed < 6 * 1.02 + 2.0, (elapsed, result.notes, [r.reason for r in result.rewrites])
+
+
 def test_without_allow_unverified_one_note_says_what_was_not_tried_and_how():
     _, result = kpt.tune(slow_python_map(0.002, 48), budget_s=4, verbose=0)
     notes = [note for note in result.notes if note.startswith("Not tried:")]
