@@ -20,20 +20,23 @@ from tests.helpers.slow_pipelines import slow_python_map
 
 
 def test_a_slow_epoch_is_timed_in_passes_of_a_few_batches_within_the_budget():
-    # 30 batches of 80 ms: an epoch of 2.4 s, for a budget of 16 s.
+    # 30 batches of 80 ms: an epoch of 2.4 s, for a budget of 30 s, too short
+    # for whole epochs (some 70 s) and long enough for the reads before any
+    # timing (three of a dozen batches at least) in a test worker that runs
+    # eight times slower beside busy loops and other tests (24 s seen at 16 s).
     dataset = slow_python_map(0.010, 240)
     began = time.perf_counter()
-    _, result = kpt.tune(dataset, budget_s=16, allow_unverified=True, verbose=0)
+    _, result = kpt.tune(dataset, budget_s=30, allow_unverified=True, verbose=0)
     elapsed = time.perf_counter() - began
     assert result.epochs == 1 and result.batches_per_epoch is not None
     assert any("each timed pass read" in note for note in result.notes), result.notes
     parallel = next(r for r in result.rewrites if "num_parallel_calls" in r.change)
-    assert parallel.status == "kept", parallel.reason
+    assert parallel.status == "kept", (parallel.reason, result.notes)
     # Two sleeping calls at once, at least: clearly faster.
     assert parallel.ratio < 0.75
     # The budget binds: its end, plus the final build, a little after.
     spent = [(r.kind, r.status, r.rounds) for r in result.rewrites]
-    assert elapsed < 16 * 1.05 + 1.0, (elapsed, result.epochs_run, spent, result.notes)
+    assert elapsed < 30 * 1.05 + 1.0, (elapsed, result.epochs_run, spent, result.notes)
 
 
 def test_an_epoch_longer_than_the_budget_is_read_in_part_and_the_budget_binds():
@@ -71,8 +74,9 @@ def test_a_pipeline_that_slows_down_after_its_passes_were_sized_still_ends_in_bu
     elapsed = time.perf_counter() - began
     # Stopped at the budget's end (and 2 % more), after the element then in
     # flight (half a second) and its iterator's end, which waits for the
-    # calls under way (as long again), with a margin for a busy machine.
-    assert elapsed < 6 * 1.02 + 2.0, (elapsed, result.notes, [r.reason for r in result.rewrites])
+    # calls under way (as long again), with a margin for a test worker beside
+    # busy loops (9.6 s seen); without the stop it took 52.9 s.
+    assert elapsed < 12.0, (elapsed, result.notes, [r.reason for r in result.rewrites])
 
 
 def test_without_allow_unverified_one_note_says_what_was_not_tried_and_how():
