@@ -107,12 +107,22 @@ class ElementChecks:
         self.reference = reference
         return epoch_s
 
-    def epoch_digests(self, dataset, time_limit_s: Optional[float]):
+    def epoch_digests(
+        self, dataset, time_limit_s: Optional[float], stop_at: Optional[float] = None
+    ):
         """Digests of an epoch's elements (`num_batches` or `cut` of them at most), and its seconds.
+
+        Args:
+            dataset: the dataset to read.
+            time_limit_s: see `read_reference`; `None` for no limit.
+            stop_at: a `time.perf_counter()` value past which a candidate's
+                check stops (`Budget.stop_at`); `None` for the reads that
+                come before any candidate, which their own limits bound.
 
         Raises:
             ValueError: if the plan reads `num_batches` batches and they take
                 longer than `time_limit_s` (without it the read stops there).
+            OutOfTime: if the read was still running at `stop_at`.
         """
         self.budget.epochs_run += 1
         self._cut_short = False
@@ -126,7 +136,7 @@ class ElementChecks:
             except StopIteration:
                 break
             found.append(_digest(element))
-            _stop_at(self.budget.stop_at)
+            _stop_at(stop_at)
             if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
                 if self.plan.num_batches is None:
                     if len(found) < LEAST_CUT_BATCHES:
@@ -184,7 +194,7 @@ class ElementChecks:
         """
         dataset = self._build(trial)
         if not self.repeatable:
-            digests, _ = self.epoch_digests(dataset, None)
+            digests, _ = self.epoch_digests(dataset, None, self.budget.stop_at)
             return self.mismatch(digests), "structure"
         if rewrite.changes_order or not self.ordered:
             rows = self._rows(dataset)
@@ -195,7 +205,7 @@ class ElementChecks:
                     "same elements, any order"
                 )
             return None, "same elements, any order"
-        digests, _ = self.epoch_digests(dataset, None)
+        digests, _ = self.epoch_digests(dataset, None, self.budget.stop_at)
         mismatch = self.mismatch(digests)
         if mismatch is None or rewrite.kind != VECTORIZE:
             return mismatch, "equal"
@@ -237,7 +247,7 @@ class ElementChecks:
         return sorted(rows)
 
 
-def _take(dataset, count: Optional[int], stop_at: float):
+def _take(dataset, count: Optional[int], stop_at: Optional[float]):
     iterator = iter(dataset)
     taken = 0
     while count is None or taken < count:
@@ -249,9 +259,9 @@ def _take(dataset, count: Optional[int], stop_at: float):
         _stop_at(stop_at)
 
 
-def _stop_at(stop_at: float) -> None:
+def _stop_at(stop_at: Optional[float]) -> None:
     """Stops a check's read still running past the budget's end (`Budget.stop_at`)."""
-    if time.perf_counter() > stop_at:
+    if stop_at is not None and time.perf_counter() > stop_at:
         raise OutOfTime("a check of the elements was still reading when the time budget ran out")
 
 

@@ -29,7 +29,7 @@ CLEAR_RATIO = 1.25
 
 
 class OutOfTime(RuntimeError):
-    """A timed pass ran past the moment it had to stop by (`stop_at`)."""
+    """A timed pass, or a candidate's check of its elements, ran past its `stop_at`."""
 
 
 @dataclasses.dataclass
