@@ -448,8 +448,10 @@ class RoundControl:
         Raises:
             ReplayUnsupported: when not even `CONTENTION_MIN_TIMED` fit.
         """
-        ends_by = self.deadline if self.first_round_by is None else self.first_round_by
-        remaining_s = min(ends_by, self.deadline) - time.monotonic()
+        ends_by = self.deadline
+        if self.first_round_by is not None:
+            ends_by = min(ends_by, self.first_round_by)
+        remaining_s = ends_by - time.monotonic()
         # A step of each side, with room for the pipeline's fresh iterator and
         # its epoch ends (measured here: blocks take up to about twice this).
         side_s = 2 * (call_s + max(call_s, self.pipeline_step_s))

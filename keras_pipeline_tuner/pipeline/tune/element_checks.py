@@ -19,7 +19,7 @@ from typing import Tuple
 import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
-from keras_pipeline_tuner.pipeline.tune.paired_timing import OutOfTime
+from keras_pipeline_tuner.pipeline.tune.paired_timing import check_time
 from keras_pipeline_tuner.pipeline.tune.pass_size import LEAST_CUT_BATCHES
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 
@@ -136,7 +136,7 @@ class ElementChecks:
             except StopIteration:
                 break
             found.append(_digest(element))
-            _stop_at(stop_at)
+            check_time(stop_at, "a check of the elements")
             if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
                 if self.plan.num_batches is None:
                     if len(found) < LEAST_CUT_BATCHES:
@@ -256,13 +256,8 @@ def _take(dataset, count: Optional[int], stop_at: Optional[float]):
         except StopIteration:
             return
         taken += 1
-        _stop_at(stop_at)
+        check_time(stop_at, "a check of the elements")
 
-
-def _stop_at(stop_at: Optional[float]) -> None:
-    """Stops a check's read still running past the budget's end (`Budget.stop_at`)."""
-    if stop_at is not None and time.perf_counter() > stop_at:
-        raise OutOfTime("a check of the elements was still reading when the time budget ran out")
 
 
 def _row_digests(element) -> List[str]:

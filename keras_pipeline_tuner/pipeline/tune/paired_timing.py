@@ -82,7 +82,7 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
             iterator = iter(dataset)
         taken = 0
         while plan.num_batches is None or taken < plan.num_batches:
-            _check_time(stop_at, taken)
+            _check_pass(stop_at, taken)
             try:
                 next(iterator)
             except StopIteration:
@@ -102,11 +102,19 @@ def time_pass(dataset, plan: PassPlan, stop_at: Optional[float] = None) -> float
     return time.perf_counter() - began
 
 
-def _check_time(stop_at: Optional[float], taken: int) -> None:
+def check_time(stop_at: Optional[float], running: str) -> None:
+    """Raises `OutOfTime` when `time.perf_counter()` is past `stop_at` (`None`: never).
+
+    Args:
+        stop_at: the `time.perf_counter()` value to stop at, or `None`.
+        running: what was still running, for the message ("a timed pass").
+    """
     if stop_at is not None and time.perf_counter() > stop_at:
-        raise OutOfTime(
-            f"a timed pass was still running when the time budget ran out, after {taken} batches"
-        )
+        raise OutOfTime(f"{running} was still running when the time budget ran out")
+
+
+def _check_pass(stop_at: Optional[float], taken: int) -> None:
+    check_time(stop_at, f"a timed pass, after {taken} batches,")
 
 
 def _warmed_up(dataset, plan: PassPlan, stop_at: Optional[float]):
@@ -115,7 +123,7 @@ def _warmed_up(dataset, plan: PassPlan, stop_at: Optional[float]):
         return None
     iterator = iter(dataset)
     for _ in range(plan.warmup_batches):
-        _check_time(stop_at, 0)
+        _check_pass(stop_at, 0)
         try:
             next(iterator)
         except StopIteration:
