@@ -28,6 +28,8 @@ Rules, in rank order:
 3. Then errors, then the other findings: warnings before infos, larger gains first.
 4. An input-bound job whose bottleneck no profile named is also told how to
    find it, with the gain at stake.
+5. When fixes were timed (`fix_timing`), those timed faster lead, fastest
+   first: a bound never outranks a measured gain.
 
 Two rules for jobs that outgrow one host live in `scale_out_advice`: a
 multi-worker job is judged by its straggler, named first; and when every stage
@@ -189,10 +191,8 @@ def advise(
         fix_timings: `FixTiming`s of the advised fixes, timed on the pipeline
             (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
             the measured figure (`likely_speedup`), and the advice is ranked
-            again: fixes timed faster first (largest first; an untimed cache
-            of the bottleneck stage keeps its lead when `reuse` does not
-            tell the fit's passes), fixes timed at no gain
-            last; an untimed fix keeps its bound.
+            again: fixes timed faster first (largest first), then the
+            untimed, which keep their bounds, fixes timed at no gain last.
         reuse: the fit's `DataReuse` (see `advice.data_reuse`): a cache in a
             fit that reads no element twice gets no gain, and one that does
             counts its filling pass over the fit's passes.
@@ -253,7 +253,7 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
     if _apply_timings(run, ranked, fix_timings):
-        _sort_by_timing(ranked, len(at_bottleneck), run)
+        _sort_by_timing(ranked)
     # What cannot make steps faster (a cache never read back, a fix timed at
     # no gain) comes after every speed fix, so that a stage's first
     # recommendation is the change that can help.
@@ -283,22 +283,16 @@ def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
     return at_bottleneck, errors, others
 
 
-def _sort_by_timing(ranked: List[Recommendation], at_bottleneck: int, run: "_Run") -> None:
-    """Ranks timed fixes first, fastest first; the first `at_bottleneck` are the bottleneck's.
+def _sort_by_timing(ranked: List[Recommendation]) -> None:
+    """Ranks timed fixes first, fastest first; then the untimed; then those timed at no gain.
 
     Stable: within a tier the rules' order stands, so that one stage's
-    recommendation is its fix timed fastest, or else its first untimed. An
-    untimed cache of the bottleneck stage keeps its lead where the fit's
-    passes are not known: it removes the stage's work from every epoch after
-    the first, which no timed parallelism does (a cache is timed only when
-    whole epochs fit); where they are, its figure counts its filling pass.
+    recommendation is its fix timed fastest, or else its first untimed. A bound
+    never outranks a measured gain: an untimed cache of the bottleneck stage,
+    which leads its stage among untimed fixes (`_bottleneck_key`), follows a
+    fix timed faster, and its ceiling is shown beside it.
     """
-    leading = {
-        id(item)
-        for item in ranked[:at_bottleneck]
-        if _cache_leads(item, run) and _measured_tier(item) == 1
-    }
-    ranked.sort(key=lambda item: (-math.inf, 0.0) if id(item) in leading else _timed_key(item))
+    ranked.sort(key=_timed_key)
 
 
 def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:

@@ -53,7 +53,6 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.pipeline.lint.catalogue import VECTORIZE_MAP
 from keras_pipeline_tuner.pipeline.tune import results as tune_results
-from keras_pipeline_tuner.pipeline.tune.cache_point import draws_randomly
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
@@ -318,7 +317,9 @@ def _candidates(dataset, allow_unverified: bool):
         )
         return None, [], [], untouchable
     pipeline = read_pipeline(dataset)
-    candidates, skipped = plan_rewrites(pipeline)
+    # Random maps too: the advice says to parallelise them (the numbers then
+    # land on other elements), and a timed change is never kept.
+    candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
     return pipeline, candidates, skipped, _untouchable(pipeline, allow_unverified)
 
 
@@ -434,12 +435,9 @@ def _untouchable(pipeline, allow_unverified: bool) -> Optional[str]:
     hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
     if hazard is not None:
         return f"the pipeline is not run again after training: {hazard}"
-    if draws_randomly(pipeline):
-        return (
-            "the pipeline shuffles or draws random numbers: running it to time the change "
-            "would move its random state, and later epochs would differ from a run "
-            "without the tuner"
-        )
+    # A shuffle or random ops are no reason: every timed pass reads a rebuild
+    # with seed generators of its own (`TuningSession.build`), so the dataset
+    # itself shuffles and draws on as it would have.
     return None
 
 

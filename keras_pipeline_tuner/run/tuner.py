@@ -116,10 +116,12 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             advice then shows that measured figure and is ranked by it.
             "auto" (the default): within the smaller of 10 s and 5 % of the
             fit's time, a cap of its own; True: about 5 s; or seconds; False:
-            off. The model is not touched. A pipeline that shuffles, draws
-            random numbers, changes state, reads a generator or calls Python
-            (unless `allow_unverified`) is not run again (its later epochs
-            would differ), and a fix that cannot be timed keeps its bound.
+            off. The model is not touched. A pipeline that draws from a
+            `tf.random.Generator`, changes state, reads a generator or calls
+            Python (unless `allow_unverified`) is not run again (its later
+            epochs would differ), and a fix that cannot be timed keeps its
+            bound; a shuffle or random ops are timed on a rebuild with seeds
+            of its own.
         allow_unverified: with `measure_fixes`, the pipeline's Python functions
             keep no state between calls: run them again to time the fixes,
             also from several threads (a parallel map of a `tf.py_function`),

@@ -22,8 +22,10 @@ ELEMENTS = 64
 BATCH = 4
 
 
-def every_probe():
-    return kpt.PipelineTuner(verbose=0, profile="off", what_if=True, measure_fixes=True)
+def every_probe(**kwargs):
+    return kpt.PipelineTuner(
+        verbose=0, profile="off", what_if=True, measure_fixes=True, **kwargs
+    )
 
 
 def in_memory():
@@ -39,7 +41,7 @@ def small_model(*layers):
     return model
 
 
-def two_fits(make, tuned):
+def two_fits(make, tuned, **tuner_kwargs):
     """Fit 1 (with every probe when `tuned`), then a plain fit 2 of the same model.
 
     Returns fit 2's history, the weights after it, and what `make` says of the
@@ -47,15 +49,15 @@ def two_fits(make, tuned):
     """
     keras.utils.set_random_seed(5)
     model, dataset, state = make()
-    callbacks = [every_probe()] if tuned else []
+    callbacks = [every_probe(**tuner_kwargs)] if tuned else []
     model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0)
     history = model.fit(dataset, epochs=1, verbose=0).history
     return history, model.get_weights(), state()
 
 
-def assert_same(make):
+def assert_same(make, **tuner_kwargs):
     plain = two_fits(make, tuned=False)
-    tuned = two_fits(make, tuned=True)
+    tuned = two_fits(make, tuned=True, **tuner_kwargs)
     assert tuned[0] == plain[0]
     for a, b in zip(plain[1], tuned[1]):
         np.testing.assert_array_equal(a, b)
@@ -112,6 +114,39 @@ def test_a_numpy_generator_in_a_py_function_moves_only_with_training():
         return small_model(), dataset, lambda: float(rng.random())
 
     assert_same(make)
+
+
+def slow_random(x, y):
+    # A stateless wait (the probes may run it again) and a random op that
+    # tf.data does not parallelise: an input-bound fit whose fixes get timed.
+    def wait(value):
+        time.sleep(0.004)
+        return value
+
+    x = tf.numpy_function(wait, [x], tf.float32, stateful=False)
+    x.set_shape((FEATURES,))
+    return x + tf.random.uniform((FEATURES,)) * 0.01, y
+
+
+def shuffled_random():
+    dataset = in_memory().shuffle(ELEMENTS).map(slow_random).batch(BATCH)
+    return small_model(), dataset, lambda: None
+
+
+def test_a_shuffled_random_pipeline_is_timed_on_a_copy_and_left_as_it_was():
+    keras.utils.set_random_seed(5)
+    model, dataset, _ = shuffled_random()
+    # The user's word that the wait keeps no state: its parallel calls are timed.
+    tuner = every_probe(allow_unverified=True)
+    model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0)
+    # Its fixes were timed (passes of the pipeline after training) ...
+    timed = [
+        r for r in tuner.report.recommendations
+        if r.expected_gain is not None and r.expected_gain.likely_speedup is not None
+    ]
+    assert timed, [r.expected_gain.statement for r in tuner.report.recommendations]
+    # ... and a later fit on it shuffles and draws as it would have.
+    assert_same(shuffled_random, allow_unverified=True)
 
 
 class UnseededNoise(keras.layers.Layer):

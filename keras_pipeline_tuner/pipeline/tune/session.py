@@ -356,6 +356,9 @@ class TuningSession:
                 outcome.reason += " (kept unproven: allow_unverified=True)"
             if rewrite.changes_order:
                 self.checks.ordered = False
+            if rewrite.changes_determinism:
+                # Its draws land on other elements: later checks compare structure.
+                self.checks.repeatable = False
             if outcome.elements_check.startswith("equal within"):
                 # Later rewrites are compared with this pipeline's values.
                 self.checks.reference, _ = self.checks.epoch_digests(self.build(trial), None)

@@ -246,3 +246,24 @@ def test_tuning_leaves_the_original_datasets_shuffle_order_alone():
     assert [elements(dataset) for _ in range(2)] == expected
     # ...and the tuned dataset shuffles as a newly built original would.
     assert elements(tuned) == expected[0]
+
+
+def test_a_random_map_run_in_parallel_is_checked_by_structure_even_when_seeded():
+    from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+    from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_MAP
+    from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
+
+    # A global seed makes two passes agree; parallel calls still hand the
+    # draws to other elements, which is what allow_nondeterministic accepts.
+    tf.random.set_seed(3)
+
+    def noisy(x):
+        return tf.cast(x, tf.float32) + tf.random.uniform(())
+
+    dataset = tf.data.Dataset.range(64).map(noisy).batch(4)
+    candidates, _ = plan_rewrites(read_pipeline(dataset), allow_nondeterministic=True)
+    parallel = [rewrite for rewrite in candidates if rewrite.kind == PARALLEL_MAP]
+    assert parallel and parallel[0].changes_determinism
+    (timed,) = time_rewrites(dataset, parallel[:1], budget_s=20.0, num_batches=8)
+    assert timed.outcome.status == "measured", timed.outcome.reason
+    assert timed.outcome.elements_check == "structure"
