@@ -173,6 +173,9 @@ def slow_records(directory):
 
 def read_slowly(path):
     # A file on slow storage: every record waits ELEMENT_S (the GIL is released).
+    # The wait stands for the storage's latency, which a real read has inside
+    # TensorFlow's own (stateless) file ops: a stateless NumPy function, which
+    # may run again and in parallel, as the read could.
     def parse(record):
         values = tf.io.decode_raw(record, tf.float32)
         return values[:FEATURES], values[FEATURES]
@@ -182,7 +185,7 @@ def read_slowly(path):
         return value
 
     def slow(x, y):
-        x = tf.py_function(wait, [x], tf.float32)
+        x = tf.numpy_function(wait, [x], tf.float32, stateful=False)
         x.set_shape((FEATURES,))
         return x, y
 

@@ -76,6 +76,8 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
 from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
+from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
+from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
@@ -97,11 +99,17 @@ _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
 # The changes whose gain the stage's profiled time predicts.
 PARALLEL = "parallel calls"
+# Work spread over parallel readers or workers (an interleave, a generator's
+# work moved into a parallel map, a PyDataset's workers): predicted over the
+# cores like a map's parallel calls, but its ceiling is not capped by them
+# (waiting reads overlap beyond the cores).
+SPREAD = "spread over workers"
 CACHE = "cache"
 # Findings whose fix gives a sequential map AUTOTUNE parallel calls: at most
 # one per core. (An interleave's parallelism is its cycle length, which may
 # be larger: waiting reads get more than the cores, and keep their bound.)
 _AUTOTUNED = frozenset({SEQUENTIAL_MAP})
+_SPREAD = frozenset({SEQUENTIAL_INTERLEAVE, PY_DATASET_WORKERS})
 # Notes with nothing to change: the inspection shows them, the advice does not.
 _NOTHING_TO_CHANGE = frozenset({KERAS_ARRAY_INPUT})
 _PARALLEL_KINDS = frozenset(
@@ -601,6 +609,8 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         change = CACHE
     elif kind == kinds.MAP and "num_parallel_calls" in fix:
         change = PARALLEL
+    elif "num_parallel_calls" in fix:
+        change = SPREAD
     gain = _stage_gain(run, stage, change, run.profile.bottleneck_node)
     if change == CACHE:
         # A cache gains only where the fit reads its elements again.
@@ -708,7 +718,7 @@ def _stage_gain(
         predicted_speedup=predicted,
         statement=(
             f"{gain.statement} Predicted from the profiled stage ({stage_ms:.2f} ms a step"
-            + (f" over {run.cpu_count} cores" if change == PARALLEL else ", served by the cache")
+            + (f" over {run.cpu_count} cores" if change != CACHE else ", served by the cache")
             + f"): a step of {after:.2f} ms, {predicted:.2f}x faster."
         ),
     )
@@ -731,7 +741,7 @@ def _predicted_step_ms(run: _Run, step_ms: float, stage_ms: float, change: str):
     ahead = fix_timing.ends_ahead(run.pipeline) if run.pipeline is not None else False
     t_in = wait + (compute if ahead else 0.0)
     stage_in = min(stage_ms / wait, 1.0) * t_in
-    if change == PARALLEL:
+    if change in (PARALLEL, SPREAD):
         return max(compute, t_in - stage_in * (1.0 - 1.0 / run.cpu_count))
     left = t_in - stage_in
     return max(compute, left) if ahead else compute + left
@@ -740,6 +750,8 @@ def _predicted_step_ms(run: _Run, step_ms: float, stage_ms: float, change: str):
 def _change_of(finding_id: str) -> Optional[str]:
     if finding_id in _AUTOTUNED:
         return PARALLEL
+    if finding_id in _SPREAD:
+        return SPREAD
     return CACHE if finding_id == CACHE_MISSING else None
 
 

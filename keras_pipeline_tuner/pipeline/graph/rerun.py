@@ -46,7 +46,7 @@ READ_ONLY_STATEFUL_OPS = frozenset(
 )
 # Python function ops whose Python may keep state (`PyFuncStateless` is
 # `tf.numpy_function(stateful=False)`: declared free of it).
-_STATEFUL_PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc"})
+STATEFUL_PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc"})
 # Random ops whose state is a variable (`tf.random.Generator`): a pass moves it.
 _VARIABLE_RANDOM_OPS = frozenset({"RngReadAndSkip", "RngSkip"})
 _DATASET_OP = re.compile(r"Dataset(V\d+)?$")
@@ -128,7 +128,7 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
         function = stage.function
         if function is None:
             continue
-        python = sorted(set(function.py_function_ops) & _STATEFUL_PYTHON_OPS)
+        python = sorted(set(function.py_function_ops) & STATEFUL_PYTHON_OPS)
         if python and not allow_python:
             return (
                 f"{stage.label} calls Python ({', '.join(python)}), whose state (a counter, "

@@ -14,6 +14,7 @@ from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+from keras_pipeline_tuner.pipeline.graph.rerun import STATEFUL_PYTHON_OPS
 from keras_pipeline_tuner.pipeline.graph.rerun import side_effects
 from keras_pipeline_tuner.pipeline.tune.cache_point import cache_caveat
 from keras_pipeline_tuner.pipeline.tune.cache_point import cache_point
@@ -320,10 +321,14 @@ def _plan_map_fusion(pipeline, rewrites) -> None:
 
 
 def _python_unverified(function) -> Optional[str]:
-    if not function.py_function_ops:
+    # A `tf.numpy_function(..., stateful=False)` (PyFuncStateless) is its
+    # author's promise that its results depend on its inputs only: as it may
+    # run again (`rerun`), it may run on several threads.
+    stateful = sorted(set(function.py_function_ops) & STATEFUL_PYTHON_OPS)
+    if not stateful:
         return None
     return (
-        f"{function.name} runs Python ({', '.join(function.py_function_ops)}), whose state "
+        f"{function.name} runs Python ({', '.join(stateful)}), whose state "
         "TensorFlow cannot see: called from several threads, a function that keeps state "
         "(a counter, a file position) pairs it with other elements, and a check of the "
         "elements cannot prove it does not"

@@ -267,3 +267,19 @@ def test_a_random_map_run_in_parallel_is_checked_by_structure_even_when_seeded()
     (timed,) = time_rewrites(dataset, parallel[:1], budget_s=20.0, num_batches=8)
     assert timed.outcome.status == "measured", timed.outcome.reason
     assert timed.outcome.elements_check == "structure"
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["stateless", "stateful"])
+def test_only_python_that_may_keep_state_is_unproven_on_several_threads(stateful):
+    from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+    from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_INTERLEAVE
+
+    def read(x):
+        # `stateful=False`: its author's promise that the result depends on x only.
+        value = tf.numpy_function(lambda v: v, [x], tf.int64, stateful=stateful)
+        return tf.data.Dataset.from_tensors(value)
+
+    dataset = tf.data.Dataset.range(8).interleave(read, cycle_length=2)
+    candidates, _ = plan_rewrites(read_pipeline(dataset))
+    (parallel,) = [rewrite for rewrite in candidates if rewrite.kind == PARALLEL_INTERLEAVE]
+    assert (parallel.unverified is not None) == stateful
