@@ -428,6 +428,24 @@ def test_where_the_passes_are_known_a_cache_ranks_by_its_figure_over_them():
     assert "Its gain: up to 1.39x faster (bound; predicted 1.39x)" in folded
 
 
+def test_reads_spread_over_workers_are_predicted_over_the_cores_but_not_capped_by_them():
+    # 30 ms of wait, 22.5 of it in the stage, on 2 cores: spread over them the
+    # input prepares a batch in 30 - 22.5 / 2 = 18.75 ms, ahead of the step.
+    stage = "interleave(read)"
+    interleave = finding("sequential-interleave", "warning", stage, "read")
+    interleave.op = "InterleaveDataset"
+    gain = advisor.advise(stats(30.0, 10.0), profile(stage), [interleave], cpu_count=2)[
+        0
+    ].expected_gain
+    assert gain.predicted_speedup == pytest.approx(40.0 / 18.75)
+    # Waiting reads overlap beyond the cores: the ceiling stays the stage's share.
+    assert gain.speedup == pytest.approx(40.0 / 17.5)
+    # A map's parallel calls are capped by the cores.
+    sequential = finding("sequential-map", "warning", "map(load_image)", "load_image")
+    capped = advisor.advise(stats(30.0, 10.0), profile(), [sequential], cpu_count=2)
+    assert capped[0].expected_gain.speedup == pytest.approx(2.0)
+
+
 def test_a_cache_read_back_counts_its_filling_pass_over_the_fit():
     cache = finding("cache-missing", "info", "map(load_image)", "load_image")
     steady = advisor.advise(stats(30.0, 10.0), None, [cache])[0].expected_gain.speedup

@@ -1,7 +1,8 @@
 """`tune`'s search: each candidate rewrite tried on top of those kept, then the final comparison.
 
 The candidates come from `planning.plan_rewrites`, in the order they should be
-tried. Each one is checked and timed side by side with the pipeline without it
+tried, the rewrites of single stages costliest stage first (`stage_order`, from
+short reads of the pipeline's prefixes). Each one is checked and timed side by side with the pipeline without it
 (`TuningSession.try_rewrite`) and kept only when it is measurably faster. The
 pipeline with every kept rewrite is finally timed against the original, and
 that ratio is the one reported, with the tuned pipeline as code.
@@ -12,6 +13,7 @@ import statistics
 import time
 
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.pipeline.tune import stage_order
 from keras_pipeline_tuner.pipeline.tune.cache_scratch import FillTooLong
 from keras_pipeline_tuner.pipeline.tune.code import tuned_code
 from keras_pipeline_tuner.pipeline.tune.paired_timing import OutOfTime
@@ -97,7 +99,35 @@ class Search:
                 for rewrite in candidates
             ]
             candidates = []
-        return candidates, outcomes, problem
+        return self._by_stage_cost(pipeline, candidates), outcomes, problem
+
+    def _by_stage_cost(self, pipeline, candidates):
+        """The candidates with the costliest stage's rewrites first (`stage_order`)."""
+        session = self.session
+        nodes = list(
+            dict.fromkeys(
+                rewrite.node for rewrite in candidates if rewrite.kind in stage_order.STAGE_KINDS
+            )
+        )
+        if len(nodes) < 2:
+            return candidates
+        costs = stage_order.stage_costs(
+            pipeline,
+            session.graph_def,
+            session.dataset,
+            nodes,
+            stage_order.READ_SHARE * session.budget.budget_s,
+        )
+        if not costs:
+            return candidates
+        ranked = sorted(costs, key=lambda cost: -cost.ms)
+        session.notes.append(
+            "Rewrites of single stages were tried costliest stage first, by each stage's own "
+            "time per element of the pipeline from short reads of its prefix: "
+            + ", ".join(cost.describe() for cost in ranked)
+            + "."
+        )
+        return stage_order.ordered(candidates, costs)
 
     def _try_all(self, candidates, outcomes):
         """Tries each candidate on top of those kept, adding its outcome to `outcomes`.
