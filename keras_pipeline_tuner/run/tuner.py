@@ -116,12 +116,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             advice then shows that measured figure and is ranked by it.
             "auto" (the default): within the smaller of 10 s and 5 % of the
             fit's time, a cap of its own; True: about 5 s; or seconds; False:
-            off. The model is not touched. A pipeline that draws from a
-            `tf.random.Generator`, changes state, reads a generator or calls
-            Python (unless `allow_unverified`) is not run again (its later
-            epochs would differ), and a fix that cannot be timed keeps its
-            bound; a shuffle or random ops are timed on a rebuild with seeds
-            of its own.
+            off. The model is not touched; a shuffle or random ops are timed
+            on rebuilds with seeds of their own. A `tf.random.Generator`,
+            state changed, a generator read or Python called (unless
+            `allow_unverified`) is not run again, and its fix keeps its bound.
         allow_unverified: with `measure_fixes`, the pipeline's Python functions
             keep no state between calls: run them again to time the fixes,
             also from several threads (a parallel map of a `tf.py_function`),

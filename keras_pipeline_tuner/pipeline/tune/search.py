@@ -2,8 +2,9 @@
 
 The candidates come from `planning.plan_rewrites`, in the order they should be
 tried, the rewrites of single stages costliest stage first (`stage_order`, from
-short reads of the pipeline's prefixes). Each one is checked and timed side by side with the pipeline without it
-(`TuningSession.try_rewrite`) and kept only when it is measurably faster. The
+short reads of the pipeline's prefixes). Each one is checked and timed side by
+side with the pipeline without it (`TuningSession.try_rewrite`) and kept only
+when it is measurably faster. The
 pipeline with every kept rewrite is finally timed against the original, and
 that ratio is the one reported, with the tuned pipeline as code.
 """
