@@ -546,11 +546,11 @@ def main():
             ratio = f"{line['predicted'] / top:.2f}" if top and line["predicted"] else "n/a"
             print(f"\n{case.name} [{case.cause}]")
             print(f"  verdict: {line['verdict']}; profiled bottleneck: {line['bottleneck']}")
-            cap = f"{line['fix_cap']:.2f} s" if line["fix_cap"] is not None else "asked"
+            cap = f" (cap {line['fix_cap']:.2f} s)" if line["fix_cap"] is not None else ""
             timing = line["fix_timing"]
             print(
                 f"  tuned fit: {line['epochs']} epochs, {line['fit_s']:.1f} s; fix timing "
-                f"{f'{timing:.2f} s' if timing is not None else 'did not run'} (cap {cap})"
+                f"{f'{timing:.2f} s' if timing is not None else 'did not run'}{cap}"
             )
             print(f"  advised: {', '.join(line['advised'])}")
             print(f"  top: {line['top']}; predicted {predicted}")
