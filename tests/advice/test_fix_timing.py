@@ -187,7 +187,9 @@ def test_a_python_map_that_counts_its_calls_is_never_timed_in_parallel():
 
 def test_a_shuffled_pipeline_is_timed_on_a_rebuild():
     dataset = cached_source(48).shuffle(48, seed=1).map(sleep_in_python).batch(BATCH)
-    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=True, allow_unverified=True)
+    tuner = kpt.PipelineTuner(
+        verbose=0, profile="off", measure_fixes=MEASURE_S, allow_unverified=True
+    )
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     top = tuner.report.recommendations[0]
     assert top.id == "sequential-map"
