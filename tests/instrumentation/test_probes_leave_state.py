@@ -22,10 +22,8 @@ ELEMENTS = 64
 BATCH = 4
 
 
-def every_probe(**kwargs):
-    return kpt.PipelineTuner(
-        verbose=0, profile="off", what_if=True, measure_fixes=True, **kwargs
-    )
+def every_probe():
+    return kpt.PipelineTuner(verbose=0, profile="off", what_if=True, measure_fixes=True)
 
 
 def in_memory():
@@ -41,7 +39,7 @@ def small_model(*layers):
     return model
 
 
-def two_fits(make, tuned, **tuner_kwargs):
+def two_fits(make, tuned):
     """Fit 1 (with every probe when `tuned`), then a plain fit 2 of the same model.
 
     Returns fit 2's history, the weights after it, and what `make` says of the
@@ -49,15 +47,15 @@ def two_fits(make, tuned, **tuner_kwargs):
     """
     keras.utils.set_random_seed(5)
     model, dataset, state = make()
-    callbacks = [every_probe(**tuner_kwargs)] if tuned else []
+    callbacks = [every_probe()] if tuned else []
     model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0)
     history = model.fit(dataset, epochs=1, verbose=0).history
     return history, model.get_weights(), state()
 
 
-def assert_same(make, **tuner_kwargs):
+def assert_same(make):
     plain = two_fits(make, tuned=False)
-    tuned = two_fits(make, tuned=True, **tuner_kwargs)
+    tuned = two_fits(make, tuned=True)
     assert tuned[0] == plain[0]
     for a, b in zip(plain[1], tuned[1]):
         np.testing.assert_array_equal(a, b)
@@ -136,8 +134,7 @@ def shuffled_random():
 def test_a_shuffled_random_pipeline_is_timed_on_a_copy_and_left_as_it_was():
     keras.utils.set_random_seed(5)
     model, dataset, _ = shuffled_random()
-    # The user's word that the wait keeps no state: its parallel calls are timed.
-    tuner = every_probe(allow_unverified=True)
+    tuner = every_probe()
     model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0)
     # Its fixes were timed (passes of the pipeline after training) ...
     timed = [
@@ -146,7 +143,7 @@ def test_a_shuffled_random_pipeline_is_timed_on_a_copy_and_left_as_it_was():
     ]
     assert timed, [r.expected_gain.statement for r in tuner.report.recommendations]
     # ... and a later fit on it shuffles and draws as it would have.
-    assert_same(shuffled_random, allow_unverified=True)
+    assert_same(shuffled_random)
 
 
 class UnseededNoise(keras.layers.Layer):
