@@ -471,12 +471,24 @@ def run_case(case, rounds, log_dir, defaults: bool = False) -> dict:
         "capacity": gain.predicted_speedup if gain is not None else None,
         "cache": cache_line(report),
         "top_id": top.id if top is not None else None,
+        "delivered": measured.get(top.id) if top is not None else None,
         "epochs": epochs,
         "fit_s": fit_s,
         "fix_timing": report.tuner_cost.parts.get("fix timing"),
         "fix_cap": report.tuner_cost.fix_timing_cap_s,
     }
+    if line["delivered"] and line["predicted"]:
+        line["ratio"] = line["predicted"] / line["delivered"]
+    else:
+        line["ratio"] = None
     return line
+
+
+def figure_text(line) -> str:
+    """The top recommendation's figure and its label, e.g. "1.70x (measured)"."""
+    if line["predicted"] is None:
+        return "n/a"
+    return f"{line['predicted']:.2f}x ({line['basis']})"
 
 
 def judge(line) -> str:
@@ -485,7 +497,7 @@ def judge(line) -> str:
         return "ok: no speed advice for a job that is not input-bound"
     if not measured:
         return "NOT CHECKED: no fix written here for the advice"
-    top = measured.get(line["top_id"])
+    top = line["delivered"]
     if top is None:
         return f"NOT CHECKED: no fix written here for {line['top_id']}"
     best = max(measured, key=measured.get)
@@ -502,18 +514,15 @@ def judge(line) -> str:
             "bound respected" if top <= predicted * BOUND_MARGIN else "BOUND EXCEEDED"
         )
     else:
-        ratio = predicted / top
-        verdicts.append(
-            "within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE"
-        )
+        verdicts.append(_within(line["ratio"]))
     capacity = line["capacity"]
     if capacity is not None:
-        ratio = capacity / top
-        verdicts.append(
-            f"predicted {capacity:.2f}x: "
-            + ("within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE")
-        )
+        verdicts.append(f"predicted {capacity:.2f}x: " + _within(capacity / top))
     return "; ".join(verdicts)
+
+
+def _within(ratio: float) -> str:
+    return "within [0.67, 1.5]" if 0.67 <= ratio <= 1.5 else f"RATIO {ratio:.2f} OUTSIDE"
 
 
 def main():
@@ -537,13 +546,7 @@ def main():
             line = run_case(
                 case, args.rounds, os.path.join(directory, f"run{index}"), args.defaults
             )
-            top = line["measured"].get(line["top_id"])
-            predicted = (
-                f"{line['predicted']:.2f}x ({line['basis']})"
-                if line["predicted"] is not None
-                else "n/a"
-            )
-            ratio = f"{line['predicted'] / top:.2f}" if top and line["predicted"] else "n/a"
+            ratio = f"{line['ratio']:.2f}" if line["ratio"] is not None else "n/a"
             print(f"\n{case.name} [{case.cause}]")
             print(f"  verdict: {line['verdict']}; profiled bottleneck: {line['bottleneck']}")
             cap = f" (cap {line['fix_cap']:.2f} s)" if line["fix_cap"] is not None else ""
@@ -553,7 +556,7 @@ def main():
                 f"{f'{timing:.2f} s' if timing is not None else 'did not run'}{cap}"
             )
             print(f"  advised: {', '.join(line['advised'])}")
-            print(f"  top: {line['top']}; predicted {predicted}")
+            print(f"  top: {line['top']}; predicted {figure_text(line)}")
             print(
                 f"  measured gains over the fit (original {line['original_ms']:.1f} ms/step): "
                 + (
@@ -575,14 +578,10 @@ def print_table(lines) -> None:
     for line in lines:
         if line["top_id"] in (None, "input-not-bottleneck"):
             continue
-        delivered = line["measured"].get(line["top_id"])
-        figure = (
-            f"{line['predicted']:.2f}x ({line['basis']})" if line["predicted"] else "n/a"
-        )
         print(
-            f"| {line['case']} | {line['top_id']} | {figure} | "
-            + (f"{delivered:.2f}x | {line['predicted'] / delivered:.2f} |"
-               if delivered and line["predicted"] else "no fix written here | n/a |")
+            f"| {line['case']} | {line['top_id']} | {figure_text(line)} | "
+            + (f"{line['delivered']:.2f}x | {line['ratio']:.2f} |"
+               if line["ratio"] is not None else "no fix written here | n/a |")
         )
 
 

@@ -267,7 +267,6 @@ def _take(dataset, count: Optional[int], stop_at: Optional[float]):
         check_time(stop_at, "a check of the elements")
 
 
-
 def _row_digests(element) -> List[str]:
     """Digests of an element's rows (a batch's examples), or of the element itself."""
     tf = tensorflow()

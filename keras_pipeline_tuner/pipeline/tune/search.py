@@ -121,13 +121,7 @@ class Search:
         )
         if not costs:
             return candidates
-        ranked = sorted(costs, key=lambda cost: -cost.ms)
-        session.notes.append(
-            "Rewrites of single stages were tried costliest stage first, by each stage's own "
-            "time per element of the pipeline from short reads of its prefix: "
-            + ", ".join(cost.describe() for cost in ranked)
-            + "."
-        )
+        session.notes.append(stage_order.order_note(costs))
         return stage_order.ordered(candidates, costs)
 
     def _try_all(self, candidates, outcomes):

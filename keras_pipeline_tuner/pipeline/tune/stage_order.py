@@ -107,6 +107,24 @@ def stage_costs(pipeline, graph_def, keep_alive, nodes, limit_s: float) -> List[
     return costs
 
 
+def order_note(costs: List[StageCost]) -> str:
+    """The tuning note that says the order and its figures, costliest stage first.
+
+    Example:
+
+    >>> order_note([StageCost("map(scale)", "Map/_1", 0.1), StageCost("map(load)", "Map/_2", 20.0)])
+    "Rewrites of single stages were tried costliest stage first, by each stage's own time \
+per element of the pipeline from short reads of its prefix: map(load) 20.00 ms, map(scale) 0.10 ms."
+    """
+    ranked = sorted(costs, key=lambda cost: -cost.ms)
+    return (
+        "Rewrites of single stages were tried costliest stage first, by each stage's own "
+        "time per element of the pipeline from short reads of its prefix: "
+        + ", ".join(cost.describe() for cost in ranked)
+        + "."
+    )
+
+
 def ordered(candidates, costs: List[StageCost]):
     """The candidates with the stage rewrites in order of their stage's cost, largest first.
 
