@@ -61,6 +61,17 @@ def positive_int(value, name: str, optional: bool = False) -> Optional[int]:
     return value
 
 
+def non_negative_int(value, name: str) -> int:
+    """Returns `value` if it is an integer >= 0.
+
+    Raises:
+        ValueError: naming the argument otherwise.
+    """
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"`{name}` must be an integer >= 0, got {value!r}.")
+    return value
+
+
 def seconds(value, name: str) -> Optional[float]:
     """Returns `value` as float seconds if it is a number >= 0, or `None`.
 

@@ -17,12 +17,14 @@ from typing import Optional
 from typing import Union
 
 from keras_pipeline_tuner._util.argument_checks import checked_dataset
+from keras_pipeline_tuner._util.argument_checks import non_negative_int
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner._util.argument_checks import seconds
 from keras_pipeline_tuner._util.argument_checks import verbosity
 from keras_pipeline_tuner._util.stderr_lines import dropped_lines
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
+from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
 from keras_pipeline_tuner.pipeline.tune.results import TimedRewrite
 from keras_pipeline_tuner.pipeline.tune.search import Search
 from keras_pipeline_tuner.pipeline.tune.session import TuningSession
@@ -206,6 +208,7 @@ def time_rewrites(
     *,
     epochs: int = 1,
     num_batches: Optional[int] = None,
+    warmup_batches: int = WARMUP_BATCHES,
     allow_unverified: bool = False,
     max_python_epochs: int = DEFAULT_PYTHON_EPOCHS,
 ) -> List[TimedRewrite]:
@@ -224,6 +227,10 @@ def time_rewrites(
             not fit is "not measured".
         epochs: epochs per timed pass (a cache pays off from the second).
         num_batches: batches per epoch; `None` for whole epochs.
+        warmup_batches: with `num_batches`, batches each pass reads before
+            its clock starts, so that a parallel stage's threads and
+            AUTOTUNE's first choices are not what a pass of a few batches
+            mostly times; 0 to time from the first batch.
         allow_unverified: also time rewrites whose elements cannot be proven
             equal to the original's (parallel calls of a Python function);
             they are "not proven" otherwise.
@@ -244,6 +251,7 @@ def time_rewrites(
     plan = PassPlan(
         epochs=positive_int(epochs, "epochs"),
         num_batches=positive_int(num_batches, "num_batches", optional=True),
+        warmup_batches=non_negative_int(warmup_batches, "warmup_batches"),
     )
     if not seconds(budget_s, "budget_s"):
         raise ValueError(f"`budget_s` must be a positive number of seconds, got {budget_s!r}.")

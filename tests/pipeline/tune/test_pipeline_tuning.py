@@ -283,3 +283,32 @@ def test_only_python_that_may_keep_state_is_unproven_on_several_threads(stateful
     candidates, _ = plan_rewrites(read_pipeline(dataset))
     (parallel,) = [rewrite for rewrite in candidates if rewrite.kind == PARALLEL_INTERLEAVE]
     assert (parallel.unverified is not None) == stateful
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_timed_passes_of_a_few_batches_leave_out_their_warm_up(warmup):
+    from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+    from keras_pipeline_tuner.pipeline.tune.rewrites import PREFETCH
+    from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
+
+    def slow_start(i):
+        # Every new iterator's first two elements wait 0.5 s (TensorFlow runs
+        # this map in parallel), as a pipeline's start-up does; the rest come at once.
+        time.sleep(0.5 if i < 2 else 0.0)
+        return i
+
+    def read(i):
+        return tf.numpy_function(slow_start, [i], tf.int64, stateful=False)
+
+    dataset = tf.data.Dataset.range(40).map(read)
+    candidates, _ = plan_rewrites(read_pipeline(dataset))
+    prefetch = [rewrite for rewrite in candidates if rewrite.kind == PREFETCH]
+    (timed,) = time_rewrites(
+        dataset, prefetch, budget_s=30.0, num_batches=4, warmup_batches=warmup
+    )
+    assert timed.outcome.status == "measured", timed.outcome.reason
+    if warmup:
+        # Four elements that do not sleep: far below the sleep, however busy.
+        assert timed.without_s < 0.4, timed.without_s
+    else:
+        assert timed.without_s >= 0.5, timed.without_s
