@@ -33,6 +33,7 @@ delivered 1.6x in the fit timed at 0.9x.
 """
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import Iterable
@@ -40,6 +41,9 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
+from keras_pipeline_tuner._util.forked_call import ForkedCallError
+from keras_pipeline_tuner._util.forked_call import fork_unavailable
+from keras_pipeline_tuner._util.forked_call import forked_call
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import MEASURED
@@ -85,6 +89,12 @@ AUTO_LEAST_S = 0.5
 # rebuilding the pipeline and its last round's check take the rest (up to a
 # fifth of the budget was seen beyond it).
 AUTO_PLANNED_SHARE = 0.75
+# A copy of the process that times the fixes (`_util.forked_call`) is killed
+# after this share of the budget and these seconds more: the timing itself
+# ends within the budget (up to a fifth beyond it was seen); later, the copy
+# has hung on a lock that another thread held when it was made.
+_FORK_TIMEOUT_SHARE = 2.0
+_FORK_SLACK_S = 5.0
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
@@ -148,6 +158,9 @@ class FixTiming:
             batches ahead (a prefetch, written or injected, or a parallel
             stage), so a batch is prepared while a step computes.
         overlapped_after: the same with the change.
+        isolated: timed in a forked copy of the process, because the pipeline
+            keeps state (a Python function's, a random generator's) that a
+            run in training's process would move on.
 
     Example:
 
@@ -170,6 +183,7 @@ class FixTiming:
     batches: int = 0
     overlapped_before: bool = False
     overlapped_after: bool = False
+    isolated: bool = False
 
     @property
     def measured(self) -> bool:
@@ -249,11 +263,14 @@ def time_fixes(
         stats: the run's training `StepStats`, to size the timed passes.
         budget_s: about how long all the timing may take, in seconds.
         allow_unverified: the pipeline's Python functions keep no state
-            between calls: run them again to time the fixes, and time those
-            that call them from several threads (a parallel map of a
-            `tf.py_function`). Otherwise a pipeline that calls Python is not
-            run again (a counter or a NumPy generator in it would move on),
-            and its fixes keep their bounds.
+            between calls: run them again in this process to time the fixes,
+            and time those that call them from several threads (a parallel
+            map of a `tf.py_function`). Otherwise a pipeline that keeps state
+            (a counter or a NumPy generator in its Python, a
+            `tf.random.Generator`) is timed in a forked copy of the process
+            (`_util.forked_call`), where that state moves in the copy only;
+            where forking is not available (not Linux), its fixes keep their
+            bounds.
         reuse: the fit's `DataReuse`: a cache in a fit that reads no element
             twice is not timed (it would never be read back).
 
@@ -270,7 +287,9 @@ def time_fixes(
         print(timing.change, timing.status, timing.batch_ms_before, timing.batch_ms_after)
     ```
     """
-    pipeline, candidates, skipped, untouchable = _candidates(dataset, allow_unverified)
+    pipeline, candidates, skipped, untouchable, isolated = _candidates(
+        dataset, allow_unverified
+    )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
         return timings
@@ -278,6 +297,7 @@ def time_fixes(
     for timing, rewrite in wanted:
         timing.overlapped_before = overlapped
         timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
+        timing.isolated = isolated
     epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s)
     # One timing per distinct rewrite, however many recommendations name it.
     distinct = {}
@@ -288,20 +308,16 @@ def time_fixes(
         distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
     if not distinct:
         return timings
+    rewrites = [rewrite for rewrite, _ in distinct.values()]
     try:
-        timed = time_rewrites(
-            dataset,
-            [rewrite for rewrite, _ in distinct.values()],
-            budget_s,
-            epochs=epochs,
-            num_batches=num_batches,
-            allow_unverified=allow_unverified,
-        )
-    except ValueError as limit:
-        # An epoch too long for the budget: an expected limit, said per fix.
+        timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
+    except (ValueError, ForkedCallError) as limit:
+        # An epoch too long for the budget (an expected limit), or a copy of
+        # the process that did not answer: said per fix.
+        status = tune_results.NOT_MEASURED if isinstance(limit, ValueError) else tune_results.FAILED
         for _, found in distinct.values():
             for timing in found:
-                timing.status, timing.reason = tune_results.NOT_MEASURED, str(limit)
+                timing.status, timing.reason = status, str(limit)
         return timings
     for (rewrite, found), item in zip(distinct.values(), timed):
         for timing in found:
@@ -309,8 +325,26 @@ def time_fixes(
     return timings
 
 
+def _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated):
+    """`time_rewrites`, in a forked copy of the process when `isolated`."""
+    timing_run = functools.partial(
+        time_rewrites,
+        dataset,
+        rewrites,
+        budget_s,
+        epochs=epochs,
+        num_batches=num_batches,
+        # In a copy of the process nothing the Python keeps reaches training.
+        allow_unverified=allow_unverified or isolated,
+    )
+    if not isolated:
+        return timing_run()
+    return forked_call(timing_run, _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S)
+
+
 def _candidates(dataset, allow_unverified: bool):
-    """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None)`."""
+    """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
+    whether to time them in a copy of the process)`."""
     held = in_memory_bytes(dataset)
     if held > MAX_IN_MEMORY_BYTES:
         # Rebuilding the pipeline from its graph copies the arrays it holds.
@@ -319,12 +353,13 @@ def _candidates(dataset, allow_unverified: bool):
             f"rebuilding it to time the change would copy (more than "
             f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
         )
-        return None, [], [], untouchable
+        return None, [], [], untouchable, False
     pipeline = read_pipeline(dataset)
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
-    return pipeline, candidates, skipped, _untouchable(pipeline, allow_unverified)
+    untouchable, isolated = _rerun_plan(pipeline, allow_unverified)
+    return pipeline, candidates, skipped, untouchable, isolated
 
 
 def _wanted(
@@ -389,8 +424,10 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
     capped = bound.speedup is not None and likely > bound.speedup
     if capped:
         likely = bound.speedup
+    where = " in a copy of the process (its state in training's own left as it was)"
     statement = (
-        f"Timed after training on the pipeline alone ({timing.rounds} side-by-side rounds "
+        f"Timed after training on the pipeline alone{where if timing.isolated else ''} "
+        f"({timing.rounds} side-by-side rounds "
         f"of {timing.batches} batches): a batch every {timing.batch_ms_before:.2f} ms as "
         f"written, every {timing.batch_ms_after:.2f} ms with {timing.change}. "
         + _rule(timing, compute, before, after)
@@ -434,15 +471,26 @@ def untimed_statement(timing: FixTiming) -> str:
 # Helpers.
 
 
-def _untouchable(pipeline, allow_unverified: bool) -> Optional[str]:
-    """Why running the pipeline after training could change what it gives later, or None."""
+def _rerun_plan(pipeline, allow_unverified: bool) -> Tuple[Optional[str], bool]:
+    """`(why the pipeline cannot be timed after training or None, whether in a copy)`.
+
+    A shuffle or random ops are no reason: every timed pass reads a rebuild
+    with seed generators of its own (`TuningSession.build`), so the dataset
+    itself shuffles and draws on as it would have. State the process keeps
+    (a Python function's, a `tf.random.Generator`'s) is left behind by timing
+    in a forked copy; a source another reader would take from is not.
+    """
     hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
-    if hazard is not None:
-        return f"the pipeline is not run again after training: {hazard}"
-    # A shuffle or random ops are no reason: every timed pass reads a rebuild
-    # with seed generators of its own (`TuningSession.build`), so the dataset
-    # itself shuffles and draws on as it would have.
-    return None
+    if hazard is None:
+        return None, False
+    shared = rerun.shared_source(pipeline)
+    no_fork = fork_unavailable()
+    if shared is None and no_fork is None:
+        return None, True
+    why = f"the pipeline is not run again after training: {hazard}"
+    if shared is None:
+        why += f" ({no_fork})"
+    return why, False
 
 
 def _advised_fixes(recommendations) -> List[Tuple[Recommendation, str]]:

@@ -121,10 +121,10 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
     >>> rerun_hazard(read_pipeline(tagged)).startswith("map(<lambda>) calls Python")
     True
     """
+    shared = shared_source(pipeline)
+    if shared is not None:
+        return shared
     for stage in pipeline.stages:
-        shared = _SHARED_SOURCES.get(stage.kind)
-        if shared is not None:
-            return shared
         function = stage.function
         if function is None:
             continue
@@ -151,6 +151,33 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
                 f"{stage.label} changes state outside the pipeline ({', '.join(changed)}, "
                 "e.g. a Keras random layer's seed), which a second run would change again"
             )
+    return None
+
+
+def shared_source(pipeline) -> Optional[str]:
+    """Why a second reader of the pipeline, even in another process, would take training's elements.
+
+    A Python generator may be a queue or a live feed, and the tf.data
+    service hands each element of a job to one reader: a copy of the process
+    reading them takes what training would read. Every other hazard of
+    `rerun_hazard` is state the process keeps in its own memory.
+
+    Returns:
+        A clause that completes "The pipeline is not run again: ...", or `None`.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+    >>> shared_source(read_pipeline(tf.data.Dataset.range(8)))
+    >>> fed = tf.data.Dataset.from_generator(lambda: iter(range(8)), output_signature=
+    ...     tf.TensorSpec((), tf.int64))
+    >>> shared_source(read_pipeline(fed)).startswith("it reads a Python generator")
+    True
+    """
+    for stage in pipeline.stages:
+        shared = _SHARED_SOURCES.get(stage.kind)
+        if shared is not None:
+            return shared
     return None
 
 
