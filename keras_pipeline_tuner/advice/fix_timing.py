@@ -92,9 +92,10 @@ AUTO_PLANNED_SHARE = 0.75
 # A copy of the process that times the fixes (`_util.forked_call`) is killed
 # after this share of the budget and these seconds more: the timing itself
 # ends within the budget (up to a fifth beyond it was seen); later, the copy
-# has hung on a lock that another thread held when it was made.
-_FORK_TIMEOUT_SHARE = 2.0
-_FORK_SLACK_S = 5.0
+# has hung (on a lock another thread held when it was made, or on a queue
+# that a thread of training's process fills).
+_FORK_TIMEOUT_SHARE = 1.5
+_FORK_SLACK_S = 3.0
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
@@ -339,7 +340,18 @@ def _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, is
     )
     if not isolated:
         return timing_run()
-    return forked_call(timing_run, _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S)
+    return forked_call(timing_run, copy_timeout_s(budget_s))
+
+
+def copy_timeout_s(budget_s: float) -> float:
+    """Seconds after which a copy of the process timing fixes within `budget_s` is killed.
+
+    Example:
+
+    >>> copy_timeout_s(10.0)
+    18.0
+    """
+    return _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S
 
 
 def _candidates(dataset, allow_unverified: bool):
@@ -424,7 +436,7 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
     capped = bound.speedup is not None and likely > bound.speedup
     if capped:
         likely = bound.speedup
-    where = " in a copy of the process (its state in training's own left as it was)"
+    where = ", in a copy of the process that left training's state as it was"
     statement = (
         f"Timed after training on the pipeline alone{where if timing.isolated else ''} "
         f"({timing.rounds} side-by-side rounds "

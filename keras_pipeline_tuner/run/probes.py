@@ -5,7 +5,9 @@
   fit only: a custom loop does not hand the tuner its model's step);
 - Grain's stage timing, on a Grain dataset the run waited for;
 - the timing of the advised fixes (`measure_fixes`), on the tf.data dataset fit
-  was given or the loop iterated through `tuner.iterate`.
+  was given or the loop iterated through `tuner.iterate`, or a PyDataset's
+  advised workers; where the pipeline keeps state of its own (its Python, a
+  `tf.random.Generator`), in a forked copy of the process (`_util.forked_call`).
 
 Each probe that does not run says why in the report, where the user asked for it
 or would expect it. None reads from the iterator training used or moves state a
@@ -22,6 +24,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import py_dataset_timing
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
@@ -77,7 +80,7 @@ class AfterTraining:
         self.guard = guard
         self.announce = announce or _log_line
 
-    def run(self, run, model=None, dataset=None, traced_step=None) -> None:
+    def run(self, run, model=None, dataset=None, traced_step=None, py_dataset=None) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
 
         Args:
@@ -89,10 +92,14 @@ class AfterTraining:
             traced_step: fit's timed training function, traced already
                 (`FitTiming.traced_train_step()`), which the replay reuses
                 rather than trace the step again; `None` traces its own.
+            py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
         """
         self._replay(run, model, traced_step)
         self._grain_stages(run)
-        self._fix_timing(run, dataset)
+        if py_dataset is not None:
+            self._py_dataset_timing(run, py_dataset)
+        else:
+            self._fix_timing(run, dataset)
 
     # The replay: what_if, or the contention check.
 
@@ -282,6 +289,29 @@ class AfterTraining:
                     budget_s,
                     self.settings.allow_unverified,
                     report.reuse,
+                )
+
+    def _py_dataset_timing(self, run, py_dataset) -> None:
+        """Times a PyDataset's advised workers (`measure_fixes`), in a copy of the process."""
+        import keras
+
+        asked_s = self.settings.measure_fixes_s
+        if asked_s == 0.0 or not self.guard.enabled(features.FIX_TIMING):
+            return
+        with self.guard(features.FIX_TIMING):
+            report = run.built_report()
+            if report is None or not report.verdict.input_bound:
+                return
+            with run.cost.part(tuner_cost.FIX_TIMING):
+                budget_s = self._fix_timing_budget(run, asked_s)
+                if budget_s is None:
+                    return
+                run.fix_timings = py_dataset_timing.time_workers(
+                    py_dataset,
+                    report.recommendations,
+                    report.train,
+                    budget_s,
+                    backend=keras.backend.backend(),
                 )
 
     def _fix_timing_budget(self, run, asked_s: Optional[float]) -> Optional[float]:

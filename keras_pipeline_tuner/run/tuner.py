@@ -117,13 +117,13 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             "auto" (the default): within the smaller of 10 s and 5 % of the
             fit's time, a cap of its own; True: about 5 s; or seconds; False:
             off. The model is not touched; a shuffle or random ops are timed
-            on rebuilds with seeds of their own. A `tf.random.Generator`,
-            state changed, a generator read or Python called (unless
-            `allow_unverified`) is not run again, and its fix keeps its bound.
+            on rebuilds with seeds of their own; Python, a `tf.random.Generator`
+            or a PyDataset's `workers` in a forked copy of the process (Linux),
+            which leaves training's state as it was. A generator is not re-read.
         allow_unverified: with `measure_fixes`, the pipeline's Python functions
-            keep no state between calls: run them again to time the fixes,
-            also from several threads (a parallel map of a `tf.py_function`),
-            as `kpt.tune(allow_unverified=True)` does.
+            keep no state between calls: time the fixes in this process (no
+            fork), also from several threads (a parallel map of a
+            `tf.py_function`), as `kpt.tune(allow_unverified=True)` does.
         cost_budget_s: seconds the tuner's own work after training may take:
             the contention check runs only when it fits, and the report states
             what the work took (`report.tuner_cost`). `None` (the default): the
@@ -294,9 +294,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             run.notes.extend(timing.notes())
         with run.cost.part("profile conversion"):
             self._window.end_fit()
-        given = fit_input.find_fit_input(self.model)
-        dataset = given.source if given is not None and given.kind == fit_input.TF_DATASET else None
-        self._probes.run(run, model=self.model, dataset=dataset, traced_step=traced_step)
+        inputs = _probed_inputs(self.model)
+        self._probes.run(run, model=self.model, traced_step=traced_step, **inputs)
         self._in_fit, self._fit_thread = False, None
         run.finish()
         # Nothing the tuner keeps may keep the model alive after its fit.
@@ -505,3 +504,13 @@ def _announce(verbose: int, line: str) -> None:
     logger.info("keras-pipeline-tuner: %s", line)
     if verbose:
         terminal_summary.print_line(f"keras-pipeline-tuner: {line}")
+
+
+def _probed_inputs(model) -> dict:
+    """What fit read, as the probes take it: a tf.data `dataset` or a `py_dataset`."""
+    given = fit_input.find_fit_input(model)
+    kind = given.kind if given is not None else None
+    return {
+        "dataset": given.source if kind == fit_input.TF_DATASET else None,
+        "py_dataset": given.source if kind == fit_input.PY_DATASET else None,
+    }

@@ -31,6 +31,8 @@ from keras_pipeline_tuner.pipeline.lint.tf_data_rules import lint
 # In-memory sources above this are replaced by stand-ins when the graph is read:
 # copying them costs about 10 ms per MB here.
 MAX_IN_MEMORY_BYTES = 16 * 2**20
+# The workers advised to a PyDataset read by one (the fix timing times this).
+ADVISED_WORKERS = 4
 
 
 def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -> Findings:
@@ -127,7 +129,8 @@ def lint_py_dataset(py_dataset) -> Findings:
                 "and queues them (max_queue_size).",
                 f"class {name}(keras.utils.PyDataset):\n"
                 "    def __init__(self, ..., **kwargs):\n"
-                "        super().__init__(workers=4, use_multiprocessing=False, **kwargs)",
+                f"        super().__init__(workers={ADVISED_WORKERS}, use_multiprocessing=False, "
+                "**kwargs)",
             )
         )
     elif not multiprocessing:
