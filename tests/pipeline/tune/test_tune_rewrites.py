@@ -56,7 +56,7 @@ def test_element_wise_map_before_batch_is_vectorised_with_equal_elements():
     tuned, result = kpt.tune(dataset, budget_s=15, verbose=0)
 
     vectorize = outcome(result, "vectorize")
-    assert vectorize.status == "kept" and vectorize.applied
+    assert vectorize.status == "kept" and vectorize.applied, vectorize.reason
     assert vectorize.change == "batch(64).map(scale)"
     assert vectorize.elements_check.startswith("equal")
     assert elements(tuned) == elements(dataset)
