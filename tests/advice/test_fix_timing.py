@@ -146,21 +146,28 @@ def test_the_figures_reach_the_markdown_report_and_the_terminal():
     )
 
 
-def test_python_that_may_keep_state_is_timed_in_a_copy_of_the_process():
-    calls = []
+def counting_python(calls, tagged=False):
+    """A sleeping Python map with state of its own: it counts its calls in `calls`.
+
+    `tagged`: its output depends on how many calls came before it.
+    """
 
     def counted(x, y):
         def load(value):
-            # State of its own: a second run in training's process would move it.
             calls.append(1)
             time.sleep(SLEEP_S)
-            return value
+            return value + float(len(calls)) if tagged else value
 
         x = tf.py_function(load, [x], tf.float32)
         x.set_shape((FEATURES,))
         return x, y
 
-    dataset = cached_source(ELEMENTS).map(counted).batch(BATCH)
+    return counted
+
+
+def test_python_that_may_keep_state_is_timed_in_a_copy_of_the_process():
+    calls = []
+    dataset = cached_source(ELEMENTS).map(counting_python(calls)).batch(BATCH)
     tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=MEASURE_S)
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     parallel = tuner.report.recommendations[0]
@@ -175,20 +182,7 @@ def test_python_that_may_keep_state_is_timed_in_a_copy_of_the_process():
 
 
 def test_a_python_map_that_counts_its_calls_is_never_timed_in_parallel():
-    calls = []
-
-    def tag(x, y):
-        def load(value):
-            # Its output depends on how many calls came before it.
-            calls.append(1)
-            time.sleep(SLEEP_S)
-            return value + float(len(calls))
-
-        x = tf.py_function(load, [x], tf.float32)
-        x.set_shape((FEATURES,))
-        return x, y
-
-    dataset = cached_source(ELEMENTS).map(tag).batch(BATCH)
+    dataset = cached_source(ELEMENTS).map(counting_python([], tagged=True)).batch(BATCH)
     # Even with the user's word that the Python keeps no state: its second
     # pass gave other elements.
     tuner = kpt.PipelineTuner(
