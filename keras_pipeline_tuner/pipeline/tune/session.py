@@ -179,9 +179,6 @@ class TuningSession:
         self.budget.pass_estimate_s = self.plan.epochs * (
             epoch_s + batches * (self.plan.consumer_step_s or 0.0)
         )
-        if self.plan.num_batches is not None and batches:
-            # A pass of a few batches reads its untimed warm-up first.
-            self.budget.pass_estimate_s += self.plan.warmup_batches * epoch_s / batches
         return python
 
     def size_passes(self, comparisons: int) -> None:
