@@ -175,9 +175,8 @@ class TuningSession:
                 "only."
             )
         self.budget.epoch_s = epoch_s
-        batches = len(self.checks.reference)
         self.budget.pass_estimate_s = self.plan.epochs * (
-            epoch_s + batches * (self.plan.consumer_step_s or 0.0)
+            epoch_s + len(self.checks.reference) * (self.plan.consumer_step_s or 0.0)
         )
         return python
 
