@@ -313,7 +313,7 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
         timing = next((item for item in timings if item.matches(recommendation)), None)
         if timing is None:
             continue
-        gain = fix_timing.measured_gain(timing, run.bound)
+        gain = fix_timing.measured_gain(timing, run.bound, run.reuse)
         if gain is None:
             if recommendation.expected_gain.basis == NOT_READ_BACK:
                 # Not timed for the reason its gain already states.

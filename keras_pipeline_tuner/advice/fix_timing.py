@@ -99,6 +99,11 @@ _FORK_SLACK_S = 3.0
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
+# And no more than the budget can copy: a timing rebuilds the pipeline some
+# six times (its graph, the reference, the checks, the passes); 118 MB of
+# encoded images took 1.1-1.6 s a copy here and spent a 5.4 s cap before the
+# first timed pass.
+COPY_BYTES_PER_BUDGET_S = 12 * 2**20
 # Batches per timed epoch when epochs are cut short: fewer leaves the
 # iterator's start-up to dominate, more does not fit the budget.
 _MIN_BATCHES = 4
@@ -162,6 +167,8 @@ class FixTiming:
         isolated: timed in a forked copy of the process, because the pipeline
             keeps state (a Python function's, a random generator's) that a
             run in training's process would move on.
+        read_back_only: a cache timed on passes that read it back, filled
+            before them: the figures leave out the pass that fills it.
 
     Example:
 
@@ -185,6 +192,7 @@ class FixTiming:
     overlapped_before: bool = False
     overlapped_after: bool = False
     isolated: bool = False
+    read_back_only: bool = False
 
     @property
     def measured(self) -> bool:
@@ -289,7 +297,7 @@ def time_fixes(
     ```
     """
     pipeline, candidates, skipped, untouchable, isolated = _candidates(
-        dataset, allow_unverified
+        dataset, allow_unverified, budget_s
     )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
@@ -309,18 +317,23 @@ def time_fixes(
         distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
     if not distinct:
         return timings
-    rewrites = [rewrite for rewrite, _ in distinct.values()]
+    # Caches first: where the data repeats a cache removes its stage's whole
+    # cost after the first pass, which no other change to the stage can beat,
+    # and its passes read memory, so it costs the budget least. A budget
+    # that runs out leaves the later fixes untimed.
+    order = sorted(distinct.values(), key=lambda item: item[0].kind != CACHE)
+    rewrites = [rewrite for rewrite, _ in order]
     try:
         timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
     except (ValueError, ForkedCallError) as limit:
         # An epoch too long for the budget (an expected limit), or a copy of
         # the process that did not answer: said per fix.
         status = tune_results.NOT_MEASURED if isinstance(limit, ValueError) else tune_results.FAILED
-        for _, found in distinct.values():
+        for _, found in order:
             for timing in found:
                 timing.status, timing.reason = status, str(limit)
         return timings
-    for (rewrite, found), item in zip(distinct.values(), timed):
+    for (rewrite, found), item in zip(order, timed):
         for timing in found:
             _record(timing, rewrite, item, epochs)
     return timings
@@ -354,16 +367,17 @@ def copy_timeout_s(budget_s: float) -> float:
     return _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S
 
 
-def _candidates(dataset, allow_unverified: bool):
+def _candidates(dataset, allow_unverified: bool, budget_s: float):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
     whether to time them in a copy of the process)`."""
     held = in_memory_bytes(dataset)
-    if held > MAX_IN_MEMORY_BYTES:
+    limit = min(MAX_IN_MEMORY_BYTES, budget_s * COPY_BYTES_PER_BUDGET_S)
+    if held > limit:
         # Rebuilding the pipeline from its graph copies the arrays it holds.
         untouchable = (
             f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
-            f"rebuilding it to time the change would copy (more than "
-            f"{MAX_IN_MEMORY_BYTES / 1e6:,.0f} MB)"
+            f"rebuilding it to time the change would copy several times (more than "
+            f"{limit / 1e6:,.0f} MB within {budget_s:g} s of measure_fixes)"
         )
         return None, [], [], untouchable, False
     pipeline = read_pipeline(dataset)
@@ -402,7 +416,9 @@ def _wanted(
     return timings, wanted
 
 
-def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[ExpectedGain]:
+def measured_gain(
+    timing: FixTiming, bound: Optional[ExpectedGain], reuse: Optional[DataReuse] = None
+) -> Optional[ExpectedGain]:
     """The step gain a timed fix predicts, by the rule in this module's docstring.
 
     Args:
@@ -410,6 +426,9 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
         bound: the run's bound (`free_input_gain`, or the what-if replay's):
             its `step_ms` is the step time now, its `step_ms_after` the
             compute time a step cannot go below.
+        reuse: the fit's `DataReuse`: a cache timed on its read-back passes
+            only (`read_back_only`) gains over the fit what those passes gain
+            after its first pass, which fills it at today's speed.
 
     Returns:
         An `ExpectedGain` with basis "measured" whose `likely_speedup` (and
@@ -455,6 +474,9 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
         )
     elif bound.speedup is not None:
         statement += f" (The bound, steps as fast as their compute: {bound.speedup:.2f}x.)"
+    if timing.read_back_only:
+        likely, filling = _with_fill(likely, reuse)
+        statement += filling
     return ExpectedGain(
         speedup=likely,
         step_ms=bound.step_ms,
@@ -462,6 +484,18 @@ def measured_gain(timing: FixTiming, bound: Optional[ExpectedGain]) -> Optional[
         basis=MEASURED,
         statement=statement,
         likely_speedup=likely,
+    )
+
+
+def _with_fill(steady: float, reuse: Optional[DataReuse]) -> Tuple[float, str]:
+    """A cache's read-back gain over the fit, its first pass at today's speed, and the words."""
+    said = " That is the gain of the passes that read the cache back"
+    if reuse is None or reuse.repeats is None or reuse.passes is None:
+        return steady, said + "; how many passes this fit makes is not known."
+    likely = reuse.fit_speedup(steady)
+    return likely, (
+        f"{said}; over the fit's {reuse.passes:.1f} passes, the first at today's speed "
+        f"to fill it: {likely:.2f}x faster."
     )
 
 
@@ -569,9 +603,10 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
 
     A cache pays off from the second epoch: two whole epochs per pass when
     they fit the budget. Otherwise passes of a few batches, as many as fit,
-    which time the steady state: `kpt.tune`'s machinery fills a cache by one
-    whole untimed epoch before them, so a cache is timed when such an epoch
-    fits the budget too.
+    which time the steady state: `kpt.tune`'s machinery fills a cache before
+    them with the elements they read (`CacheScratch.partial`), a few batches'
+    worth, when the dataset's length is known, and else with a whole epoch,
+    which must then fit the budget too.
     """
     distinct = {(rewrite.kind, rewrite.node) for _, rewrite in wanted}
     # The pipeline alone is at most as slow as the steps that wait for it.
@@ -582,20 +617,20 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
         whole_epochs = _SETUP_EPOCHS + len(distinct) * (1 + 2 * _PASSES_PER_FIX)
         if cardinality * batch_s * whole_epochs <= _BUDGET_SHARE * budget_s:
             return 2, None, None
-    fixes = max(sum(1 for kind, _ in distinct if kind != CACHE), 1)
-    epochs = _SETUP_EPOCHS + fixes * (1 + _PASSES_PER_FIX)
+    # A cache's fill reads about one pass more.
+    caches = sum(1 for kind, _ in distinct if kind == CACHE)
+    epochs = _SETUP_EPOCHS + len(distinct) * (1 + _PASSES_PER_FIX) + caches
     # Every timed pass reads its untimed warm-up first (`time_rewrites`).
-    warmups = fixes * _PASSES_PER_FIX * WARMUP_BATCHES
+    warmups = len(distinct) * _PASSES_PER_FIX * WARMUP_BATCHES
     num_batches = int((_BUDGET_SHARE * budget_s / batch_s - warmups) / epochs)
     num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
     if cardinality > 0:
         num_batches = min(num_batches, cardinality)
-    if caching and cardinality > 0 and cardinality * batch_s <= _BUDGET_SHARE * budget_s / 4:
-        # An epoch that fills the cache before the passes, for each of them.
+    if not caching or cardinality > 0:
         return 1, num_batches, None
     cache_reason = (
-        f"a cache pays off from the second epoch, and filling it takes a whole epoch, "
-        f"too long for the {budget_s:g} s of measure_fixes"
+        "a cache pays off from the second epoch, and the dataset's length is not known, so "
+        f"filling it takes a whole epoch, too long for the {budget_s:g} s of measure_fixes"
     )
     return 1, num_batches, cache_reason
 
@@ -615,6 +650,9 @@ def _record(timing: FixTiming, rewrite, item, epochs: int) -> None:
     timing.batch_ms_after = timing.batch_ms_before * outcome.ratio
     timing.rounds = outcome.rounds
     timing.batches = item.batches
+    # Passes of a few batches read a cache filled before them: the fit's
+    # first pass, which fills it, is counted in `measured_gain`.
+    timing.read_back_only = rewrite.kind == CACHE and epochs == 1
 
 
 def _step_ms(compute: float, batch: float, overlapped: bool) -> float:

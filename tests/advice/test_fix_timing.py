@@ -7,6 +7,7 @@ calls do not help). Only the timing of the change can tell them apart: their
 bounds are alike.
 """
 
+import dataclasses
 import io
 import logging
 import time
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
@@ -263,6 +265,20 @@ def test_the_gain_never_exceeds_the_measured_bound():
     assert "Capped at the measured bound" in gain.statement
 
 
+def test_a_cache_timed_on_its_read_back_counts_the_fit_s_filling_pass():
+    bound = ExpectedGain(speedup=5.0, step_ms=50.0, step_ms_after=10.0)
+    timing = dataclasses.replace(_timing(40.0, 0.0001, False, False), read_back_only=True)
+    # 50 ms a step as written, 10 ms reading the cache back: 5x on those passes.
+    # Four passes, the first filling the cache at today's speed: 200 / 80 ms.
+    gain = fix_timing.measured_gain(timing, bound, DataReuse(96, 24))
+    assert gain.likely_speedup == pytest.approx(200 / 80, rel=1e-3)
+    assert "over the fit's 4.0 passes, the first at today's speed" in gain.statement
+    # A fit of unknown length: the read-back figure, said to be that.
+    unknown = fix_timing.measured_gain(timing, bound, None)
+    assert unknown.likely_speedup == pytest.approx(5.0, rel=1e-3)
+    assert "how many passes this fit makes is not known" in unknown.statement
+
+
 def test_an_untimed_fix_has_no_measured_gain():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
     untimed = fix_timing.FixTiming("sequential-map", "map(f)", None, "", "not measured", "x")
@@ -341,6 +357,21 @@ def test_a_cache_is_timed_in_steady_state_when_filling_it_fits_the_budget():
     # Read from memory, a batch costs a small part of the 40 ms it took.
     assert timed.batch_ms_after < timed.batch_ms_before / 4
 
+
+
+def test_a_cache_whose_epoch_outlasts_the_budget_is_timed_on_the_elements_its_passes_read():
+    # 96 batches of 40 ms: an epoch of about 4 s, most of the budget, which
+    # a whole-epoch fill may not take; a cache of the few batches a pass reads
+    # fills in a fraction of a second.
+    x = np.linspace(0, 1, 4 * 96 * 8, dtype=np.float32).reshape(4 * 96, 8)
+    source = tf.data.Dataset.from_tensor_slices((x, np.zeros(4 * 96, np.float32)))
+    dataset = source.map(sleep_in_python).batch(BATCH)
+    timings = fix_timing.time_fixes(
+        dataset, [_cache_advice(dataset)], _stats_40ms(), 5.0, allow_unverified=True
+    )
+    timed = {timing.recommendation: timing for timing in timings}["cache-missing"]
+    assert timed.measured and timed.read_back_only, timed.reason
+    assert timed.batch_ms_after < timed.batch_ms_before / 4
 
 # Ranking with timed fixes, on hand-built evidence.
 
@@ -447,6 +478,26 @@ def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
     (timing,) = fix_timing.time_fixes(dataset, [advised], stats, 3.0, allow_unverified=True)
     assert not timing.measured
     assert "MB of in-memory arrays" in timing.reason
+
+
+def test_a_pipeline_holding_more_arrays_than_the_budget_can_copy_is_not_rebuilt():
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+
+    # 4 MB of arrays; a budget of 0.2 s copies about 2.5 MB.
+    x = np.zeros((1024, 1024), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, 0])).map(sleep_in_python).batch(BATCH)
+    advised = Recommendation(
+        id="sequential-map",
+        title="Parallelise",
+        severity="warning",
+        stage="map(sleep_in_python)",
+        stage_node="MapDataset/_3",
+    )
+    began = time.perf_counter()
+    (timing,) = fix_timing.time_fixes(dataset, [advised], _stats_40ms(), 0.2)
+    assert not timing.measured
+    assert "MB of in-memory arrays" in timing.reason and "within 0.2 s" in timing.reason
+    assert time.perf_counter() - began < 2.0
 
 
 class CountedBatches(keras.utils.PyDataset):

@@ -48,10 +48,10 @@ def test_a_short_fit_times_no_fix_and_says_why_and_false_times_nothing():
     assert not any("advised fixes were not timed" in note for note in off.notes)
 
 
-# A fit of some 35 s: CI's slow pass.
+# A fit of some 50 s (a cap of about 2.5 s): CI's slow pass.
 @pytest.mark.slow
 def test_a_long_fit_gets_its_top_fix_measured_within_the_cap():
-    report = fit(1800)
+    report = fit(2400)
     top = report.recommendations[0]
     cost = report.tuner_cost
     assert top.expected_gain.likely_speedup is not None, top.expected_gain.statement

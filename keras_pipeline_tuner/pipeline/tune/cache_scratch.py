@@ -6,15 +6,18 @@ goes to `cache_path`, or is not tried. In a random pipeline, the cache's input
 must give the same elements from one pass to the next, or the cache would
 freeze them. Every timed pass writes its own cache file, as a new run would,
 in a scratch directory removed when the session ends; and passes of a few
-batches read a cache filled beforehand by one whole, untimed epoch.
+batches read a cache filled beforehand by one untimed epoch: of the elements
+they read, where both cardinalities give how many (`partial`), else a whole one.
 """
 
 import dataclasses
+import math
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from typing import Dict
 from typing import List
 from typing import Optional
 from typing import Tuple
@@ -27,6 +30,8 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
 
 # Share of the available memory a cache may take: training needs the rest.
 _CACHE_MEMORY_SHARE = 0.25
+# Elements read to size a cache of known length whose elements' shapes vary.
+_SAMPLED_ELEMENTS = 4
 
 
 class FillTooLong(Exception):
@@ -65,6 +70,8 @@ class CacheScratch:
         self.cache_memory_bytes = cache_memory_bytes
         self._scratch: Optional[str] = None
         self.fill_s: List[float] = []
+        # Elements at each cache point in one epoch, where tf.data knows them.
+        self._elements: Dict[str, int] = {}
 
     def close(self) -> None:
         """Removes the cache files the timed passes wrote."""
@@ -83,13 +90,20 @@ class CacheScratch:
         limit = self.cache_memory_bytes or _default_cache_memory()
         prefix = rebuild(cut, spec, self.dataset)
         count = int(prefix.cardinality())
+        if count > 0:
+            self._elements[rewrite.node] = count
         stage_bytes = _static_bytes(spec)
         if count >= 0 and stage_bytes is not None:
             total, complete = count * stage_bytes, True
         else:
             seconds = max(0.0, (self.budget.deadline - time.perf_counter()) * EPOCH_BUDGET_SHARE)
             self.budget.epochs_run += 1
-            total, complete = _scan_bytes(prefix, limit, seconds)
+            most = _SAMPLED_ELEMENTS if count > 0 else None
+            total, complete, read = _scan_bytes(prefix, limit, seconds, most)
+            if not complete and read and count > 0 and total <= limit:
+                # A known length: the first elements stand for the rest
+                # (a batch's rows, say, whose count only the last changes).
+                total, complete = total * count // read, True
             if not complete and total <= limit:
                 return (
                     "its size could not be known within the time budget (the number of "
@@ -125,39 +139,72 @@ class CacheScratch:
             self._scratch = tempfile.mkdtemp(prefix="kpt-cache-")
         return dataclasses.replace(rewrite, filename=os.path.join(self._scratch, uuid.uuid4().hex))
 
-    def fill(self, dataset) -> None:
+    def partial(self, rewrite, batches: int):
+        """The cache rewrite for passes of `batches` batches: it caches what they read.
+
+        Passes of a few batches read the cache's first elements only, and a
+        cache of those is read back at the rate of a whole one: filling it
+        then costs those batches, not a whole epoch. The elements the cache
+        point gives per batch come from both cardinalities; where either is
+        not known, the rewrite is returned as it is (a whole epoch fills it).
+        """
+        elements = self._elements.get(rewrite.node)
+        total = int(self.dataset.cardinality())
+        if rewrite.kind != CACHE or elements is None or total <= 0:
+            return rewrite
+        per_batch = math.ceil(elements / total)
+        # One batch more than the pass reads: its iterator never runs out.
+        wanted = per_batch * (batches + 1)
+        return dataclasses.replace(rewrite, fill_elements=wanted) if wanted < elements else rewrite
+
+    def fill(self, dataset, partial: bool = False) -> None:
         """Runs one whole epoch of `dataset`, so that its cache is complete.
+
+        Args:
+            dataset: the dataset whose cache to fill.
+            partial: its cache holds the few batches a pass reads (see
+                `partial`), which may take what is left of the budget;
+                a whole epoch may take `EPOCH_BUDGET_SHARE` of it.
 
         Raises:
             FillTooLong: if the epoch takes more of the budget than is left for it.
         """
-        limit_s = max(0.0, self.budget.deadline - time.perf_counter()) * EPOCH_BUDGET_SHARE
+        left_s = max(0.0, self.budget.deadline - time.perf_counter())
+        limit_s = left_s if partial else left_s * EPOCH_BUDGET_SHARE
         self.budget.epochs_run += 1
         began = time.perf_counter()
+        what = "the elements a timed pass reads" if partial else "a whole epoch"
         for _ in dataset:
             if time.perf_counter() - began > limit_s:
                 raise FillTooLong(
-                    f"filling the cache takes a whole epoch, longer than the {limit_s:.1f} s "
+                    f"filling the cache takes {what}, longer than the {limit_s:.1f} s "
                     "the budget leaves for it; pass a larger budget_s"
                 )
         self.fill_s.append(time.perf_counter() - began)
 
 
-def _scan_bytes(dataset, limit: int, seconds: float) -> Tuple[int, bool]:
-    """Bytes of a dataset's elements: (total so far, whether the scan ended)."""
+def _scan_bytes(
+    dataset, limit: int, seconds: float, most: Optional[int] = None
+) -> Tuple[int, bool, int]:
+    """Bytes of a dataset's elements: (total so far, whether the scan ended, elements read).
+
+    The scan stops past `limit` bytes, `seconds`, or `most` elements.
+    """
     tf = tensorflow()
     began = time.perf_counter()
     total = 0
+    read = 0
     for element in dataset:
+        read += 1
         for tensor in tf.nest.flatten(element, expand_composites=True):
             array = tensor.numpy()
             if array.dtype == object:
                 total += sum(len(item) for item in array.ravel())
             else:
                 total += array.nbytes
-        if total > limit or time.perf_counter() - began > seconds:
-            return total, False
-    return total, True
+        if total > limit or time.perf_counter() - began > seconds or read == most:
+            return total, False, read
+    return total, True, read
 
 
 def _static_bytes(spec) -> Optional[int]:

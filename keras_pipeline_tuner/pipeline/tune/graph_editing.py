@@ -199,6 +199,12 @@ class GraphEditor:
                 "buffer_size_min": ("i", 0),
             })
         elif rewrite.kind == CACHE:
+            if rewrite.fill_elements is not None:
+                # A timed pass's cache of the first elements: read back at
+                # the rate of a whole one, filled in a few batches.
+                node = self._insert_after(
+                    node, "TakeDataset", [self._int64(rewrite.fill_elements)], {}
+                )
             filename = self._string(rewrite.filename or "")
             self._insert_after(node, "CacheDatasetV2", [filename, self._memory_cache()], {})
         elif rewrite.kind == VECTORIZE:
@@ -346,7 +352,8 @@ class GraphEditor:
         del node.input[:]
         node.input.extend(data + names + control)
 
-    def _insert_after(self, upstream, op: str, extra_inputs: List[str], attrs) -> None:
+    def _insert_after(self, upstream, op: str, extra_inputs: List[str], attrs):
+        """Puts a new node `op` between `upstream` and the stage it fed; returns it."""
         tf = tensorflow()
         types, shapes = _output_signature(upstream)
         node = tf.compat.v1.NodeDef(name=self._unique(op), op=op)
@@ -361,7 +368,7 @@ class GraphEditor:
         for consumer in self.graph_def.node:
             if consumer.input and consumer.input[0] == upstream.name:
                 consumer.input[0] = node.name
-        self._add(node)
+        return self._add(node)
 
     def _memory_cache(self) -> str:
         tf = tensorflow()
@@ -399,10 +406,11 @@ class GraphEditor:
             if name not in self._by_name:
                 return name
 
-    def _add(self, node) -> None:
+    def _add(self, node):
         self.graph_def.node.append(node)
         # The proto copies the node on append; index the copy, which later edits change.
         self._by_name[node.name] = self.graph_def.node[-1]
+        return self.graph_def.node[-1]
 
 
 def _is_seed_generator(const) -> bool:

@@ -91,6 +91,9 @@ class Rewrite:
         unverified: why the rewrite's elements cannot be proven equal to the
             original's by comparing them (e.g. a Python function that may keep
             state, called from several threads), or `None`.
+        fill_elements: for "cache", in a timed pass only: cache the first
+            this many elements (a `take` before the cache), so that filling it
+            costs a few batches, not an epoch; `None` for all of them.
     """
 
     kind: str
@@ -104,6 +107,7 @@ class Rewrite:
     batch_node: Optional[str] = None
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)
     unverified: Optional[str] = None
+    fill_elements: Optional[int] = None
 
 
 @dataclasses.dataclass

@@ -384,14 +384,17 @@ class TuningSession:
         `num_batches` batches never finish an epoch of a long dataset, so a
         cache would never be read in them: they stand for training's steady
         state instead, and a dataset with a cache is built once, its cache
-        filled by one whole untimed epoch, and read by every pass.
+        filled by one untimed epoch, and read by every pass: an epoch of the
+        elements a pass reads (`CacheScratch.partial`), or else a whole one.
         """
         if self.plan.num_batches is None or not any(
             rewrite.kind == CACHE for rewrite in rewrites
         ):
             return lambda: self.build(rewrites)
-        dataset = self.build(rewrites)
-        self.scratch.fill(dataset)
+        batches = self.plan.warmup_batches + self.plan.epochs * self.plan.num_batches
+        timed = [self.scratch.partial(rewrite, batches) for rewrite in rewrites]
+        dataset = self.build(timed)
+        self.scratch.fill(dataset, partial=timed != list(rewrites))
         return lambda: dataset
 
     def side_by_side(self, factories, rounds: int, deadline: Optional[float], settled=None):

@@ -1,5 +1,6 @@
 """Graph rewrites of real tf.data pipelines: where they apply, and what they build."""
 
+import dataclasses
 import gc
 import time
 
@@ -211,6 +212,27 @@ def test_inserted_cache_serves_the_second_epoch_from_memory_and_rebuilds_start_e
     second = rebuild(graph_def, dataset.element_spec, dataset)
     assert elements(second) == [0, 2, 4, 6]
     assert len(calls) == 8
+
+
+def test_a_timed_pass_s_cache_of_its_first_elements_is_filled_by_reading_those_only():
+    calls = []
+
+    def generate():
+        for i in range(10):
+            calls.append(i)
+            yield i
+
+    dataset = tf.data.Dataset.from_generator(
+        generate, output_signature=tf.TensorSpec((), tf.int64)
+    ).map(py_double)
+    candidates, _, _ = planned(dataset)
+    partial = dataclasses.replace(candidates[rewrite.CACHE], fill_elements=3)
+    timed = rebuilt(dataset, [partial])
+    assert elements(timed) == [0, 2, 4]
+    assert len(calls) == 3
+    # Read back from memory: the source is not read again.
+    assert elements(timed) == [0, 2, 4]
+    assert len(calls) == 3
 
 
 def test_cache_on_a_file(tmp_path):
