@@ -308,20 +308,9 @@ def time_fixes(
         timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
         timing.isolated = isolated
     epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s)
-    # One timing per distinct rewrite, however many recommendations name it.
-    distinct = {}
-    for timing, rewrite in wanted:
-        if cache_reason is not None and rewrite.kind == CACHE:
-            timing.status, timing.reason = tune_results.NOT_MEASURED, cache_reason
-            continue
-        distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
-    if not distinct:
+    order = _timing_order(wanted, cache_reason)
+    if not order:
         return timings
-    # Caches first: where the data repeats a cache removes its stage's whole
-    # cost after the first pass, which no other change to the stage can beat,
-    # and its passes read memory, so it costs the budget least. A budget
-    # that runs out leaves the later fixes untimed.
-    order = sorted(distinct.values(), key=lambda item: item[0].kind != CACHE)
     rewrites = [rewrite for rewrite, _ in order]
     try:
         timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
@@ -337,6 +326,24 @@ def time_fixes(
         for timing in found:
             _record(timing, rewrite, item, epochs)
     return timings
+
+
+def _timing_order(wanted, cache_reason: Optional[str]):
+    """`(rewrite, its timings)` per distinct rewrite, however many fixes name it, in timing order.
+
+    Caches first: where the data repeats a cache removes its stage's whole
+    cost after the first pass, which no other change to the stage can beat,
+    and its passes read memory, so it costs the budget least. A budget that
+    runs out leaves the later fixes untimed. A cache that cannot be timed
+    (`cache_reason`) is said so and left out.
+    """
+    distinct = {}
+    for timing, rewrite in wanted:
+        if cache_reason is not None and rewrite.kind == CACHE:
+            timing.status, timing.reason = tune_results.NOT_MEASURED, cache_reason
+            continue
+        distinct.setdefault((rewrite.kind, rewrite.node), (rewrite, []))[1].append(timing)
+    return sorted(distinct.values(), key=lambda item: item[0].kind != CACHE)
 
 
 def _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated):
