@@ -107,6 +107,6 @@ def sized_plan(
         )
     note = (
         f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed ones "
-        "(a cache was filled first by one whole epoch)."
+        "(a cache was filled first, untimed, with the elements the passes read)."
     )
     return sized, note

@@ -89,7 +89,7 @@ class TuneResult:
     is `epochs` epochs of at most `batches_per_epoch` batches, each followed by
     a simulated training step of `consumer_step_s` seconds. Passes of
     `batches_per_epoch` batches time the steady state: a cache in them is
-    filled first by one whole untimed epoch (said in `notes`).
+    filled first, untimed, with the elements the passes read (said in `notes`).
 
     Attributes:
         original_s: seconds per pass of the original pipeline.

@@ -220,7 +220,8 @@ class Search:
         if session.scratch.fill_s and kept and any(r.kind == CACHE for r in kept):
             session.notes.append(
                 f"Passes of {session.plan.num_batches} batches time the steady state: the cache "
-                f"was filled first by one whole, untimed epoch (median "
+                f"was filled first, untimed, with the elements the passes read (a whole epoch "
+                f"where the dataset's length is not known; median "
                 f"{statistics.median(session.scratch.fill_s):.2f} s), as training's first epoch "
                 "fills it."
             )

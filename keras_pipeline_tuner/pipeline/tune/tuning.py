@@ -70,7 +70,8 @@ def tune(
         epochs: epochs per timed pass; a cache pays off from the second.
         num_batches: batches per epoch; `None` for whole epochs. Required for infinite datasets
             (pass your `steps_per_epoch`). Such passes time the steady state: a cache is filled
-            by one whole untimed epoch before them, as training's first epoch fills it.
+            before them, untimed, with the elements they read (a whole epoch where the
+            dataset's length is not known), as training's first epoch fills it.
         cache_path: a file path prefix where a cache too big for memory may be written; `None`
             caches only in memory.
         cache_memory_bytes: the most memory a cache may take; defaults to a quarter of the
