@@ -457,23 +457,29 @@ def test_fixes_timed_at_one_stage_lead_by_their_figures():
     assert top.also == ["cache-missing"]
 
 
-def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
-    import numpy as np
-
+def _parallel_map_advice():
+    """The parallel-map advice for the first map of the pipelines below."""
     from keras_pipeline_tuner.advice.recommendation import Recommendation
-    from keras_pipeline_tuner.timing.step_stats import StepStats
 
-    # The limit lowered below this pipeline's 3 kB of arrays, rather than
-    # hundreds of megabytes allocated for the test.
-    monkeypatch.setattr(fix_timing, "MAX_IN_MEMORY_BYTES", 1000)
-    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
-    advised = Recommendation(
+    return Recommendation(
         id="sequential-map",
         title="Parallelise",
         severity="warning",
         stage="map(sleep_in_python)",
         stage_node="MapDataset/_3",
     )
+
+
+def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
+    import numpy as np
+
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    # The limit lowered below this pipeline's 3 kB of arrays, rather than
+    # hundreds of megabytes allocated for the test.
+    monkeypatch.setattr(fix_timing, "MAX_IN_MEMORY_BYTES", 1000)
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    advised = _parallel_map_advice()
     stats = StepStats.from_arrays(np.full(20, 0.04), np.full(20, 0.001))
     (timing,) = fix_timing.time_fixes(dataset, [advised], stats, 3.0, allow_unverified=True)
     assert not timing.measured
@@ -481,18 +487,10 @@ def test_a_pipeline_holding_large_arrays_is_not_rebuilt(monkeypatch):
 
 
 def test_a_pipeline_holding_more_arrays_than_the_budget_can_copy_is_not_rebuilt():
-    from keras_pipeline_tuner.advice.recommendation import Recommendation
-
     # 4 MB of arrays; a budget of 0.2 s copies about 2.5 MB.
     x = np.zeros((1024, 1024), np.float32)
     dataset = tf.data.Dataset.from_tensor_slices((x, x[:, 0])).map(sleep_in_python).batch(BATCH)
-    advised = Recommendation(
-        id="sequential-map",
-        title="Parallelise",
-        severity="warning",
-        stage="map(sleep_in_python)",
-        stage_node="MapDataset/_3",
-    )
+    advised = _parallel_map_advice()
     began = time.perf_counter()
     (timing,) = fix_timing.time_fixes(dataset, [advised], _stats_40ms(), 0.2)
     assert not timing.measured

@@ -193,17 +193,22 @@ def test_random_first_means_no_cache():
     assert point is None and "freeze" in reason
 
 
-def test_inserted_cache_serves_the_second_epoch_from_memory_and_rebuilds_start_empty():
-    calls = []
+def counted_source(count: int, calls: list):
+    """`range(count)` from a generator that notes each element it makes, then doubled."""
 
     def generate():
-        for i in range(4):
+        for i in range(count):
             calls.append(i)
             yield i
 
-    dataset = tf.data.Dataset.from_generator(
+    return tf.data.Dataset.from_generator(
         generate, output_signature=tf.TensorSpec((), tf.int64)
     ).map(py_double)
+
+
+def test_inserted_cache_serves_the_second_epoch_from_memory_and_rebuilds_start_empty():
+    calls = []
+    dataset = counted_source(4, calls)
     candidates, _, _ = planned(dataset)
     graph_def = apply_rewrites(graph_def_of(dataset), [candidates[rewrite.CACHE]])
     first = rebuild(graph_def, dataset.element_spec, dataset)
@@ -216,15 +221,7 @@ def test_inserted_cache_serves_the_second_epoch_from_memory_and_rebuilds_start_e
 
 def test_a_timed_pass_s_cache_of_its_first_elements_is_filled_by_reading_those_only():
     calls = []
-
-    def generate():
-        for i in range(10):
-            calls.append(i)
-            yield i
-
-    dataset = tf.data.Dataset.from_generator(
-        generate, output_signature=tf.TensorSpec((), tf.int64)
-    ).map(py_double)
+    dataset = counted_source(10, calls)
     candidates, _, _ = planned(dataset)
     partial = dataclasses.replace(candidates[rewrite.CACHE], fill_elements=3)
     timed = rebuilt(dataset, [partial])
