@@ -172,7 +172,10 @@ def _top_gain_timed_in_a_copy(data, recommendation_id):
     tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=MEASURE_S)
     tiny_model().fit(data, epochs=1, callbacks=[tuner], verbose=0)
     top = tuner.report.recommendations[0]
-    assert top.id == recommendation_id
+    assert top.id == recommendation_id, [
+        (item.id, item.expected_gain and item.expected_gain.statement)
+        for item in tuner.report.recommendations
+    ]
     gain = top.expected_gain
     assert gain.basis == "measured", gain.statement
     assert "in a copy of the process" in gain.statement
