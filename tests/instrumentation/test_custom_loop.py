@@ -690,7 +690,9 @@ def test_instrument_is_public_and_lazy():
 def test_profiler_window_in_a_custom_loop_names_the_slow_source(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
     step = tuner.instrument(tf.function(train_step_for(tiny_model())))
-    for x, y in tuner.iterate(slow_source(12, 0.02).batch(1)):
+    # 100 ms of sleep a batch: a tiny step traced under the profiler on a busy
+    # machine can take tens of ms, and the wait must dominate it whatever the load.
+    for x, y in tuner.iterate(slow_source(12, 0.1).batch(1)):
         step(x, y)
     report = tuner.close()
     evidence = report.profile
