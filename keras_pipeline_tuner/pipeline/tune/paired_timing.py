@@ -5,9 +5,8 @@ for reasons that have nothing to do with the pipeline. Two pipelines are only
 compared fairly when they are timed alternately in the same run (each round in
 a different order, so neither always runs first), with Python's garbage
 collector off while a pass runs (a full collection with TensorFlow loaded takes
-hundreds of milliseconds at random moments) and the objects alive before the
-rounds frozen out of the collections between them, and judged by the median of
-the per-round ratios.
+hundreds of milliseconds at random moments) and only the young generations
+collected between rounds, and judged by the median of the per-round ratios.
 """
 
 import dataclasses
@@ -26,6 +25,8 @@ from typing import Sequence
 # than the noise of this machine: a tenth, rarely a fifth, between passes).
 CLEAR_ROUNDS = 3
 CLEAR_RATIO = 1.25
+# Collected between rounds: generations 0 and 1, never the oldest (see `side_by_side`).
+YOUNG_GENERATIONS = 1
 
 
 class OutOfTime(RuntimeError):
@@ -168,20 +169,17 @@ def side_by_side(
     names = list(factories)
     times: Dict[str, List[float]] = {name: [] for name in names}
     enabled = gc.isenabled()
-    # After one full collection, everything alive moves to the permanent
-    # generation: the collection before each round then scans only what the
-    # rounds made, not a training script's whole heap (a second or more of
-    # wall time per round in a large process on a busy machine). Left alone
-    # when the process froze objects of its own.
-    freeze = gc.get_freeze_count() == 0
-    if freeze:
-        gc.collect()
-        gc.freeze()
     try:
         for index in range(rounds):
             if index and deadline is not None and time.perf_counter() > deadline:
                 break
-            gc.collect()
+            # What the passes made (their iterators, their threads) is young:
+            # with the collector off during a round nothing of it is promoted,
+            # so collecting the two young generations frees it. A full
+            # collection would also scan the rest of the process's heap and run
+            # the finalisers of whatever garbage it holds: in a process that had
+            # run many fits, one took 60 s, a whole budget, on a busy machine.
+            gc.collect(YOUNG_GENERATIONS)
             gc.disable()
             shift = index % len(names)
             try:
@@ -201,8 +199,6 @@ def side_by_side(
             if settled is not None and settled(times):
                 break
     finally:
-        if freeze:
-            gc.unfreeze()
         if enabled:
             gc.enable()
     return times
