@@ -106,7 +106,6 @@ def sized_plan(
             f"first read may take ({REFERENCE_SHARE:.0%} of the budget)"
         )
     note = (
-        f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed ones "
-        "(a cache was filled first, untimed, with the elements the passes read)."
+        f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed ones."
     )
     return sized, note
