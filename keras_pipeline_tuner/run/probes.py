@@ -35,6 +35,10 @@ from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
+# Where the wait decides the verdict, the contention check runs only for the
+# advised fixes' floor, within this share of the fix timing's cap.
+FIX_FLOOR_SHARE = 0.25
+
 LOOP_HAS_NO_STEP = (
     "it replays the model's compiled train step, which a custom training loop does not "
     "hand the tuner; call kpt.what_if(model, dataset) after the loop"
@@ -94,7 +98,7 @@ class AfterTraining:
                 rather than trace the step again; `None` traces its own.
             py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
         """
-        self._replay(run, model, traced_step)
+        self._replay(run, model, traced_step, self._fixes_due(run, dataset, py_dataset))
         self._grain_stages(run)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
@@ -103,7 +107,7 @@ class AfterTraining:
 
     # The replay: what_if, or the contention check.
 
-    def _replay(self, run, model, traced_step) -> None:
+    def _replay(self, run, model, traced_step, fixes_due: bool) -> None:
         steps = self.settings.what_if_steps
         if steps:
             reason = self._replay_blocker(run, model)
@@ -124,47 +128,58 @@ class AfterTraining:
         if model is None and self.settings.check_contention:
             run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
         elif self._contention_check_due(run, model):
-            self._contention_check(run, model, traced_step)
+            self._contention_check(run, model, traced_step, fixes_due)
 
-    def _contention_check(self, run, model, traced_step) -> None:
-        """The contention check, when the wait does not decide and it fits the budget."""
+    def _contention_check(self, run, model, traced_step, fixes_due: bool) -> None:
+        """The contention check, when it may change the verdict or bound the fixes' figures.
+
+        Where the wait decides the verdict, the check still runs when the advised
+        fixes are timed after it: their figures are capped at steps as fast as
+        the step's compute, and the compute measured in training includes what
+        the pipeline's threads (a map holding the GIL) took from it. The
+        replayed step, with the pipeline stopped, is that floor measured.
+        """
         skipped = "The contention check did not run: "
         judgement = run.judgement()
         step_ms = run.clock.stats(TRAIN).step.mean_ms
-        if verdict.wait_decides(judgement, step_ms):
+        for_fixes = verdict.wait_decides(judgement, step_ms)
+        if for_fixes and not fixes_due:
             run.notes.append(
                 skipped + f"the wait alone decides ({judgement.wait_fraction * 100:.1f} % of "
                 "steady-state step time at the fetch, beyond any fetch of a batch already in "
                 "memory); the check could only raise the input's share."
             )
             return
-        remaining_s = run.cost.remaining_s()
-        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
+        if for_fixes:
+            # Taken from the fix timing's own cap, whose figures it bounds.
+            cap_s = FIX_FLOOR_SHARE * self._fix_budget_s(run)
+            budget_s = cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
+        else:
+            budget_s = run.cost.remaining_s()
+            cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
             # fit's traced function, reused, is not traced again.
             _tracing_s(run.clock) if traced_step is None else 0.0,
             _fresh_iterator_s(run.clock),
-            remaining_s,
+            budget_s,
             cap_s,
         )
         if plan is None:
-            run.notes.append(
-                skipped + f"even its shortest form would take about {smallest_s:.1f} s, more "
-                f"than its cap ({cap_s:.1f} s, the larger of "
-                f"{what_if_replay.CONTENTION_LEAST_S:g} s and "
-                f"{what_if_replay.CONTENTION_FIT_SHARE * 100:g} % of the fit) or its share of "
-                f"what was left of the tuner's budget ({remaining_s:.1f} s; "
-                "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
-            )
+            run.notes.append(skipped + _too_long(smallest_s, cap_s, budget_s, for_fixes))
             return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
-        with self.guard(features.CONTENTION_CHECK), run.cost.part("contention check"):
+        part = tuner_cost.FIX_FLOOR if for_fixes else "contention check"
+        with self.guard(features.CONTENTION_CHECK), run.cost.part(part):
             try:
                 # The outputs after it need the rest of the budget.
-                deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                deadline = (
+                    time.monotonic() + cap_s
+                    if for_fixes
+                    else run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                )
                 # Its cap bounds the first round; a second one, run only when
                 # the first showed contention, may use the budget's share.
                 run.what_if = what_if_replay.contention_check(
@@ -253,6 +268,23 @@ class AfterTraining:
 
     # The advised fixes.
 
+    def _fixes_due(self, run, dataset, py_dataset) -> bool:
+        """Whether the fix timing will time fixes of this run's tf.data pipeline.
+
+        Decided before the replay (the verdict's input-bound test comes after
+        it, in `_fix_timing`): the settings, the dataset and "auto"'s budget.
+        """
+        asked_s = self.settings.measure_fixes_s
+        if asked_s == 0.0 or py_dataset is not None or dataset is None:
+            return False
+        if not self.guard.enabled(features.FIX_TIMING) or "tensorflow" not in sys.modules:
+            return False
+        if not isinstance(dataset, tensorflow().data.Dataset):
+            return False
+        if asked_s is None:
+            return fix_timing.auto_budget(run.cost.cost().fit_s) >= fix_timing.AUTO_LEAST_S
+        return True
+
     def _fix_timing(self, run, dataset) -> None:
         """Times the advised fixes on the dataset training read (`measure_fixes`)."""
         asked_s = self.settings.measure_fixes_s
@@ -314,13 +346,22 @@ class AfterTraining:
                     backend=keras.backend.backend(),
                 )
 
+    def _fix_budget_s(self, run) -> float:
+        """The fix timing's cap, with any replay for its floor: as asked, or "auto"'s."""
+        asked_s = self.settings.measure_fixes_s
+        if asked_s is None:
+            return fix_timing.auto_budget(run.cost.cost().fit_s)
+        return asked_s
+
     def _fix_timing_budget(self, run, asked_s: Optional[float]) -> Optional[float]:
-        """The fix timing's seconds: as asked, or "auto"'s cap (`None`: too short, noted)."""
-        budget_s = asked_s
+        """The fix timing's seconds: as asked, or "auto"'s cap (`None`: too short, noted).
+
+        Less what the replay for the fixes' floor took of it (`_contention_check`).
+        """
+        budget_s = self._fix_budget_s(run)
+        run.cost.fix_timing_capped(budget_s)
         if asked_s is None:
             fit_s = run.cost.cost().fit_s
-            budget_s = fix_timing.auto_budget(fit_s)
-            run.cost.fix_timing_capped(budget_s)
             if budget_s < fix_timing.AUTO_LEAST_S:
                 run.notes.append(
                     f"The advised fixes were not timed: measure_fixes=\"auto\" gives them "
@@ -330,12 +371,32 @@ class AfterTraining:
                     f"{fix_timing.DEFAULT_BUDGET_S:g} s). Their figures stay bounds."
                 )
                 return None
+        budget_s -= run.cost.cost().parts.get(tuner_cost.FIX_FLOOR, 0.0)
         if budget_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"timing the advised fixes on the pipeline: up to {budget_s:.1f} s")
         if asked_s is None:
             # Planned within a share of the cap, so that it ends within it.
             return budget_s * fix_timing.AUTO_PLANNED_SHARE
         return budget_s
+
+
+def _too_long(smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool) -> str:
+    """Why a contention check of `smallest_s` at least did not run."""
+    if for_fixes:
+        return (
+            f"the wait alone decides the verdict, and the check, run for the advised fixes' "
+            f"floor, would take at least {smallest_s:.1f} s, more than its share of the fix "
+            f"timing's cap ({cap_s:.1f} s): the fixes' figures are capped at the compute "
+            "measured in training, which the pipeline's threads may have slowed."
+        )
+    return (
+        f"even its shortest form would take about {smallest_s:.1f} s, more "
+        f"than its cap ({cap_s:.1f} s, the larger of "
+        f"{what_if_replay.CONTENTION_LEAST_S:g} s and "
+        f"{what_if_replay.CONTENTION_FIT_SHARE * 100:g} % of the fit) or its share of "
+        f"what was left of the tuner's budget ({budget_s:.1f} s; "
+        "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
+    )
 
 
 def _tracing_s(clock) -> float:

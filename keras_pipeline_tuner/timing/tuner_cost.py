@@ -19,9 +19,12 @@ MIN_BUDGET_S = 2.0
 FIT_SHARE = 0.02
 # Work expected to take longer than this says so first, in one line.
 ANNOUNCE_S = 1.0
-# The part `measure_fixes="auto"` times within a cap of its own (see
+# The part `measure_fixes` times within a cap of its own (as asked, or "auto"'s:
 # `advice.fix_timing.auto_budget`), not within the budget.
 FIX_TIMING = "fix timing"
+# The contention check run for the fix timing's sake (its replayed step is the
+# floor the fixes' figures are capped at): counted with the fix timing.
+FIX_FLOOR = "replay for the fixes' floor"
 # An epoch's outputs (report file, TensorBoard text, dashboard, image) take at
 # most this share of training time: after epochs shorter than their cost's
 # 100x, the next ones wait (nothing is lost: the next write holds every step).
@@ -38,7 +41,7 @@ class TunerCost:
         after_training_s: what it took, measured up to the final report.
         parts: seconds per part of that work ("contention check",
             "outputs", ...).
-        fix_timing_cap_s: the cap of its own that `measure_fixes="auto"` gave
+        fix_timing_cap_s: the cap of its own that `measure_fixes` gave
             the "fix timing" part, which then counts against it rather than
             the budget; `None` when it did not run on its own cap.
 
@@ -69,10 +72,16 @@ class TunerCost:
 
     @property
     def capped_s(self) -> float:
-        """The seconds of work that counted against a cap of their own (the fix timing)."""
+        """The seconds of work that counted against a cap of their own (the fix timing).
+
+        Example:
+
+        >>> TunerCost(60.0, 2.0, 4.0, {FIX_TIMING: 2.5, FIX_FLOOR: 0.5}, 3.0).capped_s
+        3.0
+        """
         if self.fix_timing_cap_s is None:
             return 0.0
-        return self.parts.get(FIX_TIMING, 0.0)
+        return self.parts.get(FIX_TIMING, 0.0) + self.parts.get(FIX_FLOOR, 0.0)
 
     def summary(self) -> str:
         """One sentence: what the tuner's work after training took, and of what.
@@ -88,8 +97,8 @@ within its budget of 2.0 s."
         capped = ""
         if self.fix_timing_cap_s is not None:
             capped = (
-                f" The fix timing counts against a cap of its own, "
-                f"{self.fix_timing_cap_s:.1f} s (measure_fixes=\"auto\")."
+                " The fix timing (with any replay for its floor) counts against a cap of its "
+                f"own, {self.fix_timing_cap_s:.1f} s (measure_fixes)."
             )
         return (
             f"The tuner's own work after training took {self.after_training_s:.2f} s"
@@ -207,12 +216,14 @@ class CostMeter:
         self._reserved_s = max(self._reserved_s, seconds)
 
     def fix_timing_capped(self, cap_s: float) -> None:
-        """The fix timing runs on a cap of its own (`measure_fixes="auto"`), not the budget."""
+        """The fix timing runs on a cap of its own (`measure_fixes`), not the budget."""
         self._fix_timing_cap_s = cap_s
 
     def remaining_s(self) -> float:
         """What is left of the budget for the probes: the outputs' share kept back."""
-        capped = self._parts.get(FIX_TIMING, 0.0) if self._fix_timing_cap_s is not None else 0.0
+        capped = 0.0
+        if self._fix_timing_cap_s is not None:
+            capped = self._parts.get(FIX_TIMING, 0.0) + self._parts.get(FIX_FLOOR, 0.0)
         return max(self.budget_s - (self.spent_s() - capped) - self._reserved_s, 0.0)
 
     def deadline(self, share: float = 1.0) -> float:

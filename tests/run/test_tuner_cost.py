@@ -8,6 +8,7 @@ import pytest
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.outputs import terminal
+from keras_pipeline_tuner.timing import tuner_cost
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import Sleep
 from tests.helpers.training_data import cached_source
@@ -40,6 +41,26 @@ def test_the_contention_check_is_skipped_when_the_wait_decides():
     assert cost.within_budget and cost.after_training_s < time.monotonic() - began
     # The default budget: the larger of 2 s and 2 % of the fit.
     assert cost.budget_s == pytest.approx(max(2.0, 0.02 * cost.fit_s))
+
+
+def test_where_the_wait_decides_the_check_runs_for_the_timed_fixes_floor():
+    # 16 ms of sleeping input a batch against a step of about a millisecond:
+    # the wait decides, but the fixes are timed (measure_fixes=4), and their
+    # figures are capped at the replayed step, within a share of their cap.
+    dataset = replayable_source(48 * BATCH, 0.004).batch(BATCH)
+    report = _fit(dataset, tiny_model(), measure_fixes=4)
+    assert report.verdict == "highly input-bound", report.judgement.line
+    assert report.what_if is not None, report.notes
+    assert report.what_if.method == what_if_replay.CONTENTION_METHOD
+    cost = report.tuner_cost
+    assert tuner_cost.FIX_FLOOR in cost.parts and "contention check" not in cost.parts
+    assert cost.fix_timing_cap_s == 4
+    assert cost.capped_s >= cost.parts[tuner_cost.FIX_FLOOR] > 0
+    assert not any("the wait alone decides" in note for note in report.notes), report.notes
+    off = _fit(dataset, tiny_model(), measure_fixes=False)
+    assert off.what_if is None
+    assert any(note.startswith("The contention check did not run: the wait alone decides")
+               for note in off.notes), off.notes
 
 
 def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
