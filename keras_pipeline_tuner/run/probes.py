@@ -35,8 +35,8 @@ from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-# Where the wait decides the verdict, the contention check runs only for the
-# advised fixes' floor, within this share of the fix timing's cap.
+# A contention check run before timed fixes (their floor) may take this share
+# of the fix timing's cap, when it is larger than the check's own.
 FIX_FLOOR_SHARE = 0.25
 
 LOOP_HAS_NO_STEP = (
@@ -133,30 +133,34 @@ class AfterTraining:
     def _contention_check(self, run, model, traced_step, fixes_due: bool) -> None:
         """The contention check, when it may change the verdict or bound the fixes' figures.
 
-        Where the wait decides the verdict, the check still runs when the advised
-        fixes are timed after it: their figures are capped at steps as fast as
-        the step's compute, and the compute measured in training includes what
-        the pipeline's threads (a map holding the GIL) took from it. The
-        replayed step, with the pipeline stopped, is that floor measured.
+        When the advised fixes are timed after it, the check runs for them too,
+        where the wait alone decides the verdict: their figures are capped at
+        steps as fast as the step's compute, and the compute measured in
+        training includes what the pipeline's threads (a map holding the GIL)
+        took from it. The replayed step, with the pipeline stopped, is that
+        floor measured. It then counts with the fix timing, within the larger
+        of its own cap and `FIX_FLOOR_SHARE` of theirs.
         """
         skipped = "The contention check did not run: "
         judgement = run.judgement()
         step_ms = run.clock.stats(TRAIN).step.mean_ms
-        for_fixes = verdict.wait_decides(judgement, step_ms)
-        if for_fixes and not fixes_due:
+        # Counted as the fixes' floor only where the wait already calls the fit
+        # input-bound: a healthy job's check keeps its own cap and the budget.
+        fixes_due = fixes_due and judgement.verdict.input_bound
+        if not fixes_due and verdict.wait_decides(judgement, step_ms):
             run.notes.append(
                 skipped + f"the wait alone decides ({judgement.wait_fraction * 100:.1f} % of "
                 "steady-state step time at the fetch, beyond any fetch of a batch already in "
                 "memory); the check could only raise the input's share."
             )
             return
-        if for_fixes:
-            # Taken from the fix timing's own cap, whose figures it bounds.
-            cap_s = FIX_FLOOR_SHARE * self._fix_budget_s(run)
+        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
+        budget_s = run.cost.remaining_s()
+        if fixes_due:
+            # Counted with the fix timing, whose figures it bounds, and within
+            # a share of its cap when that is the larger.
+            cap_s = max(cap_s, FIX_FLOOR_SHARE * self._fix_budget_s(run))
             budget_s = cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
-        else:
-            budget_s = run.cost.remaining_s()
-            cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
             # fit's traced function, reused, is not traced again.
@@ -166,18 +170,18 @@ class AfterTraining:
             cap_s,
         )
         if plan is None:
-            run.notes.append(skipped + _too_long(smallest_s, cap_s, budget_s, for_fixes))
+            run.notes.append(skipped + _too_long(smallest_s, cap_s, budget_s, fixes_due))
             return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
-        part = tuner_cost.FIX_FLOOR if for_fixes else "contention check"
+        part = tuner_cost.FIX_FLOOR if fixes_due else "contention check"
         with self.guard(features.CONTENTION_CHECK), run.cost.part(part):
             try:
                 # The outputs after it need the rest of the budget.
                 deadline = (
                     time.monotonic() + cap_s
-                    if for_fixes
+                    if fixes_due
                     else run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
                 )
                 # Its cap bounds the first round; a second one, run only when
@@ -384,10 +388,10 @@ def _too_long(smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool)
     """Why a contention check of `smallest_s` at least did not run."""
     if for_fixes:
         return (
-            f"the wait alone decides the verdict, and the check, run for the advised fixes' "
-            f"floor, would take at least {smallest_s:.1f} s, more than its share of the fix "
-            f"timing's cap ({cap_s:.1f} s): the fixes' figures are capped at the compute "
-            "measured in training, which the pipeline's threads may have slowed."
+            f"even its shortest form would take about {smallest_s:.1f} s, more than its cap "
+            f"({cap_s:.1f} s, the larger of its own and {FIX_FLOOR_SHARE:.0%} of the fix "
+            "timing's, whose figures it bounds): they are capped at the compute measured in "
+            "training, which the pipeline's threads may have slowed."
         )
     return (
         f"even its shortest form would take about {smallest_s:.1f} s, more "
