@@ -305,8 +305,9 @@ def test_without_log_dir_the_capture_goes_to_a_temporary_directory(tmp_path):
 def test_whole_step_mode_marks_steps_from_the_batch_hooks(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
     # An eager step costs tens of ms of Python on a busy machine, more while
-    # profiled: a source of 200 ms a batch keeps the input share clear of it.
-    report, _ = fit(tuner, slow_source(40, 0.1).batch(2), steps=10,
+    # profiled (200 ms a batch read 16 % input once beside two busy loops): a
+    # source of 500 ms a batch keeps the input share clear of it.
+    report, _ = fit(tuner, slow_source(40, 0.25).batch(2), steps=10,
                     model=tiny_model(run_eagerly=True))
     assert report.measurement == "whole-step"
     evidence = report.profile
