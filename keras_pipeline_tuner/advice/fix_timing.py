@@ -51,7 +51,8 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph import rerun
-from keras_pipeline_tuner.pipeline.graph.in_memory import in_memory_bytes
+from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
+from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
 from keras_pipeline_tuner.pipeline.lint.catalogue import FIXED_PARALLELISM
@@ -99,11 +100,8 @@ _FORK_SLACK_S = 3.0
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
-# And no more than the budget can copy: a timing rebuilds the pipeline some
-# six times (its graph, the reference, the checks, the passes); 118 MB of
-# encoded images took 1.1-1.6 s a copy here and spent a 5.4 s cap before the
-# first timed pass.
-COPY_BYTES_PER_BUDGET_S = 12 * 2**20
+# And no more than the budget can copy (`in_memory.too_much_to_copy`): 118 MB
+# of encoded images spent a 5.4 s cap before the first timed pass.
 # Batches per timed epoch when epochs are cut short: fewer leaves the
 # iterator's start-up to dominate, more does not fit the budget.
 _MIN_BATCHES = 4
@@ -377,16 +375,11 @@ def copy_timeout_s(budget_s: float) -> float:
 def _candidates(dataset, allow_unverified: bool, budget_s: float):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
     whether to time them in a copy of the process)`."""
-    held = in_memory_bytes(dataset)
-    limit = min(MAX_IN_MEMORY_BYTES, budget_s * COPY_BYTES_PER_BUDGET_S)
-    if held > limit:
-        # Rebuilding the pipeline from its graph copies the arrays it holds.
-        untouchable = (
-            f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which "
-            f"rebuilding it to time the change would copy several times (more than "
-            f"{limit / 1e6:,.0f} MB within {budget_s:g} s of measure_fixes)"
-        )
-        return None, [], [], untouchable, False
+    # Rebuilding the pipeline from its graph copies the arrays it holds.
+    cap_s = min(budget_s, MAX_IN_MEMORY_BYTES / COPY_BYTES_PER_S)
+    untouchable = too_much_to_copy(dataset, cap_s, "rebuilding it to time the change")
+    if untouchable is not None:
+        return None, [], [], untouchable + " of measure_fixes", False
     pipeline = read_pipeline(dataset)
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.

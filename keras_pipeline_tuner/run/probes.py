@@ -27,6 +27,7 @@ from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import py_dataset_timing
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.timing import measurement as measured_by
@@ -98,7 +99,7 @@ class AfterTraining:
                 rather than trace the step again; `None` traces its own.
             py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
         """
-        self._replay(run, model, traced_step, self._fixes_due(run, dataset, py_dataset))
+        self._replay(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
         self._grain_stages(run)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
@@ -107,7 +108,7 @@ class AfterTraining:
 
     # The replay: what_if, or the contention check.
 
-    def _replay(self, run, model, traced_step, fixes_due: bool) -> None:
+    def _replay(self, run, model, traced_step, dataset, fixes_due: bool) -> None:
         steps = self.settings.what_if_steps
         if steps:
             reason = self._replay_blocker(run, model)
@@ -128,9 +129,9 @@ class AfterTraining:
         if model is None and self.settings.check_contention:
             run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
         elif self._contention_check_due(run, model):
-            self._contention_check(run, model, traced_step, fixes_due)
+            self._contention_check(run, model, traced_step, dataset, fixes_due)
 
-    def _contention_check(self, run, model, traced_step, fixes_due: bool) -> None:
+    def _contention_check(self, run, model, traced_step, dataset, fixes_due: bool) -> None:
         """The contention check, when it may change the verdict or bound the fixes' figures.
 
         When the advised fixes are timed after it, the check runs for them too,
@@ -172,6 +173,13 @@ class AfterTraining:
         if plan is None:
             run.notes.append(skipped + _too_long(smallest_s, cap_s, budget_s, fixes_due))
             return
+        if _user_dataset(dataset):
+            # Its set-up reads the pipeline's graph (and may copy it): with
+            # large arrays in it, that alone would outlast the cap.
+            heavy = too_much_to_copy(dataset, cap_s, "its set-up (reading the pipeline)")
+            if heavy is not None:
+                run.notes.append(f"{skipped}{heavy}. The wait decides.")
+                return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
@@ -281,9 +289,7 @@ class AfterTraining:
         asked_s = self.settings.measure_fixes_s
         if asked_s == 0.0 or py_dataset is not None or dataset is None:
             return False
-        if not self.guard.enabled(features.FIX_TIMING) or "tensorflow" not in sys.modules:
-            return False
-        if not isinstance(dataset, tensorflow().data.Dataset):
+        if not self.guard.enabled(features.FIX_TIMING) or not _user_dataset(dataset):
             return False
         if asked_s is None:
             return fix_timing.auto_budget(run.cost.cost().fit_s) >= fix_timing.AUTO_LEAST_S
@@ -382,6 +388,15 @@ class AfterTraining:
             # Planned within a share of the cap, so that it ends within it.
             return budget_s * fix_timing.AUTO_PLANNED_SHARE
         return budget_s
+
+
+def _user_dataset(dataset) -> bool:
+    """Whether training read a `tf.data.Dataset` the user gave (without importing TensorFlow)."""
+    return (
+        dataset is not None
+        and "tensorflow" in sys.modules
+        and isinstance(dataset, tensorflow().data.Dataset)
+    )
 
 
 def _too_long(smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool) -> str:

@@ -12,6 +12,44 @@ from typing import Optional
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
+# In-memory bytes per second of a time cap that work which reads or rebuilds
+# a pipeline from its graph may meet: a timing rebuilds it some six times (its
+# graph, the reference, the checks, the passes); 118 MB of encoded images took
+# 1.1-1.6 s a copy here, and reading its pipeline 2.7 s.
+COPY_BYTES_PER_S = 12 * 2**20
+
+
+def too_much_to_copy(dataset, cap_s: float, work: str) -> Optional[str]:
+    """Why `work` on the dataset's graph would not fit `cap_s`, or `None` when it would.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+        cap_s: the seconds the work may take.
+        work: what reads or rebuilds the pipeline, for the reason
+            ("rebuilding it to time the change").
+
+    Returns:
+        The reason, naming the bytes held and what the cap allows; `None`
+        when they are within `COPY_BYTES_PER_S` a second of the cap.
+
+    Example:
+
+    >>> small = tf.data.Dataset.from_tensor_slices(np.zeros((100, 4), np.float32))
+    >>> too_much_to_copy(small, 1.0, "rebuilding it") is None
+    True
+    >>> too_much_to_copy(small, 0.0, "rebuilding it")
+    'the pipeline holds 0 MB of in-memory arrays, which rebuilding it would copy \
+several times (more than 0 MB within 0 s)'
+    """
+    held = in_memory_bytes(dataset)
+    limit = cap_s * COPY_BYTES_PER_S
+    if held <= limit:
+        return None
+    return (
+        f"the pipeline holds {held / 1e6:,.0f} MB of in-memory arrays, which {work} would "
+        f"copy several times (more than {limit / 1e6:,.0f} MB within {cap_s:.2g} s)"
+    )
+
 
 class InMemoryDataTooLarge(ValueError):
     """The dataset embeds more in-memory data than its graph should be read with."""
@@ -23,7 +61,9 @@ def in_memory_bytes(dataset) -> int:
     Counts the tensors of `from_tensor_slices` / `from_tensors` sources and
     those the functions of its transformations capture or hold as constants
     (such as an array sliced inside a `flat_map`), through all its inputs.
-    String tensors are counted at 64 bytes an element.
+    A string tensor held as a value (a source's encoded images, say) is
+    counted at its strings' lengths; one that is a constant of a function's
+    graph at 64 bytes an element (reading its lengths would copy it).
 
     Args:
         dataset: a `tf.data.Dataset`.
@@ -54,14 +94,23 @@ def in_memory_bytes(dataset) -> int:
                 continue
             for tensor in tf.nest.flatten(tensors, expand_composites=True):
                 if isinstance(tensor, tf.Tensor) and tensor.shape.is_fully_defined():
-                    size = 64 if tensor.dtype == tf.string else tensor.dtype.size
-                    if tensor.dtype not in (tf.resource, tf.variant):
-                        total += tensor.shape.num_elements() * size
+                    total += _tensor_bytes(tensor, tf)
         try:
             frontier.extend(current._inputs())  # pylint: disable=protected-access
         except (AttributeError, NotImplementedError):
             pass
     return total
+
+
+def _tensor_bytes(tensor, tf) -> int:
+    if tensor.dtype in (tf.resource, tf.variant):
+        return 0
+    if tensor.dtype != tf.string:
+        return tensor.shape.num_elements() * tensor.dtype.size
+    if hasattr(tensor, "numpy"):
+        # A value: its strings' lengths, summed in TensorFlow (nothing copied).
+        return int(tf.reduce_sum(tf.strings.length(tensor)))
+    return tensor.shape.num_elements() * 64
 
 
 def _constant_bytes(graph, tf) -> int:

@@ -66,6 +66,12 @@ def test_large_arrays_are_inspected_like_small_ones_without_a_copy(arrays, name)
     ]
 
 
+def test_a_source_of_long_strings_counts_their_bytes():
+    # Encoded images, say: 256 strings of 40 kB are 10 MB, not 256 x 64 bytes.
+    images = tf.data.Dataset.from_tensor_slices([b"x" * 40_000] * 256)
+    assert 10.2e6 <= in_memory_bytes(images.map(tf.strings.length).batch(8)) < 10.3e6
+
+
 def test_a_pipeline_it_cannot_rebuild_is_still_refused_with_the_way_out(arrays):
     x, y = arrays
     padded = tf.data.Dataset.from_tensor_slices(x).padded_batch(4)
