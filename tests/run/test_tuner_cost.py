@@ -4,6 +4,7 @@ import time
 
 import keras
 import pytest
+import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.instrumentation import what_if_replay
@@ -62,6 +63,20 @@ def test_where_the_wait_decides_the_check_runs_for_the_timed_fixes_floor():
     assert off.what_if is None
     assert any(note.startswith("The contention check did not run: the wait alone decides")
                for note in off.notes), off.notes
+
+
+def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
+    # A healthy job whose pipeline also holds 19 MB of strings (encoded images,
+    # say): reading its graph alone would outlast the check's cap of 0.5 s.
+    strings = tf.data.Dataset.from_tensor_slices([b"x" * 200_000] * (24 * BATCH))
+    dataset = tf.data.Dataset.zip((cached_source(24 * BATCH), strings))
+    report = _fit(dataset.map(lambda xy, _: xy).batch(BATCH), tiny_model(0.02))
+    assert report.what_if is None
+    assert any(
+        note.startswith("The contention check did not run: the pipeline holds 19 MB")
+        for note in report.notes
+    ), report.notes
+    assert "contention check" not in report.tuner_cost.parts
 
 
 def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
