@@ -287,7 +287,7 @@ class AfterTraining:
         it, in `_fix_timing`): the settings, the dataset and "auto"'s budget.
         """
         asked_s = self.settings.measure_fixes_s
-        if asked_s == 0.0 or py_dataset is not None or dataset is None:
+        if asked_s == 0.0 or py_dataset is not None:
             return False
         if not self.guard.enabled(features.FIX_TIMING) or not _user_dataset(dataset):
             return False
@@ -305,7 +305,7 @@ class AfterTraining:
             return
         report = None
         with self.guard(features.FIX_TIMING):
-            if dataset is None or not isinstance(dataset, tensorflow().data.Dataset):
+            if not _user_dataset(dataset):
                 if asked_s is not None:
                     run.notes.append(
                         "measure_fixes timed no fix: it times rewrites of a tf.data pipeline, "
