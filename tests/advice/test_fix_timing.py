@@ -213,11 +213,19 @@ def test_a_shuffled_pipeline_is_timed_on_a_rebuild():
     )
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     top = tuner.report.recommendations[0]
-    assert top.id == "sequential-map"
+    said = [top.expected_gain.statement] + [item.detail for item in top.evidence]
     # Every pass reads a rebuild with seeds of its own (a later fit's order is
     # the probes' tests' concern), so the shuffle is no reason not to time it.
-    assert "shuffles or draws random numbers" not in top.expected_gain.statement
-    assert top.expected_gain.likely_speedup is not None, top.expected_gain.statement
+    assert not any("shuffles or draws random numbers" in text for text in said), said
+    # The map's stage leads. Its parallel map was timed: it leads the stage
+    # when timed faster (1.9x quiet), or, timed under 1.25x on a loaded machine
+    # (AUTOTUNE slow to raise the parallelism), joins the evidence of the
+    # stage's other finding with its figure. Which of the two is load's call.
+    assert "sequential-map" in [top.id] + top.also, (top.id, top.also, said)
+    if top.id == "sequential-map":
+        assert top.expected_gain.likely_speedup is not None, said
+    else:
+        assert any("Parallelise" in text and "Timed:" in text for text in said), said
 
 
 def test_arrays_given_to_fit_are_said_to_be_untimed():
