@@ -381,7 +381,17 @@ class AfterTraining:
                     f"{fix_timing.DEFAULT_BUDGET_S:g} s). Their figures stay bounds."
                 )
                 return None
-        budget_s -= run.cost.cost().parts.get(tuner_cost.FIX_FLOOR, 0.0)
+        floor_s = run.cost.cost().parts.get(tuner_cost.FIX_FLOOR, 0.0)
+        left_s = budget_s - floor_s
+        if floor_s and left_s <= (fix_timing.AUTO_LEAST_S if asked_s is None else 0.0):
+            run.notes.append(
+                f"The advised fixes were not timed: the replay for their floor (the step with "
+                f"input free) took {floor_s:.2f} s of their cap of {budget_s:.2f} s, leaving "
+                f"{max(left_s, 0.0):.2f} s, too short to time one. Their figures stay bounds "
+                "(a larger measure_fixes gives them more)."
+            )
+            return None
+        budget_s = left_s
         if budget_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"timing the advised fixes on the pipeline: up to {budget_s:.1f} s")
         if asked_s is None:

@@ -65,6 +65,25 @@ def test_where_the_wait_decides_the_check_runs_for_the_timed_fixes_floor():
                for note in off.notes), off.notes
 
 
+def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
+    # measure_fixes=0.01: the replay for the fixes' floor alone reads four
+    # batches of 16 ms of sleeping input from a fresh iterator, over that cap.
+    dataset = replayable_source(48 * BATCH, 0.004).batch(BATCH)
+    report = _fit(dataset, tiny_model(), measure_fixes=0.01)
+    assert report.what_if is not None, report.notes
+    cost = report.tuner_cost
+    assert cost.parts[tuner_cost.FIX_FLOOR] > 0.01
+    assert tuner_cost.FIX_TIMING not in cost.parts or cost.parts[tuner_cost.FIX_TIMING] < 0.01
+    assert any(
+        note.startswith("The advised fixes were not timed: the replay for their floor")
+        for note in report.notes
+    ), report.notes
+    assert all(
+        item.expected_gain is None or item.expected_gain.likely_speedup is None
+        for item in report.recommendations
+    )
+
+
 def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
     # A healthy job whose pipeline also holds 19 MB of strings (encoded images,
     # say): reading its graph alone would outlast the check's cap of 0.5 s.
