@@ -259,7 +259,7 @@ def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None
 
 
 def replay_after_fit(
-    model, steps: int, train_stats: StepStats, traced_step=None
+    model, steps: int, train_stats: StepStats, traced_step=None, batches=None
 ) -> WhatIfResult:
     """The what-if replay of a `PipelineTuner`, run from `on_train_end`.
 
@@ -269,6 +269,8 @@ def replay_after_fit(
         train_stats: the step clock's statistics of the training steps.
         traced_step: fit's timed training function, traced already
             (`FitTiming.traced_train_step()`), or `None` to trace one.
+        batches: a `tf.data.Dataset` of a few of the pipeline's batches to
+            replay (`forked_batches.replayable`), or `None` for fit's data.
 
     Returns:
         A `WhatIfResult` whose real-pipeline figures are the training's.
@@ -279,8 +281,8 @@ def replay_after_fit(
             replayed here (says which).
         ValueError: when the real steps' times are unknown.
     """
-    found = fit_input.find_fit_input(model)
-    if found is None or found.replay_dataset is None:
+    found = fit_input.find_fit_input(model) if batches is None else None
+    if batches is None and (found is None or found.replay_dataset is None):
         kind = "no data it could find" if found is None else f"{found.kind} data"
         raise ReplayUnsupported(
             f"The replay needs fit's training data as a tf.data.Dataset or NumPy arrays, "
@@ -289,10 +291,11 @@ def replay_after_fit(
         )
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
-    return _what_if(
-        model, found.replay_dataset, steps, DEFAULT_CACHED_BATCHES, train_stats,
-        traced=traced_step,
-    )
+    if batches is None:
+        dataset, cached = found.replay_dataset, DEFAULT_CACHED_BATCHES
+    else:
+        dataset, cached = batches, int(batches.cardinality())
+    return _what_if(model, dataset, steps, cached, train_stats, traced=traced_step)
 
 
 # The contention check after fit: a replay sized by time, within the tuner's budget.
@@ -317,6 +320,13 @@ CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
     "which the input pipeline shares), on the trained model, with its weights, "
     "optimizer, metric and random seed state restored afterwards"
+)
+
+FLOOR_METHOD = (
+    "replay after training, for the timed fixes' floor, on a few batches the pipeline "
+    "gave in a forked copy of the process (its Python ran there only), against the "
+    "training's steps; the trained model's weights, optimizer, metric and random seed "
+    "state restored afterwards"
 )
 
 

@@ -26,7 +26,10 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import py_dataset_timing
 from keras_pipeline_tuner.advice import verdict
+from keras_pipeline_tuner.instrumentation import forked_batches
 from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.pipeline.graph import rerun
+from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
 from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
@@ -180,6 +183,9 @@ class AfterTraining:
             if heavy is not None:
                 run.notes.append(f"{skipped}{heavy}. The wait decides.")
                 return
+            if fixes_due and rerun.dataset_rerun_hazard(dataset) is not None:
+                self._floor_in_a_copy(run, model, traced_step, dataset, plan, cap_s)
+                return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
@@ -201,6 +207,45 @@ class AfterTraining:
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
                 run.notes.append(f"The contention check did not run. {limit}")
+
+    def _floor_in_a_copy(self, run, model, traced_step, dataset, plan, cap_s: float) -> None:
+        """The fixes' floor of a pipeline that runs Python: the step on batches read in a copy.
+
+        The contention check would run such a pipeline again here and move its
+        Python's state (`pipeline.graph.rerun`). The step alone, replayed on a
+        few batches a forked copy of the process read (`forked_batches`),
+        still measures the floor the fixes' figures are capped at, against
+        training's steps rather than the pipeline's run again.
+        """
+        began = time.monotonic()
+        if plan.estimate_s > tuner_cost.ANNOUNCE_S:
+            self.announce(f"replaying the step for the fixes' floor: up to {cap_s:.1f} s")
+        with self.guard(features.CONTENTION_CHECK), run.cost.part(tuner_cost.FIX_FLOOR):
+            try:
+                found = forked_batches.read_in_a_copy(
+                    dataset,
+                    what_if_replay.CONTENTION_CACHED_BATCHES,
+                    int(COPY_BYTES_PER_S * cap_s),
+                    cap_s,
+                )
+                # Both sides of the check's steps, as the step alone: within the
+                # cap, less what the copy took.
+                left_s = cap_s - (time.monotonic() - began)
+                steps = min(2 * plan.steps, int(left_s / plan.step_s) if plan.step_s else 0)
+                if steps < 2 * what_if_replay.CONTENTION_MIN_TIMED:
+                    raise forked_batches.BatchesUnavailable(
+                        f"Reading its batches in a copy of the process took "
+                        f"{time.monotonic() - began:.1f} s of its {cap_s:.1f} s cap."
+                    )
+                batches = forked_batches.replayable(found, dataset.element_spec)
+                floor = what_if_replay.replay_after_fit(
+                    model, steps, run.clock.stats(TRAIN), traced_step, batches
+                )
+            except (forked_batches.BatchesUnavailable, what_if_replay.ReplayUnsupported) as why:
+                run.notes.append(f"The replay for the fixes' floor did not run. {why}")
+                return
+            floor.method = what_if_replay.FLOOR_METHOD
+            run.what_if = floor
 
     def _replay_blocker(self, run, model) -> Optional[str]:
         if model is None:

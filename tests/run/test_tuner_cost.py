@@ -65,6 +65,34 @@ def test_where_the_wait_decides_the_check_runs_for_the_timed_fixes_floor():
                for note in off.notes), off.notes
 
 
+def test_the_floor_of_a_pipeline_that_runs_python_is_replayed_on_batches_read_in_a_copy():
+    # 40 ms of sleeping Python a batch, which counts its calls, against 10 ms of
+    # compute: the check cannot run the pipeline again here (its count would
+    # move on), so a forked copy reads four batches and the step is replayed on
+    # them, for the timed fixes' floor.
+    calls = []
+
+    def counted(x, y):
+        def load(value):
+            calls.append(1)
+            time.sleep(0.01)
+            return value
+
+        x = tf.py_function(load, [x], tf.float32)
+        x.set_shape((FEATURES,))
+        return x, y
+
+    dataset = cached_source(24 * BATCH).map(counted).batch(BATCH)
+    report = _fit(dataset, tiny_model(0.01), measure_fixes=8)
+    assert len(calls) == 2 * 24 * BATCH
+    floor = report.what_if
+    assert floor is not None and floor.method == what_if_replay.FLOOR_METHOD, report.notes
+    assert floor.cached_batches == what_if_replay.CONTENTION_CACHED_BATCHES
+    # At least the model's sleeping compute; far under a step that waits 40 ms.
+    assert 10 <= floor.replay_step.mean_ms < 0.6 * report.train.step.mean_ms
+    assert report.tuner_cost.parts[tuner_cost.FIX_FLOOR] > 0
+
+
 def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
     # measure_fixes=0.01: the replay for the fixes' floor alone reads four
     # batches of 16 ms of sleeping input from a fresh iterator, over that cap.
