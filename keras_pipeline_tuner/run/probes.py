@@ -163,7 +163,12 @@ class AfterTraining:
         if fixes_due:
             # Counted with the fix timing, whose figures it bounds, and within
             # a share of its cap when that is the larger.
-            cap_s = max(cap_s, FIX_FLOOR_SHARE * self._fix_budget_s(run))
+            fix_s = self._fix_budget_s(run)
+            cap_s = max(cap_s, FIX_FLOOR_SHARE * fix_s)
+            if self.settings.measure_fixes_s is None:
+                # "auto" keeps the fixes the time to time one (a short fit's
+                # cap is under a second): a floor with no timed fix bounds nothing.
+                cap_s = max(min(cap_s, fix_s - fix_timing.AUTO_LEAST_S), 0.0)
             budget_s = cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
@@ -174,7 +179,9 @@ class AfterTraining:
             cap_s,
         )
         if plan is None:
-            run.notes.append(skipped + _too_long(smallest_s, cap_s, budget_s, fixes_due))
+            run.notes.append(skipped + _too_long(
+                smallest_s, cap_s, budget_s, fixes_due, self.settings.measure_fixes_s is None
+            ))
             return
         if _user_dataset(dataset):
             # Its set-up reads the pipeline's graph (and may copy it): with
@@ -454,14 +461,20 @@ def _user_dataset(dataset) -> bool:
     )
 
 
-def _too_long(smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool) -> str:
+def _too_long(
+    smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool, auto: bool
+) -> str:
     """Why a contention check of `smallest_s` at least did not run."""
     if for_fixes:
+        kept = (
+            f", less the {fix_timing.AUTO_LEAST_S:g} s measure_fixes=\"auto\" keeps for "
+            "the fixes" if auto else ""
+        )
         return (
             f"even its shortest form would take about {smallest_s:.1f} s, more than its cap "
             f"({cap_s:.1f} s, the larger of its own and {FIX_FLOOR_SHARE:.0%} of the fix "
-            "timing's, whose figures it bounds): they are capped at the compute measured in "
-            "training, which the pipeline's threads may have slowed."
+            f"timing's, whose figures it bounds{kept}): they are capped at the compute "
+            "measured in training, which the pipeline's threads may have slowed."
         )
     return (
         f"even its shortest form would take about {smallest_s:.1f} s, more "

@@ -93,6 +93,21 @@ def test_the_floor_of_a_pipeline_that_runs_python_is_replayed_on_batches_read_in
     assert report.tuner_cost.parts[tuner_cost.FIX_FLOOR] > 0
 
 
+def test_auto_keeps_time_for_the_fixes_before_their_floor():
+    # A fit of about 12 s (60 ms of sleeping input a batch): "auto" gives the
+    # fixes 5 % of it, some 0.6 s, and keeps 0.5 s of that for them, so the
+    # floor's 0.1 s cannot hold even the shortest replay of 60 ms steps.
+    dataset = replayable_source(100 * BATCH, 0.015).batch(BATCH)
+    report = _fit(dataset, tiny_model())
+    assert report.what_if is None
+    assert any(
+        note.startswith("The contention check did not run: even its shortest form")
+        and 'less the 0.5 s measure_fixes="auto" keeps for the fixes' in note
+        for note in report.notes
+    ), report.notes
+    assert tuner_cost.FIX_FLOOR not in report.tuner_cost.parts
+
+
 def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
     # measure_fixes=0.01: the replay for the fixes' floor alone reads four
     # batches of 16 ms of sleeping input from a fresh iterator, over that cap.

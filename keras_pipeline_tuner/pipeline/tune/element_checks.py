@@ -145,7 +145,7 @@ class ElementChecks:
                     break
                 raise ValueError(
                     f"{self.plan.num_batches} batches of the dataset take longer than "
-                    f"{time_limit_s:.0f} s, too long for budget_s={self.budget.budget_s:g}: "
+                    f"{time_limit_s:.2f} s, too long for budget_s={self.budget.budget_s:.2f}: "
                     "pass a smaller num_batches=..., or a larger budget_s."
                 )
         return found, time.perf_counter() - began
