@@ -377,9 +377,11 @@ def _candidates(dataset, allow_unverified: bool, budget_s: float):
     whether to time them in a copy of the process)`."""
     # Rebuilding the pipeline from its graph copies the arrays it holds.
     cap_s = min(budget_s, MAX_IN_MEMORY_BYTES / COPY_BYTES_PER_S)
-    untouchable = too_much_to_copy(dataset, cap_s, "rebuilding it to time the change")
+    untouchable = too_much_to_copy(
+        dataset, cap_s, "rebuilding it to time the change within the fix timing's cap"
+    )
     if untouchable is not None:
-        return None, [], [], untouchable + " of measure_fixes", False
+        return None, [], [], untouchable, False
     pipeline = read_pipeline(dataset)
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.instrumentation import what_if_replay
 
 FEATURES = 4
 ELEMENTS = 64
@@ -39,7 +40,7 @@ def small_model(*layers):
     return model
 
 
-def two_fits(make, tuned):
+def two_fits(make, tuned, tuner=every_probe):
     """Fit 1 (with every probe when `tuned`), then a plain fit 2 of the same model.
 
     Returns fit 2's history, the weights after it, and what `make` says of the
@@ -47,15 +48,15 @@ def two_fits(make, tuned):
     """
     keras.utils.set_random_seed(5)
     model, dataset, state = make()
-    callbacks = [every_probe()] if tuned else []
+    callbacks = [tuner()] if tuned else []
     model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0)
     history = model.fit(dataset, epochs=1, verbose=0).history
     return history, model.get_weights(), state()
 
 
-def assert_same(make):
+def assert_same(make, tuner=every_probe):
     plain = two_fits(make, tuned=False)
-    tuned = two_fits(make, tuned=True)
+    tuned = two_fits(make, tuned=True, tuner=tuner)
     assert tuned[0] == plain[0]
     for a, b in zip(plain[1], tuned[1]):
         np.testing.assert_array_equal(a, b)
@@ -76,23 +77,38 @@ def test_a_random_generator_in_map_is_not_drawn_from_by_the_probes():
     assert_same(make)
 
 
+def counted_python():
+    counter = itertools.count()
+
+    def tag(x):
+        time.sleep(0.002)
+        return x + np.float32(next(counter) % 3)
+
+    def tagged(x, y):
+        x = tf.py_function(tag, [x], tf.float32)
+        x.set_shape((FEATURES,))
+        return x, y
+
+    dataset = in_memory().map(tagged).batch(BATCH)
+    return small_model(), dataset, lambda: next(counter)
+
+
 def test_a_counter_in_a_py_function_counts_only_what_training_read():
-    def make():
-        counter = itertools.count()
+    assert_same(counted_python)
 
-        def tag(x):
-            time.sleep(0.002)
-            return x + np.float32(next(counter) % 3)
 
-        def tagged(x, y):
-            x = tf.py_function(tag, [x], tf.float32)
-            x.set_shape((FEATURES,))
-            return x, y
+def test_the_floor_replayed_on_batches_read_in_a_copy_leaves_the_counter_and_the_model():
+    # The default contention check, run for the timed fixes' floor: the
+    # pipeline's batches are read in a forked copy, the step replayed here.
+    floors = []
 
-        dataset = in_memory().map(tagged).batch(BATCH)
-        return small_model(), dataset, lambda: next(counter)
+    def floor_and_fixes():
+        tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=True)
+        floors.append(tuner)
+        return tuner
 
-    assert_same(make)
+    assert_same(counted_python, floor_and_fixes)
+    assert floors[0].report.what_if.method == what_if_replay.FLOOR_METHOD, floors[0].report.notes
 
 
 def test_a_numpy_generator_in_a_py_function_moves_only_with_training():

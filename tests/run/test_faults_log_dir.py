@@ -75,12 +75,24 @@ def train_breaking_the_log_dir(log_dir, caplog, plain_run, replace_with_file):
     return tuner
 
 
+def _window_lost(tuner):
+    """The profiler window's feature, unless its conversion read the capture before the break.
+
+    It converts off the training thread from the window's end (step 6); the
+    break comes at the epoch's end, six short steps later, which the
+    conversion, holding the GIL on a busy machine, now and then outlasts.
+    Either way is right: the evidence taken, or the feature off and saying so.
+    """
+    converted = tuner.report.profile is not None and tuner.report.profile.source != ""
+    return set() if converted else {profiler_window.FEATURE}
+
+
 def test_log_dir_replaced_by_a_file_mid_run(tmp_path, caplog, plain_run):
     log_dir = tmp_path / "run"
     tuner = train_breaking_the_log_dir(log_dir, caplog, plain_run, replace_with_file=True)
     features = turned_off(tuner_warnings(caplog))
     # Each feature that writes to the log dir says so once, and only those.
-    assert sorted(features) == sorted(WRITING_FEATURES | {profiler_window.FEATURE})
+    assert sorted(features) == sorted(WRITING_FEATURES | _window_lost(tuner))
     assert len(tuner_warnings(caplog)) == len(features)
     # Measuring went on: the report in memory covers the whole run.
     assert tuner.report.train.steps == 3 * STEPS_PER_EPOCH - 1
@@ -90,12 +102,12 @@ def test_log_dir_replaced_by_a_file_mid_run(tmp_path, caplog, plain_run):
 
 def test_log_dir_deleted_mid_run(tmp_path, caplog, plain_run):
     log_dir = tmp_path / "run"
-    train_breaking_the_log_dir(log_dir, caplog, plain_run, replace_with_file=False)
+    tuner = train_breaking_the_log_dir(log_dir, caplog, plain_run, replace_with_file=False)
     # The capture of epoch 0 went with the directory before xprof read it: that
     # feature says so; every other output is written again.
     warnings = tuner_warnings(caplog)
-    assert turned_off(warnings) == [profiler_window.FEATURE], warnings
-    assert len(warnings) == 1
+    assert turned_off(warnings) == sorted(_window_lost(tuner)), warnings
+    assert len(warnings) == len(_window_lost(tuner))
     stored = kpt.Report.from_json((log_dir / REPORT_FILENAME).read_text())
     assert stored.train.steps == 3 * STEPS_PER_EPOCH - 1
     assert (log_dir / "step_timeline.trace.json").is_file()

@@ -110,8 +110,9 @@ def test_auto_keeps_time_for_the_fixes_before_their_floor():
 
 def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
     # measure_fixes=0.01: the replay for the fixes' floor alone reads four
-    # batches of 16 ms of sleeping input from a fresh iterator, over that cap.
-    dataset = replayable_source(48 * BATCH, 0.004).batch(BATCH)
+    # batches of 8 ms of sleeping input from a fresh iterator, over that cap
+    # (and short steps, so that the replay fits its own cap of 0.5 s).
+    dataset = replayable_source(48 * BATCH, 0.002).batch(BATCH)
     report = _fit(dataset, tiny_model(), measure_fixes=0.01)
     assert report.what_if is not None, report.notes
     cost = report.tuner_cost
