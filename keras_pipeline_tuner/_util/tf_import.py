@@ -7,6 +7,7 @@ need it import it on first use through `tensorflow()`.
 
 import importlib
 import os
+import sys
 
 INSTALL_HINT = (
     "keras-pipeline-tuner needs TensorFlow for this feature, and it is not installed. "
@@ -36,3 +37,18 @@ def tensorflow():
         return importlib.import_module("tensorflow")
     except ImportError as error:
         raise ImportError(INSTALL_HINT) from error
+
+
+def is_tf_dataset(value) -> bool:
+    """Whether `value` is a `tf.data.Dataset`, without importing TensorFlow.
+
+    Example:
+
+    >>> is_tf_dataset(None), is_tf_dataset([1, 2])
+    (False, False)
+    """
+    return (
+        value is not None
+        and "tensorflow" in sys.modules
+        and isinstance(value, tensorflow().data.Dataset)
+    )

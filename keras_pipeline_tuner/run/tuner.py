@@ -38,8 +38,8 @@ from keras_pipeline_tuner.run.arguments import TunerArguments
 from keras_pipeline_tuner.run.lifecycle import Run
 from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
+from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.run.probes import AfterTraining
-from keras_pipeline_tuner.run.probes import ProbeSettings
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
 from keras_pipeline_tuner.timing.step_clock import TRAIN

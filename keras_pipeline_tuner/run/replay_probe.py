@@ -1,0 +1,310 @@
+"""The replay after training: `what_if=True`, or the contention check, which also floors the fixes.
+
+The model's compiled step replayed on a few cached batches times the step with
+input free (`instrumentation.what_if_replay`). Asked for (`what_if`), it is the
+what-if replay; on its own on the CPU, the contention check, which counts what
+the pipeline's threads take from the step and, before the advised fixes of an
+input-bound fit are timed, measures the floor their figures are capped at.
+Where the pipeline runs Python that may keep state, that floor is the step
+replayed on batches a forked copy of the process read (`forked_batches`).
+"""
+
+import time
+from typing import Callable
+from typing import Optional
+
+from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner._util.tf_import import is_tf_dataset
+from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import verdict
+from keras_pipeline_tuner.instrumentation import forked_batches
+from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.pipeline.graph import rerun
+from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
+from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
+from keras_pipeline_tuner.run.probe_settings import ProbeSettings
+from keras_pipeline_tuner.timing import measurement as measured_by
+from keras_pipeline_tuner.timing import tuner_cost
+from keras_pipeline_tuner.timing.step_clock import TRAIN
+
+# A contention check run before timed fixes (their floor) may take this share
+# of the fix timing's cap, when it is larger than the check's own.
+FIX_FLOOR_SHARE = 0.25
+
+LOOP_HAS_NO_STEP = (
+    "it replays the model's compiled train step, which a custom training loop does not "
+    "hand the tuner; call kpt.what_if(model, dataset) after the loop"
+)
+
+
+class ReplayProbe:
+    """Runs the replay after training that the settings and the run call for.
+
+    Args:
+        settings: the `ProbeSettings`.
+        guard: the tuner's `FeatureGuard`.
+        announce: says one line before work that takes longer than a second.
+        fix_budget_s: `fix_budget_s(run)`, the fix timing's cap in seconds,
+            of which the fixes' floor may take a share.
+
+    Example:
+
+    ```python
+    ReplayProbe(settings, guard, announce, fix_budget_s).run(run, model, None, ds, False)
+    ```
+    """
+
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        guard,
+        announce: Callable[[str], None],
+        fix_budget_s: Callable[..., float],
+    ):
+        self.settings = settings
+        self.guard = guard
+        self.announce = announce
+        self.fix_budget_s = fix_budget_s
+
+    def run(self, run, model, traced_step, dataset, fixes_due: bool) -> None:
+        """The what-if replay when asked for, else the contention check where it is due.
+
+        Args:
+            run: the `run.lifecycle.Run`, training ended.
+            model: the model fit trained, or `None` for a custom loop.
+            traced_step: fit's timed training function, traced already, or `None`.
+            dataset: the `tf.data.Dataset` training read, or `None`.
+            fixes_due: whether the advised fixes will be timed after it
+                (`AfterTraining`), whose floor the check then measures.
+        """
+        steps = self.settings.what_if_steps
+        if steps:
+            reason = self._replay_blocker(run, model)
+            if reason is not None:
+                run.notes.append(f"The what-if replay did not run: {reason}.")
+            elif self.guard.enabled(features.WHAT_IF):
+                with self.guard(features.WHAT_IF), run.cost.part("what-if replay"):
+                    # After training and with Keras' own functions back: the
+                    # replay restores the model's state, so training is not changed.
+                    try:
+                        run.what_if = what_if_replay.replay_after_fit(
+                            model, steps, run.clock.stats(TRAIN), traced_step
+                        )
+                    except what_if_replay.ReplayUnsupported as limit:
+                        # An expected limit (a strategy, a generator): a note.
+                        run.notes.append(f"The what-if replay did not run. {limit}")
+            return
+        if model is None and self.settings.check_contention:
+            run.notes.append(f"The contention check did not run: {LOOP_HAS_NO_STEP}.")
+        elif self._contention_check_due(run, model):
+            self._contention_check(run, model, traced_step, dataset, fixes_due)
+
+    def _contention_check(self, run, model, traced_step, dataset, fixes_due: bool) -> None:
+        """The contention check, when it may change the verdict or bound the fixes' figures.
+
+        When the advised fixes are timed after it, the check runs for them too,
+        where the wait alone decides the verdict: their figures are capped at
+        steps as fast as the step's compute, and the compute measured in
+        training includes what the pipeline's threads (a map holding the GIL)
+        took from it. The replayed step, with the pipeline stopped, is that
+        floor measured. It then counts with the fix timing, within the larger
+        of its own cap and `FIX_FLOOR_SHARE` of theirs.
+        """
+        skipped = "The contention check did not run: "
+        judgement = run.judgement()
+        step_ms = run.clock.stats(TRAIN).step.mean_ms
+        # Counted as the fixes' floor only where the wait already calls the fit
+        # input-bound: a healthy job's check keeps its own cap and the budget.
+        fixes_due = fixes_due and judgement.verdict.input_bound
+        if not fixes_due and verdict.wait_decides(judgement, step_ms):
+            run.notes.append(
+                skipped + f"the wait alone decides ({judgement.wait_fraction * 100:.1f} % of "
+                "steady-state step time at the fetch, beyond any fetch of a batch already in "
+                "memory); the check could only raise the input's share."
+            )
+            return
+        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
+        budget_s = run.cost.remaining_s()
+        if fixes_due:
+            # Counted with the fix timing, whose figures it bounds, and within
+            # a share of its cap when that is the larger.
+            fix_s = self.fix_budget_s(run)
+            cap_s = max(cap_s, FIX_FLOOR_SHARE * fix_s)
+            if self.settings.measure_fixes_s is None:
+                # "auto" keeps the fixes the time to time one (a short fit's
+                # cap is under a second): a floor with no timed fix bounds nothing.
+                cap_s = max(min(cap_s, fix_s - fix_timing.AUTO_LEAST_S), 0.0)
+            budget_s = cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
+        plan, smallest_s = what_if_replay.contention_plan(
+            step_ms or 0.0,
+            # fit's traced function, reused, is not traced again.
+            _tracing_s(run.clock) if traced_step is None else 0.0,
+            _fresh_iterator_s(run.clock),
+            budget_s,
+            cap_s,
+        )
+        if plan is None:
+            run.notes.append(skipped + _too_long(
+                smallest_s, cap_s, budget_s, fixes_due, self.settings.measure_fixes_s is None
+            ))
+            return
+        if is_tf_dataset(dataset):
+            # Its set-up reads the pipeline's graph (and may copy it): with
+            # large arrays in it, that alone would outlast the cap.
+            heavy = too_much_to_copy(dataset, cap_s, "its set-up (reading the pipeline)")
+            if heavy is not None:
+                run.notes.append(f"{skipped}{heavy}. The wait decides.")
+                return
+            if fixes_due and rerun.dataset_rerun_hazard(dataset) is not None:
+                self._floor_in_a_copy(run, model, traced_step, dataset, plan, cap_s)
+                return
+        if plan.estimate_s > tuner_cost.ANNOUNCE_S:
+            self.announce(f"checking contention (a short replay after training): up to "
+                          f"{plan.estimate_s + plan.round_s:.1f} s")
+        part = tuner_cost.FIX_FLOOR if fixes_due else "contention check"
+        with self.guard(features.CONTENTION_CHECK), run.cost.part(part):
+            try:
+                # The outputs after it need the rest of the budget.
+                deadline = (
+                    time.monotonic() + cap_s
+                    if fixes_due
+                    else run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                )
+                # Its cap bounds the first round; a second one, run only when
+                # the first showed contention, may use the budget's share.
+                run.what_if = what_if_replay.contention_check(
+                    model, verdict.shows_contention, plan, deadline, traced_step,
+                    first_round_by=time.monotonic() + cap_s,
+                )
+            except what_if_replay.ReplayUnsupported as limit:
+                # An expected limit: the wait decides, and the report says why.
+                run.notes.append(f"The contention check did not run. {limit}")
+
+    def _floor_in_a_copy(self, run, model, traced_step, dataset, plan, cap_s: float) -> None:
+        """The fixes' floor of a pipeline that runs Python: the step on batches read in a copy.
+
+        The contention check would run such a pipeline again here and move its
+        Python's state (`pipeline.graph.rerun`). The step alone, replayed on a
+        few batches a forked copy of the process read (`forked_batches`),
+        still measures the floor the fixes' figures are capped at, against
+        training's steps rather than the pipeline's run again.
+        """
+        began = time.monotonic()
+        if plan.estimate_s > tuner_cost.ANNOUNCE_S:
+            self.announce(f"replaying the step for the fixes' floor: up to {cap_s:.1f} s")
+        with self.guard(features.CONTENTION_CHECK), run.cost.part(tuner_cost.FIX_FLOOR):
+            try:
+                found = forked_batches.read_in_a_copy(
+                    dataset,
+                    what_if_replay.CONTENTION_CACHED_BATCHES,
+                    int(COPY_BYTES_PER_S * cap_s),
+                    cap_s,
+                )
+                # Both sides of the check's steps, as the step alone: within the
+                # cap, less what the copy took.
+                left_s = cap_s - (time.monotonic() - began)
+                steps = min(2 * plan.steps, int(left_s / plan.step_s) if plan.step_s else 0)
+                if steps < 2 * what_if_replay.CONTENTION_MIN_TIMED:
+                    raise forked_batches.BatchesUnavailable(
+                        f"Reading its batches in a copy of the process took "
+                        f"{time.monotonic() - began:.1f} s of its {cap_s:.1f} s cap."
+                    )
+                batches = forked_batches.replayable(found, dataset.element_spec)
+                floor = what_if_replay.replay_after_fit(
+                    model, steps, run.clock.stats(TRAIN), traced_step, batches
+                )
+            except (forked_batches.BatchesUnavailable, what_if_replay.ReplayUnsupported) as why:
+                run.notes.append(f"The replay for the fixes' floor did not run. {why}")
+                return
+            floor.method = what_if_replay.FLOOR_METHOD
+            run.what_if = floor
+
+    def _replay_blocker(self, run, model) -> Optional[str]:
+        if model is None:
+            return LOOP_HAS_NO_STEP
+        if not self.guard.enabled(features.STEP_CLOCK):
+            return "it compares with the step clock's timings, and the step clock was turned off"
+        if run.multi_worker:
+            return (
+                "under MultiWorkerMirroredStrategy its steps would run the all-reduce, which "
+                "stalls unless every worker replays the same steps"
+            )
+        return None
+
+    def _contention_check_due(self, run, model) -> bool:
+        """Whether the wait alone may miss what the pipeline costs the step.
+
+        On the CPU the pipeline's threads share the cores with the model, which
+        the wait at the fetch does not show. A short replay of cached batches
+        times the step with input free (see `advice.verdict`). An input-bound
+        job needs it too: the replayed step bounds what any fix can bring, and
+        a pipeline that competes for the cores costs more than its wait.
+        """
+        import keras
+
+        if not (self.settings.check_contention and self.guard.enabled(features.CONTENTION_CHECK)):
+            return False
+        if run.multi_worker or run.measurement != measured_by.IN_STEP or model is None:
+            return False
+        if keras.backend.backend() != "tensorflow":
+            # The replay runs the TensorFlow backend's compiled step.
+            return False
+        if not self.guard.enabled(features.REPORT):
+            # No verdict can be built (that feature failed): none to refine.
+            return False
+        with self.guard(features.CONTENTION_CHECK):
+            steady = run.clock.steady_share(TRAIN)
+            if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
+                return False
+            return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(model)
+        return False
+
+
+def _too_long(
+    smallest_s: float, cap_s: float, budget_s: float, for_fixes: bool, auto: bool
+) -> str:
+    """Why a contention check of `smallest_s` at least did not run."""
+    if for_fixes:
+        kept = (
+            f", less the {fix_timing.AUTO_LEAST_S:g} s measure_fixes=\"auto\" keeps for "
+            "the fixes" if auto else ""
+        )
+        return (
+            f"even its shortest form would take about {smallest_s:.1f} s, more than its cap "
+            f"({cap_s:.1f} s, the larger of its own and {FIX_FLOOR_SHARE:.0%} of the fix "
+            f"timing's, whose figures it bounds{kept}): they are capped at the compute "
+            "measured in training, which the pipeline's threads may have slowed."
+        )
+    return (
+        f"even its shortest form would take about {smallest_s:.1f} s, more "
+        f"than its cap ({cap_s:.1f} s, the larger of "
+        f"{what_if_replay.CONTENTION_LEAST_S:g} s and "
+        f"{what_if_replay.CONTENTION_FIT_SHARE * 100:g} % of the fit) or its share of "
+        f"what was left of the tuner's budget ({budget_s:.1f} s; "
+        "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
+    )
+
+
+def _tracing_s(clock) -> float:
+    """The training's first-step tracing, in seconds (0 when not measured)."""
+    first = clock.first_steps.get(TRAIN)
+    return (first.tracing_ms or 0.0) / 1e3 if first is not None else 0.0
+
+
+def _fresh_iterator_s(clock) -> float:
+    """What a training epoch took to set up its iterator and start, after the first.
+
+    A new iterator of the pipeline pays it again: its set-up and its first
+    steps' wait (a shuffle buffer filling, parallel calls starting). The first
+    epoch's may fill a cache, which the check's iterator finds filled. Of the
+    later epochs, the cheapest: on a busy machine one epoch's start can take a
+    second longer for reasons of the machine's, not the pipeline's (and the
+    check's rounds are sized by what its own calls take).
+    """
+    found = []
+    for epoch in clock.epochs:
+        if epoch.kind != TRAIN:
+            continue
+        start_ms = epoch.start.wait_ms if epoch.start is not None else 0.0
+        found.append(((epoch.setup_ms or 0.0) + start_ms) / 1e3)
+    return min(found[1:] or found or [0.0])
