@@ -53,7 +53,6 @@ from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph import rerun
 from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
 from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
-from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
 from keras_pipeline_tuner.pipeline.lint.catalogue import FIXED_PARALLELISM
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
@@ -63,6 +62,8 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import VECTORIZE_MAP
 from keras_pipeline_tuner.pipeline.tune import results as tune_results
 from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
+from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_INTERLEAVE
@@ -375,14 +376,17 @@ def copy_timeout_s(budget_s: float) -> float:
 def _candidates(dataset, allow_unverified: bool, budget_s: float):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
     whether to time them in a copy of the process)`."""
-    # Rebuilding the pipeline from its graph copies the arrays it holds.
+    # Rebuilding the pipeline from its graph copies the arrays it holds (a
+    # source over `LIGHT_OVER_BYTES` is not copied: see `tune.rebuild`).
     cap_s = min(budget_s, MAX_IN_MEMORY_BYTES / COPY_BYTES_PER_S)
     untouchable = too_much_to_copy(
-        dataset, cap_s, "rebuilding it to time the change within the fix timing's cap"
+        copied_by_rebuild(dataset),
+        cap_s,
+        "rebuilding it to time the change within the fix timing's cap",
     )
     if untouchable is not None:
         return None, [], [], untouchable, False
-    pipeline = read_pipeline(dataset)
+    pipeline = pipeline_for_rebuild(dataset)
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)

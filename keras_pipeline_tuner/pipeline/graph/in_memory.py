@@ -9,6 +9,7 @@ structure and functions, not its data.
 """
 
 from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
@@ -155,35 +156,96 @@ def without_large_sources(dataset, limit: int):
     (16009, 25, True)
     """
     try:
-        return _light(dataset, limit)
+        return _light(dataset, limit, [])
     except _NotRebuilt:
         return None
+
+
+def real_sources(dataset, limit: int) -> list:
+    """The large sources `without_large_sources(dataset, limit)` stands in for, in its order.
+
+    Each stand-in is named `stand_in_name(index, limit)` (the `name` of its
+    `from_tensor_slices`), so that a graph of the light pipeline can be turned
+    back into a dataset over these real sources (`tune.rebuild`): the data is
+    then never serialised or copied.
+
+    Args:
+        dataset: a `tf.data.Dataset`.
+        limit: as given to `without_large_sources`.
+
+    Returns:
+        The source datasets, by the index in their stand-ins' names (none
+        when `without_large_sources` would return `None`).
+
+    Example:
+
+    >>> big = tf.data.Dataset.from_tensor_slices(np.zeros((1000, 4), np.float32))
+    >>> real_sources(big.batch(10), limit=1000) == [big]
+    True
+    """
+    found: list = []
+    try:
+        _light(dataset, limit, found)
+    except _NotRebuilt:
+        return []
+    return found
+
+
+def stand_in_name(index: int, limit: int) -> str:
+    """The name of the stand-in for a pipeline's `index`-th large source (see `real_sources`).
+
+    Example:
+
+    >>> stand_in_name(0, 1000), stand_in_of(stand_in_name(0, 1000))
+    ('kpt_stand_in_0_over_1000', (0, 1000))
+    """
+    return f"{_STAND_IN}{index}_over_{limit}"
+
+
+def stand_in_of(name: str) -> Optional[Tuple[int, int]]:
+    """`(index, limit)` of a stand-in's name, or `None` for any other name."""
+    if not name.startswith(_STAND_IN):
+        return None
+    index, _, limit = name[len(_STAND_IN):].partition("_over_")
+    if not (index.isdigit() and limit.isdigit()):
+        return None
+    return int(index), int(limit)
+
+
+_STAND_IN = "kpt_stand_in_"
 
 
 class _NotRebuilt(Exception):
     """A transformation `_light` does not know how to apply again."""
 
 
-def _light(dataset, limit: int):
+def _light(dataset, limit: int, found: list):
+    """`without_large_sources`; appends each source it stands in for to `found`."""
     tf = tensorflow()
     if in_memory_bytes(dataset) <= limit:
         return dataset
     kind = type(dataset).__name__
-    if kind == "_TensorSliceDataset":
-        return tf.data.Dataset.from_tensor_slices(
-            tf.nest.map_structure(lambda spec: _zeros(spec, 1), dataset.element_spec)
-        )
-    if kind == "_TensorDataset":
+    if kind in ("_TensorSliceDataset", "_TensorDataset"):
+        name = stand_in_name(len(found), limit)
+        found.append(dataset)
+        if kind == "_TensorSliceDataset":
+            return tf.data.Dataset.from_tensor_slices(
+                tf.nest.map_structure(lambda spec: _zeros(spec, 1), dataset.element_spec),
+                name=name,
+            )
         return tf.data.Dataset.from_tensors(
-            tf.nest.map_structure(lambda spec: _zeros(spec, None), dataset.element_spec)
+            tf.nest.map_structure(lambda spec: _zeros(spec, None), dataset.element_spec),
+            name=name,
         )
     if kind == "_ZipDataset":
         inputs = dataset._datasets  # pylint: disable=protected-access
-        return tf.data.Dataset.zip(tf.nest.map_structure(lambda d: _light(d, limit), inputs))
+        return tf.data.Dataset.zip(
+            tf.nest.map_structure(lambda d: _light(d, limit, found), inputs)
+        )
     source = getattr(dataset, "_input_dataset", None)
     if source is None:
         raise _NotRebuilt(kind)
-    light = _light(source, limit)
+    light = _light(source, limit, found)
     attrs = vars(dataset)
     if kind in ("_MapDataset", "_ParallelMapDataset"):
         from tensorflow.python.data.ops import dataset_ops

@@ -130,11 +130,16 @@ def pipeline_from_graph_def(graph_def) -> Pipeline:
     return _GraphReader(graph_def).pipeline()
 
 
-def graph_def_of(dataset):
+def graph_def_of(dataset, light_over: Optional[int] = None):
     """The GraphDef of a dataset, as TensorFlow serialises it.
 
     Args:
         dataset: a `tf.data.Dataset`.
+        light_over: when given, sources holding more in-memory bytes than
+            this are serialised as named one-element stand-ins
+            (`in_memory.without_large_sources`), not copied into the graph;
+            `tune.rebuild` turns such a graph back into a dataset over the
+            real sources. `None` serialises everything.
 
     Returns:
         A `tf.compat.v1.GraphDef`; the final dataset feeds its `_Retval` node.
@@ -146,6 +151,9 @@ def graph_def_of(dataset):
     ['Const', 'RangeDataset', '_Retval']
     """
     tf = tensorflow()
+    if light_over is not None and in_memory_bytes(dataset) > light_over:
+        light = without_large_sources(dataset, light_over)
+        dataset = dataset if light is None else light
     return _graph_def(
         dataset._as_serialized_graph(  # pylint: disable=protected-access
             external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE

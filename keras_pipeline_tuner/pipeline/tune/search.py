@@ -20,6 +20,7 @@ from keras_pipeline_tuner.pipeline.tune.code import tuned_code
 from keras_pipeline_tuner.pipeline.tune.paired_timing import OutOfTime
 from keras_pipeline_tuner.pipeline.tune.paired_timing import median_ratio
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
+from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.results import FAILED
 from keras_pipeline_tuner.pipeline.tune.results import UNVERIFIED
 from keras_pipeline_tuner.pipeline.tune.results import RewriteOutcome
@@ -53,7 +54,7 @@ class Search:
     def run(self):
         """Tries every candidate rewrite; returns `(tuned_dataset, TuneResult)`."""
         session = self.session
-        pipeline = read_pipeline(session.dataset)
+        pipeline = pipeline_for_rebuild(session.dataset)
         python = session.read_reference(pipeline)
         candidates, outcomes, problem = self._plan(pipeline)
         session.size_passes(len(candidates) + 1)

@@ -16,8 +16,6 @@ from typing import Optional
 from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
-from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
-from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.tune import pass_size
 from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_SHARE
@@ -28,7 +26,9 @@ from keras_pipeline_tuner.pipeline.tune.cache_scratch import FillTooLong
 from keras_pipeline_tuner.pipeline.tune.element_checks import ElementChecks
 from keras_pipeline_tuner.pipeline.tune.graph_editing import apply_rewrites
 from keras_pipeline_tuner.pipeline.tune.progress import PassProgress
+from keras_pipeline_tuner.pipeline.tune.rebuild import graph_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.rebuild import independent_copy
+from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild
 from keras_pipeline_tuner.pipeline.tune.results import CHANGED_ELEMENTS
 from keras_pipeline_tuner.pipeline.tune.results import FAILED
@@ -104,7 +104,7 @@ class TuningSession:
         self.max_python_epochs = max_python_epochs
         self.min_gain = min_gain
         self.spec = dataset.element_spec
-        self.graph_def = graph_def_of(dataset)
+        self.graph_def = graph_for_rebuild(dataset)
         self.notes: List[str] = []
         # The pipeline as read, and whether it draws random numbers (with its reference).
         self.pipeline = None
@@ -122,7 +122,7 @@ class TuningSession:
 
     def measure(self, rewrites) -> List[TimedRewrite]:
         """Times each rewrite on its own against the pipeline as written; keeps none."""
-        pipeline = read_pipeline(self.dataset)
+        pipeline = pipeline_for_rebuild(self.dataset)
         self.read_reference(pipeline)
         self.size_passes(len(rewrites))
         problem = self.rebuild_problem()

@@ -373,3 +373,39 @@ def test_parallel_python_map_is_marked_unproven():
     assert "Python" in candidates[rewrite.PARALLEL_MAP].unverified
     candidates, _, _ = planned(tf.data.Dataset.range(4).map(halve).batch(2))
     assert all(r.unverified is None for r in candidates.values())
+
+
+def large_strings(count=24, each=1 << 20):
+    """`count` distinct strings of `each` bytes: 24 MB, over the rebuild's light limit."""
+    return [bytes([index]) * each for index in range(count)]
+
+
+def first_byte(x):
+    return tf.cast(tf.io.decode_raw(tf.strings.substr(x, 0, 1), tf.uint8)[0], tf.int64)
+
+
+def test_a_large_source_is_rebuilt_over_the_real_data_without_copying_it():
+    from keras_pipeline_tuner.pipeline.tune.rebuild import LIGHT_OVER_BYTES
+    from keras_pipeline_tuner.pipeline.tune.rebuild import graph_for_rebuild
+    from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
+
+    def pipeline():
+        source = tf.data.Dataset.from_tensor_slices(large_strings())
+        pairs = tf.data.Dataset.zip((source, tf.data.Dataset.range(24)))
+        return pairs.map(lambda x, y: (first_byte(x), y)).shuffle(24, seed=3).batch(4)
+
+    dataset, twin = pipeline(), pipeline()
+    graph_def = graph_for_rebuild(dataset)
+    # The graph holds a one-element stand-in, not the 24 MB.
+    assert graph_def.ByteSize() < LIGHT_OVER_BYTES // 100
+    candidates, _ = plan_rewrites(pipeline_for_rebuild(dataset), allow_nondeterministic=True)
+    assert {item.kind for item in candidates} >= {rewrite.CACHE, rewrite.PARALLEL_BATCH}
+    for _ in range(2):
+        tuned = rebuild(apply_rewrites(graph_def, candidates), dataset.element_spec, dataset)
+        # Over the real strings: every element's first byte, each once.
+        values = [pair for batch in elements(tuned) for pair in zip(*batch)]
+        assert sorted(values) == [(index, index) for index in range(24)]
+    # Its rebuilds shuffle with generators of their own (not seeded as the
+    # original's, unlike a rebuild through DatasetFromGraph): the original's
+    # orders are those of a twin no rebuild touched.
+    assert [elements(dataset) for _ in range(2)] == [elements(twin) for _ in range(2)]
