@@ -597,10 +597,17 @@ def ends_ahead(pipeline) -> bool:
     >>> from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
     >>> ends_ahead(read_pipeline(tf.data.Dataset.range(8).batch(2).prefetch(1)))
     True
+    >>> options = tf.data.Options()
+    >>> options.experimental_optimization.map_parallelization = False
+    >>> fused = tf.data.Dataset.range(8).map(tf.abs).batch(2).with_options(options)
+    >>> ends_ahead(read_pipeline(fused))  # TensorFlow runs a map-and-batch, then a prefetch
+    True
     """
-    final = pipeline.runtime_final or pipeline.final
+    # Names are the runtime graph's from its final stage: look them up there.
+    read = pipeline.runtime if pipeline.runtime_final is not None else pipeline
+    final = read.final
     while final is not None and final.kind == kinds.WITH_OPTIONS and final.inputs:
-        final = pipeline.stage(final.inputs[0])
+        final = read.stage(final.inputs[0])
     return final is not None and final.op in _ASYNCHRONOUS_OPS
 
 

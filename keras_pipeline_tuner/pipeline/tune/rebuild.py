@@ -205,15 +205,20 @@ def independent_copy(dataset):
     True
     """
     tf = tensorflow()
-    if in_memory_bytes(dataset) > COPY_MAX_IN_MEMORY_BYTES:
-        light = without_large_sources(dataset, COPY_MAX_IN_MEMORY_BYTES)
-        if light is None or GraphEditor(graph_def_of(light)).seed_generator_inputs():
-            return None
+    held = in_memory_bytes(dataset)
+    # Read over stand-ins of its large sources where it can be: most pipelines
+    # hold no seed generator, and then need no copy at all.
+    read = copied_by_rebuild(dataset)
+    if read is dataset and held > COPY_MAX_IN_MEMORY_BYTES:
+        return None
+    graph_def = graph_def_of(read)
+    if not GraphEditor(graph_def).seed_generator_inputs():
         return dataset
-    graph_def = graph_def_of(dataset)
+    if held > COPY_MAX_IN_MEMORY_BYTES:
+        return None
+    if read is not dataset:
+        graph_def = graph_def_of(dataset)
     editor = GraphEditor(graph_def)
-    if not editor.seed_generator_inputs():
-        return dataset
     editor.renew_seed_generators()
     variant = tf.raw_ops.DatasetFromGraph(graph_def=graph_def.SerializeToString())
     copy = tf.data.experimental.from_variant(variant, dataset.element_spec)
