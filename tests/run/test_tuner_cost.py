@@ -25,6 +25,16 @@ def _fit(dataset, model, epochs=2, **tuner_kwargs):
     return tuner.report
 
 
+SHORTEST_FORM = "The contention check did not run: even its shortest form"
+
+
+def _noted(report, start, containing=""):
+    """Whether a note of the report starts with `start` and holds `containing`."""
+    found = any(note.startswith(start) and containing in note for note in report.notes)
+    assert found, report.notes
+    return found
+
+
 def test_the_contention_check_is_skipped_when_the_wait_decides():
     # 60 ms of sleeping input a batch against a step of about a millisecond:
     # no fetch floor and no contention can change "highly input-bound".
@@ -100,11 +110,7 @@ def test_auto_keeps_time_for_the_fixes_before_their_floor():
     dataset = replayable_source(100 * BATCH, 0.015).batch(BATCH)
     report = _fit(dataset, tiny_model())
     assert report.what_if is None
-    assert any(
-        note.startswith("The contention check did not run: even its shortest form")
-        and 'less the 0.5 s measure_fixes="auto" keeps for the fixes' in note
-        for note in report.notes
-    ), report.notes
+    assert _noted(report, SHORTEST_FORM, 'less the 0.5 s measure_fixes="auto" keeps for the fixes')
     assert tuner_cost.FIX_FLOOR not in report.tuner_cost.parts
 
 
@@ -147,11 +153,7 @@ def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
     # check, unless the budget has no room for it.
     report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=0)
     assert report.what_if is None
-    assert any(
-        note.startswith("The contention check did not run: even its shortest form")
-        and "cost_budget_s" in note
-        for note in report.notes
-    ), report.notes
+    assert _noted(report, SHORTEST_FORM, "cost_budget_s")
     assert report.tuner_cost.budget_s == 0.0
 
 

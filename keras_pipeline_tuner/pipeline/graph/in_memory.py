@@ -18,6 +18,8 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 # graph, the reference, the checks, the passes); 118 MB of encoded images took
 # 1.1-1.6 s a copy here, and reading its pipeline 2.7 s.
 COPY_BYTES_PER_S = 12 * 2**20
+# The names of `without_large_sources`' stand-ins start with this.
+_STAND_IN = "kpt_stand_in_"
 
 
 def too_much_to_copy(dataset, cap_s: float, work: str) -> Optional[str]:
@@ -210,9 +212,6 @@ def stand_in_of(name: str) -> Optional[Tuple[int, int]]:
     if not (index.isdigit() and limit.isdigit()):
         return None
     return int(index), int(limit)
-
-
-_STAND_IN = "kpt_stand_in_"
 
 
 class _NotRebuilt(Exception):
