@@ -139,10 +139,14 @@ def test_a_rewrite_is_measured_when_the_budget_allows_its_own_passes():
     # Measured (how many rounds fit before the deadline depends on the machine's load).
     assert tried[0].status != "not measured" and tried[0].ratio is not None, tried[0]
     assert tried[0].rounds >= 1
-    # The later ones are not: the budget is spent, or (passes stretched by a
-    # busy machine) a whole measurement no longer fits it.
+    # The later ones, quiet, are not: the budget is spent, or (passes stretched
+    # by a busy machine) a whole measurement no longer fits it. Beside a load a
+    # second one was seen measured in full (the passes' size and the rounds a
+    # comparison takes depend on the load): measured, or saying why not.
     for later in tried[1:]:
-        assert later.status == "not measured"
+        if later.status != "not measured":
+            assert later.ratio is not None and later.rounds >= 1, later
+            continue
         assert ("time budget was spent" in later.reason and "of 6.4 s used" in later.reason) or (
             "too slow to measure within budget_s=6.4" in later.reason
         ), later.reason
