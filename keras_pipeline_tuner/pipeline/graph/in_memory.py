@@ -247,34 +247,7 @@ def _light(dataset, limit: int, found: list):
     light = _light(source, limit, found)
     attrs = vars(dataset)
     if kind in ("_MapDataset", "_ParallelMapDataset"):
-        from tensorflow.python.data.ops import dataset_ops
-        from tensorflow.python.ops import gen_dataset_ops
-
-        function = attrs["_map_func"].function
-        common = dict(
-            f=function,
-            use_inter_op_parallelism=attrs["_use_inter_op_parallelism"],
-            preserve_cardinality=attrs["_preserve_cardinality"],
-            **dataset._common_args,  # pylint: disable=protected-access
-        )
-        variant = light._variant_tensor  # pylint: disable=protected-access
-        if kind == "_MapDataset":
-            made = gen_dataset_ops.map_dataset(
-                variant,
-                function.captured_inputs,
-                force_synchronous=attrs.get("_force_synchronous", False),
-                **common,
-            )
-        else:
-            made = gen_dataset_ops.parallel_map_dataset_v2(
-                variant,
-                function.captured_inputs,
-                num_parallel_calls=attrs["_num_parallel_calls"],
-                deterministic=attrs["_deterministic"],
-                use_unbounded_threadpool=attrs.get("_use_unbounded_threadpool", False),
-                **common,
-            )
-        return dataset_ops._VariantDataset(made, dataset.element_spec)  # pylint: disable=protected-access
+        return _map_again(dataset, light)
     if kind == "_ShuffleDataset":
         return light.shuffle(
             int(attrs["_buffer_size"]),
@@ -300,6 +273,40 @@ def _light(dataset, limit: int, found: list):
     if kind == "_OptionsDataset":
         return light.with_options(attrs["_options_attr"])
     raise _NotRebuilt(kind)
+
+
+def _map_again(dataset, light):
+    """`dataset`, a map or a parallel map, applied again to `light` with its own function."""
+    from tensorflow.python.data.ops import dataset_ops
+    from tensorflow.python.ops import gen_dataset_ops
+
+    kind = type(dataset).__name__
+    attrs = vars(dataset)
+    function = attrs["_map_func"].function
+    common = dict(
+        f=function,
+        use_inter_op_parallelism=attrs["_use_inter_op_parallelism"],
+        preserve_cardinality=attrs["_preserve_cardinality"],
+        **dataset._common_args,  # pylint: disable=protected-access
+    )
+    variant = light._variant_tensor  # pylint: disable=protected-access
+    if kind == "_MapDataset":
+        made = gen_dataset_ops.map_dataset(
+            variant,
+            function.captured_inputs,
+            force_synchronous=attrs.get("_force_synchronous", False),
+            **common,
+        )
+    else:
+        made = gen_dataset_ops.parallel_map_dataset_v2(
+            variant,
+            function.captured_inputs,
+            num_parallel_calls=attrs["_num_parallel_calls"],
+            deterministic=attrs["_deterministic"],
+            use_unbounded_threadpool=attrs.get("_use_unbounded_threadpool", False),
+            **common,
+        )
+    return dataset_ops._VariantDataset(made, dataset.element_spec)  # pylint: disable=protected-access
 
 
 def _zeros(spec, rows: Optional[int]):
