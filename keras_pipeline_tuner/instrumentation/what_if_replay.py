@@ -281,20 +281,20 @@ def replay_after_fit(
             replayed here (says which).
         ValueError: when the real steps' times are unknown.
     """
-    found = fit_input.find_fit_input(model) if batches is None else None
-    if batches is None and (found is None or found.replay_dataset is None):
-        kind = "no data it could find" if found is None else f"{found.kind} data"
-        raise ReplayUnsupported(
-            f"The replay needs fit's training data as a tf.data.Dataset or NumPy arrays, "
-            f"and fit got {kind}: call kpt.what_if(model, dataset) with a tf.data version "
-            "of it."
-        )
+    if batches is not None:
+        dataset, cached = batches, int(batches.cardinality())
+    else:
+        found = fit_input.find_fit_input(model)
+        if found is None or found.replay_dataset is None:
+            kind = "no data it could find" if found is None else f"{found.kind} data"
+            raise ReplayUnsupported(
+                f"The replay needs fit's training data as a tf.data.Dataset or NumPy arrays, "
+                f"and fit got {kind}: call kpt.what_if(model, dataset) with a tf.data version "
+                "of it."
+            )
+        dataset, cached = found.replay_dataset, DEFAULT_CACHED_BATCHES
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
-    if batches is None:
-        dataset, cached = found.replay_dataset, DEFAULT_CACHED_BATCHES
-    else:
-        dataset, cached = batches, int(batches.cardinality())
     return _what_if(model, dataset, steps, cached, train_stats, traced=traced_step)
 
 
