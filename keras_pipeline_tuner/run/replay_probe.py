@@ -12,6 +12,7 @@ replayed on batches a forked copy of the process read (`forked_batches`).
 import time
 from typing import Callable
 from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
@@ -22,6 +23,7 @@ from keras_pipeline_tuner.instrumentation import what_if_replay
 from keras_pipeline_tuner.pipeline.graph import rerun
 from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
 from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
+from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
 from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing import tuner_cost
@@ -123,18 +125,7 @@ class ReplayProbe:
                 "memory); the check could only raise the input's share."
             )
             return
-        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
-        budget_s = run.cost.remaining_s()
-        if fixes_due:
-            # Counted with the fix timing, whose figures it bounds, and within
-            # a share of its cap when that is the larger.
-            fix_s = self.fix_budget_s(run)
-            cap_s = max(cap_s, FIX_FLOOR_SHARE * fix_s)
-            if self.settings.measure_fixes_s is None:
-                # "auto" keeps the fixes the time to time one (a short fit's
-                # cap is under a second): a floor with no timed fix bounds nothing.
-                cap_s = max(min(cap_s, fix_s - fix_timing.AUTO_LEAST_S), 0.0)
-            budget_s = cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
+        cap_s, budget_s = self._cap_and_budget(run, fixes_due)
         plan, smallest_s = what_if_replay.contention_plan(
             step_ms or 0.0,
             # fit's traced function, reused, is not traced again.
@@ -150,8 +141,11 @@ class ReplayProbe:
             return
         if is_tf_dataset(dataset):
             # Its set-up reads the pipeline's graph (and may copy it): with
-            # large arrays in it, that alone would outlast the cap.
-            heavy = too_much_to_copy(dataset, cap_s, "its set-up (reading the pipeline)")
+            # many small arrays in it, that alone would outlast the cap (large
+            # sources are read as stand-ins, not copied).
+            heavy = too_much_to_copy(
+                copied_by_rebuild(dataset), cap_s, "its set-up (reading the pipeline)"
+            )
             if heavy is not None:
                 run.notes.append(f"{skipped}{heavy}. The wait decides.")
                 return
@@ -179,6 +173,21 @@ class ReplayProbe:
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
                 run.notes.append(f"The contention check did not run. {limit}")
+
+    def _cap_and_budget(self, run, fixes_due: bool) -> Tuple[float, float]:
+        """`(cap_s, budget_s)`: the check's own cap, and the budget its plan may use."""
+        cap_s = what_if_replay.contention_cap_s(run.cost.cost().fit_s)
+        if not fixes_due:
+            return cap_s, run.cost.remaining_s()
+        # Counted with the fix timing, whose figures it bounds, and within a
+        # share of its cap when that is the larger.
+        fix_s = self.fix_budget_s(run)
+        cap_s = max(cap_s, FIX_FLOOR_SHARE * fix_s)
+        if self.settings.measure_fixes_s is None:
+            # "auto" keeps the fixes the time to time one (a short fit's cap
+            # is under a second): a floor with no timed fix bounds nothing.
+            cap_s = max(min(cap_s, fix_s - fix_timing.AUTO_LEAST_S), 0.0)
+        return cap_s, cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
 
     def _floor_in_a_copy(self, run, model, traced_step, dataset, plan, cap_s: float) -> None:
         """The fixes' floor of a pipeline that runs Python: the step on batches read in a copy.

@@ -212,10 +212,22 @@ def test_timing_the_fixes_after_fit_changes_nothing_of_the_training():
     assert draws == plain_draws
 
 
-def _train_on_shuffled_arrays(with_tuner):
+# Bytes of each element's padding in the large pipeline: 72 MB in all, over
+# what a rebuild or a copy of the pipeline would serialise.
+_PADDING = 3 * 2**18
+
+
+def _train_on_shuffled_arrays(with_tuner, large=False):
     keras.utils.set_random_seed(7)
     x = np.linspace(0, 1, 96 * FEATURES, dtype=np.float32).reshape(96, FEATURES)
     y = (x.sum(axis=1) > FEATURES / 2).astype(np.float32)
+    # Keras' own dataset over the arrays, or the user's over a large source.
+    data = dict(x=x, y=y, batch_size=4, shuffle=True)
+    if large:
+        padding = np.zeros((96, _PADDING), np.uint8)
+        source = tf.data.Dataset.from_tensor_slices((x, y, padding))
+        dataset = source.shuffle(96).map(lambda x, y, padding: (x, y)).batch(4)
+        data = dict(x=dataset)
     # 20 ms of compute a step: a healthy job even where a busy machine makes
     # the fetch take milliseconds, so the wait never decides and the check runs.
     model = keras.Sequential(
@@ -231,15 +243,7 @@ def _train_on_shuffled_arrays(with_tuner):
     tuner = kpt.PipelineTuner(verbose=0, profile="off", cost_budget_s=30) if with_tuner else None
     # Two fits: the second shuffles and drops out as it would have after the first.
     histories = [
-        model.fit(
-            x,
-            y,
-            batch_size=4,
-            epochs=2,
-            shuffle=True,
-            verbose=0,
-            callbacks=[tuner] if tuner else [],
-        ).history
+        model.fit(**data, epochs=2, verbose=0, callbacks=[tuner] if tuner else []).history
         for _ in range(2)
     ]
     draws = (
@@ -252,14 +256,19 @@ def _train_on_shuffled_arrays(with_tuner):
     return state, draws, tuner
 
 
-def test_the_contention_check_on_shuffled_arrays_changes_nothing_of_the_training(monkeypatch):
+@pytest.mark.parametrize("large", [False, True], ids=["arrays", "large-source"])
+def test_the_contention_check_on_shuffled_arrays_changes_nothing_of_the_training(
+    monkeypatch, large
+):
     # The check's own cap raised to what a fit of minutes gives it: it runs
-    # whatever the load, and what it might change is what is checked.
+    # whatever the load, and what it might change is what is checked. The
+    # large source (72 MB) is read over stand-ins, and the check's copy of
+    # the reshuffling pipeline is rebuilt over the real arrays, not copied.
     monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     (plain_iterations, plain_histories, plain_weights), plain_draws, _ = _train_on_shuffled_arrays(
-        False
+        False, large
     )
-    (iterations, histories, weights), draws, tuner = _train_on_shuffled_arrays(True)
+    (iterations, histories, weights), draws, tuner = _train_on_shuffled_arrays(True, large)
     # The check ran, on the dataset Keras built from the arrays: its replay
     # measured the fetch of a batch already in memory.
     what_if = tuner.report.what_if

@@ -134,18 +134,32 @@ def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
     )
 
 
-def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
-    # A healthy job whose pipeline also holds 19 MB of strings (encoded images,
-    # say): reading its graph alone would outlast the check's cap of 0.5 s.
-    strings = tf.data.Dataset.from_tensor_slices([b"x" * 200_000] * (24 * BATCH))
+def _holding_strings(each_bytes):
+    """A healthy job's pipeline that also holds 96 strings of `each_bytes` (encoded images)."""
+    strings = tf.data.Dataset.from_tensor_slices([b"x" * each_bytes] * (24 * BATCH))
     dataset = tf.data.Dataset.zip((cached_source(24 * BATCH), strings))
-    report = _fit(dataset.map(lambda xy, _: xy).batch(BATCH), tiny_model(0.02))
+    return dataset.map(lambda xy, _: xy).batch(BATCH)
+
+
+def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
+    # 8 MB of strings, under the size read as a stand-in: reading the graph
+    # copies them, which would outlast the check's cap of 0.5 s.
+    report = _fit(_holding_strings(80_000), tiny_model(0.02))
     assert report.what_if is None
     assert any(
-        note.startswith("The contention check did not run: the pipeline holds 19 MB")
+        note.startswith("The contention check did not run: the pipeline holds 8 MB")
         for note in report.notes
     ), report.notes
     assert "contention check" not in report.tuner_cost.parts
+
+
+def test_a_check_over_a_large_source_reads_it_in_place(monkeypatch):
+    # 40 MB of strings in one source: read as a stand-in, never copied, so
+    # the check runs. Its cap is raised to 3 s, so that a busy machine's
+    # slower set-up cannot end it, and 3 s would copy only 36 MB.
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 3.0)
+    report = _fit(_holding_strings(420_000), tiny_model(0.02), cost_budget_s=30)
+    assert report.what_if is not None and report.what_if.rounds, report.notes
 
 
 def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():

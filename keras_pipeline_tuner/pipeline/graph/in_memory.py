@@ -249,10 +249,7 @@ def _light(dataset, limit: int, found: list):
     if kind in ("_MapDataset", "_ParallelMapDataset"):
         return _map_again(dataset, light)
     if kind == "_ShuffleDataset":
-        return light.shuffle(
-            int(attrs["_buffer_size"]),
-            reshuffle_each_iteration=attrs["_reshuffle_each_iteration"],
-        )
+        return _shuffle_again(dataset, light)
     if kind in ("_BatchDataset", "_ParallelBatchDataset"):
         return light.batch(
             int(attrs["_batch_size"]),
@@ -306,6 +303,29 @@ def _map_again(dataset, light):
             use_unbounded_threadpool=attrs.get("_use_unbounded_threadpool", False),
             **common,
         )
+    return dataset_ops._VariantDataset(made, dataset.element_spec)  # pylint: disable=protected-access
+
+
+def _shuffle_again(dataset, light):
+    """`dataset`, a shuffle, applied again to `light` with its own seeds.
+
+    `light.shuffle(...)` without a seed would draw one from TensorFlow's
+    global seed (moving the user's later random draws on) and shuffle in
+    another order than the dataset's.
+    """
+    from tensorflow.python.data.ops import dataset_ops
+    from tensorflow.python.ops import gen_dataset_ops
+
+    attrs = vars(dataset)
+    made = gen_dataset_ops.shuffle_dataset_v3(
+        light._variant_tensor,  # pylint: disable=protected-access
+        buffer_size=attrs["_buffer_size"],
+        seed=attrs["_seed"],
+        seed2=attrs["_seed2"],
+        seed_generator=gen_dataset_ops.dummy_seed_generator(),
+        reshuffle_each_iteration=attrs["_reshuffle_each_iteration"],
+        **dataset._common_args,  # pylint: disable=protected-access
+    )
     return dataset_ops._VariantDataset(made, dataset.element_spec)  # pylint: disable=protected-access
 
 

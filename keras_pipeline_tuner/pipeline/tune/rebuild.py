@@ -10,9 +10,8 @@ A graph read light (`reader.graph_def_of(dataset, light_over=...)`) holds
 named one-element stand-ins of the dataset's large in-memory sources: it is
 imported into a function whose arguments are the real sources, so that the
 data is never serialised or copied (118 MB of encoded images: 0.05 s against
-some 3 s through `DatasetFromGraph`). Such a rebuild's shuffles draw seeds of
-their own, not those a new dataset would: its order is not the original's
-first (the original's own orders are untouched either way).
+some 3 s through `DatasetFromGraph`). The stand-ins' pipeline keeps the
+dataset's shuffle seeds, so such a rebuild shuffles as a new dataset would.
 """
 
 from typing import Any
@@ -103,11 +102,17 @@ def rebuild(graph_def, element_spec, keep_alive: Any):
     # Its own random seeds too: iterating it leaves the original's shuffle
     # order as it was, and it shuffles as a newly built dataset would.
     editor.renew_seed_generators()
-    stand_ins = _stand_ins(fresh)
+    return _dataset_of(fresh, element_spec, keep_alive)
+
+
+def _dataset_of(graph_def, element_spec, keep_alive):
+    """The dataset of a (light or full) graph, over the real sources of `keep_alive`."""
+    tf = tensorflow()
+    stand_ins = _stand_ins(graph_def)
     if stand_ins:
-        variant, built_by = _over_real_sources(fresh, stand_ins, keep_alive)
+        variant, built_by = _over_real_sources(graph_def, stand_ins, keep_alive)
     else:
-        variant = tf.raw_ops.DatasetFromGraph(graph_def=fresh.SerializeToString())
+        variant = tf.raw_ops.DatasetFromGraph(graph_def=graph_def.SerializeToString())
         built_by = None
     dataset = tf.data.experimental.from_variant(variant, element_spec)
     # It runs the functions of the graph it came from: they live as long as
@@ -182,9 +187,9 @@ def independent_copy(dataset):
     A dataset that reshuffles every epoch draws each new iterator's seed from a
     generator it holds, so any extra pass over it (or over a dataset built on
     it) changes the order the next `fit` on it sees. The copy is rebuilt from
-    the dataset's graph with fresh seed generators, which start where a new
-    dataset's would; its caches stay shared, so a cache training filled is
-    read, not filled again.
+    the dataset's graph with fresh seed generators; its caches stay shared, so
+    a cache training filled is read, not filled again. Large in-memory sources
+    are not copied: the copy is rebuilt over them (see the module's docstring).
 
     Args:
         dataset: a `tf.data.Dataset`.
@@ -192,8 +197,9 @@ def independent_copy(dataset):
     Returns:
         The copy, or `dataset` itself when it holds no seed generator (extra
         passes then change nothing later passes see), or `None` when it holds
-        one but also too many in-memory tensors to copy cheaply
-        (`COPY_MAX_IN_MEMORY_BYTES`).
+        one but also more small in-memory tensors than a copy should hold
+        (`COPY_MAX_IN_MEMORY_BYTES`), or large sources and a cache (a copy
+        over stand-ins would not share the cache).
 
     Example:
 
@@ -204,24 +210,17 @@ def independent_copy(dataset):
     >>> [list(ds.as_numpy_iterator()) for _ in range(2)] == expected
     True
     """
-    tf = tensorflow()
-    held = in_memory_bytes(dataset)
-    # Read over stand-ins of its large sources where it can be: most pipelines
-    # hold no seed generator, and then need no copy at all.
+    # Over stand-ins of its large sources: those are never copied.
     read = copied_by_rebuild(dataset)
-    if read is dataset and held > COPY_MAX_IN_MEMORY_BYTES:
+    if in_memory_bytes(read) > COPY_MAX_IN_MEMORY_BYTES:
         return None
     graph_def = graph_def_of(read)
-    if not GraphEditor(graph_def).seed_generator_inputs():
-        return dataset
-    if held > COPY_MAX_IN_MEMORY_BYTES:
-        return None
-    if read is not dataset:
-        graph_def = graph_def_of(dataset)
     editor = GraphEditor(graph_def)
+    if not editor.seed_generator_inputs():
+        # Most pipelines hold none, and then need no copy at all.
+        return dataset
+    if read is not dataset and any(node.op == "CacheDatasetV2" for node in graph_def.node):
+        # The stand-ins' pipeline applied `cache()` again: a buffer of its own.
+        return None
     editor.renew_seed_generators()
-    variant = tf.raw_ops.DatasetFromGraph(graph_def=graph_def.SerializeToString())
-    copy = tf.data.experimental.from_variant(variant, dataset.element_spec)
-    # The Python functions its graph calls live as long as the original.
-    copy._kpt_rebuilt_from = dataset  # pylint: disable=protected-access
-    return copy
+    return _dataset_of(graph_def, dataset.element_spec, dataset)

@@ -394,18 +394,41 @@ def test_a_large_source_is_rebuilt_over_the_real_data_without_copying_it():
         pairs = tf.data.Dataset.zip((source, tf.data.Dataset.range(24)))
         return pairs.map(lambda x, y: (first_byte(x), y)).shuffle(24, seed=3).batch(4)
 
-    dataset, twin = pipeline(), pipeline()
+    dataset, twin, new = pipeline(), pipeline(), pipeline()
     graph_def = graph_for_rebuild(dataset)
     # The graph holds a one-element stand-in, not the 24 MB.
     assert graph_def.ByteSize() < LIGHT_OVER_BYTES // 100
     candidates, _ = plan_rewrites(pipeline_for_rebuild(dataset), allow_nondeterministic=True)
     assert {item.kind for item in candidates} >= {rewrite.CACHE, rewrite.PARALLEL_BATCH}
+    def pairs_of(dataset):
+        return [pair for batch in elements(dataset) for pair in zip(*batch)]
+
+    first = pairs_of(new)
+    assert sorted(first) == [(index, index) for index in range(24)]
     for _ in range(2):
         tuned = rebuild(apply_rewrites(graph_def, candidates), dataset.element_spec, dataset)
-        # Over the real strings: every element's first byte, each once.
-        values = [pair for batch in elements(tuned) for pair in zip(*batch)]
-        assert sorted(values) == [(index, index) for index in range(24)]
-    # Its rebuilds shuffle with generators of their own (not seeded as the
-    # original's, unlike a rebuild through DatasetFromGraph): the original's
-    # orders are those of a twin no rebuild touched.
+        # Over the real strings: every element's first byte, each once, in the
+        # order a new dataset's first pass gives (the shuffle keeps its seeds).
+        assert pairs_of(tuned) == first
+    # The original's orders are those of a twin no rebuild touched.
     assert [elements(dataset) for _ in range(2)] == [elements(twin) for _ in range(2)]
+
+
+def test_a_reshuffling_large_source_gets_a_copy_over_the_real_data():
+    from keras_pipeline_tuner.pipeline.tune.rebuild import independent_copy
+
+    def pipeline(cached=False):
+        source = tf.data.Dataset.from_tensor_slices(large_strings())
+        pairs = tf.data.Dataset.zip((source, tf.data.Dataset.range(24)))
+        mapped = pairs.map(lambda x, y: (first_byte(x), y))
+        return (mapped.cache() if cached else mapped).shuffle(24, seed=3).batch(4)
+
+    dataset, twin, new = pipeline(), pipeline(), pipeline()
+    copy = independent_copy(dataset)
+    assert copy is not None and copy is not dataset
+    # It reads the real strings, shuffled as a new dataset is, and leaves
+    # the original's orders as a twin's.
+    assert elements(copy) == elements(new)
+    assert [elements(dataset) for _ in range(2)] == [elements(twin) for _ in range(2)]
+    # A copy over stand-ins would fill a cache of its own, not read training's.
+    assert independent_copy(pipeline(cached=True)) is None
