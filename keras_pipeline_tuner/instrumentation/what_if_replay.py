@@ -458,19 +458,24 @@ class RoundControl:
         Raises:
             ReplayUnsupported: when not even `CONTENTION_MIN_TIMED` fit.
         """
-        ends_by = self.deadline
-        if self.first_round_by is not None:
-            ends_by = min(ends_by, self.first_round_by)
+        capped = self.first_round_by is not None and self.first_round_by < self.deadline
+        ends_by = self.first_round_by if capped else self.deadline
         remaining_s = ends_by - time.monotonic()
         # A step of each side, with room for the pipeline's fresh iterator and
         # its epoch ends (measured here: blocks take up to about twice this).
         side_s = 2 * (call_s + max(call_s, self.pipeline_step_s))
         fitting = min(steps, int(remaining_s / side_s)) if side_s > 0 else steps
         if fitting < CONTENTION_MIN_TIMED:
+            # Name what ran out: a larger budget does not lift the cap.
+            used = (
+                f"the check's own cap (the larger of {CONTENTION_LEAST_S:g} s and "
+                f"{CONTENTION_FIT_SHARE:.0%} of the fit's time; a longer fit allows more)"
+                if capped
+                else "the tuner's time budget (PipelineTuner(cost_budget_s=...) gives it more)"
+            )
             raise ReplayUnsupported(
                 "Its set-up (copying the pipeline, filling its cache, finding what the "
-                "step changes) used the tuner's time budget before any step was timed; "
-                "PipelineTuner(cost_budget_s=...) gives it more. The wait decides."
+                f"step changes) used {used} before any step was timed. The wait decides."
             )
         self.sized_steps = fitting
         return fitting

@@ -291,3 +291,21 @@ def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
     assert gain.speedup == 1.0 and gain.step_ms_after == gain.step_ms
     assert "no faster than" in gain.statement and "at most" not in gain.statement
     assert describe_gain(gain) == "no gain (measured)"
+
+
+@pytest.mark.parametrize("capped", [True, False], ids=["its-cap", "the-budget"])
+def test_a_check_whose_set_up_used_its_time_names_what_ran_out(capped):
+    # The check's own cap (1 % of the fit) is not lifted by a larger budget:
+    # the note must not send the user to cost_budget_s when the cap ran out.
+    now = time.monotonic()
+    control = what_if_replay.RoundControl(
+        shows_contention=lambda pipeline_ms, replay_ms: False,
+        deadline=now + (60.0 if capped else 0.0),
+        pipeline_step_s=0.01,
+        first_round_by=now if capped else now + 60.0,
+    )
+    with pytest.raises(what_if_replay.ReplayUnsupported) as raised:
+        control.steps_for(20, call_s=0.01)
+    message = str(raised.value)
+    assert ("the check's own cap" in message) == capped, message
+    assert ("cost_budget_s" in message) != capped, message
