@@ -47,8 +47,9 @@ class EarlyVerdict:
         self._guard = guard
         self._verbose = verbose
         self._began = time.monotonic()
-        # The clock's `recorded` when the verdict was last considered.
-        self._checked_records = -1
+        # The clock's `recorded`, and whether a cache was filling, when the
+        # verdict was last considered.
+        self._checked = (-1, False)
         self.line: Optional[str] = None
 
     def restart(self) -> None:
@@ -58,12 +59,15 @@ class EarlyVerdict:
     def due(self, clock, window_capturing: bool, filling_a_cache: bool, whole_step: bool) -> bool:
         """Whether to say it now: between steps, a few integer comparisons.
 
-        Only new rows can make it due: it is not looked at on every step (a
-        timing source may hand rows over a thousand steps at a time).
+        Only new rows, or the end of the epoch that filled a cache, can make it
+        due: it is not looked at on every step (a timing source may hand rows
+        over a thousand steps at a time). The cache's epoch may end with no
+        rows after it: its last rows were handed over at its last step.
         """
-        if self.line is not None or clock.recorded == self._checked_records:
+        checked = (clock.recorded, filling_a_cache)
+        if self.line is not None or checked == self._checked:
             return False
-        self._checked_records = clock.recorded
+        self._checked = checked
         steady = clock.steady_share(TRAIN).steps
         if steady < EARLY_MIN_STEPS or whole_step:
             return False
