@@ -147,17 +147,25 @@ def shuffled_random():
     return small_model(), dataset, lambda: None
 
 
+def _timed(recommendation) -> bool:
+    """Whether the recommendation's fix, or one folded into it, was timed."""
+    gain = recommendation.expected_gain
+    if gain is not None and gain.likely_speedup is not None:
+        return True
+    # Timed under 1.25x (a parallel map beside a load), a change is no clear
+    # gain and joins the evidence of its stage's other finding.
+    return any("(measured: the change timed" in item.detail for item in recommendation.evidence)
+
+
 def test_a_shuffled_random_pipeline_is_timed_on_a_copy_and_left_as_it_was():
     keras.utils.set_random_seed(5)
     model, dataset, _ = shuffled_random()
     tuner = every_probe()
     model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0)
     # Its fixes were timed (passes of the pipeline after training) ...
-    timed = [
-        r for r in tuner.report.recommendations
-        if r.expected_gain is not None and r.expected_gain.likely_speedup is not None
-    ]
-    assert timed, [r.expected_gain.statement for r in tuner.report.recommendations]
+    recs = tuner.report.recommendations
+    statements = [r.expected_gain and r.expected_gain.statement for r in recs]
+    assert any(map(_timed, recs)), "\n".join(map(str, statements + tuner.report.notes))
     # ... and a later fit on it shuffles and draws as it would have.
     assert_same(shuffled_random)
 
