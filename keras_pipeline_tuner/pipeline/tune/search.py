@@ -13,7 +13,6 @@ import logging
 import statistics
 import time
 
-from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.pipeline.tune import stage_order
 from keras_pipeline_tuner.pipeline.tune.cache_scratch import FillTooLong
 from keras_pipeline_tuner.pipeline.tune.code import tuned_code
@@ -197,7 +196,7 @@ class Search:
         if kept:
             ratio = median_ratio(tuned_times, original_times)
             tuned = session.build(kept, final=True)
-            tuned_pipeline = read_pipeline(tuned)
+            tuned_pipeline = session.pipeline_of(kept, final=True)
             tuned_label = str(tuned_pipeline)
             code = tuned_code(pipeline, tuned_pipeline, _kept_options(kept))
         else:

@@ -16,6 +16,7 @@ from typing import Optional
 from typing import Tuple
 
 from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph.reader import pipeline_from_graph_def
 from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.tune import pass_size
 from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_SHARE
@@ -375,6 +376,16 @@ class TuningSession:
         rewrites = [self.scratch.for_pass(rewrite, final) for rewrite in rewrites]
         graph_def = apply_rewrites(self.graph_def, rewrites)
         return rebuild(graph_def, self.spec, self.dataset)
+
+    def pipeline_of(self, rewrites, final: bool = False):
+        """The `Pipeline` `build(rewrites, final)` runs, read from its rewritten graph.
+
+        Not from the built dataset: that one's graph would serialise its
+        large in-memory sources (1.3 s for 120 MB), which this graph holds
+        as stand-ins.
+        """
+        rewrites = [self.scratch.for_pass(rewrite, final) for rewrite in rewrites]
+        return pipeline_from_graph_def(apply_rewrites(self.graph_def, rewrites))
 
     def factory(self, rewrites) -> Callable[[], object]:
         """What gives a timed pass its dataset with `rewrites` applied.

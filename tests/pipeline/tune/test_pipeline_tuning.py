@@ -313,3 +313,26 @@ def test_timed_passes_of_a_few_batches_leave_out_their_warm_up(warmup):
         assert timed.without_s < 0.4, timed.without_s
     else:
         assert timed.without_s >= 0.5, timed.without_s
+
+
+def test_a_pipeline_over_a_large_source_is_tuned_over_the_real_data():
+    # 24 MB of strings: every rebuild, and the tuned pipeline's reading, hold
+    # a one-element stand-in of them and read the real ones in place.
+    strings = [bytes([index]) * (1 << 20) for index in range(24)]
+    source = tf.data.Dataset.from_tensor_slices(strings)
+    first_bytes = source.map(
+        lambda x: tf.cast(tf.io.decode_raw(tf.strings.substr(x, 0, 1), tf.uint8)[0], tf.int64)
+    )
+    dataset = first_bytes.map(sleepy_py_function).batch(4)
+    tuned, result = kpt.tune(
+        dataset, budget_s=8, epochs=1, allow_unverified=True, max_python_epochs=500, verbose=0
+    )
+    assert elements(tuned) == elements(dataset)
+    outcome = next(
+        o for o in result.rewrites if o.kind == "parallel-map" and "sleepy" in o.change
+    )
+    assert outcome.status == "kept", outcome.reason
+    assert result.tuned_pipeline.startswith(
+        "from_tensor_slices() -> map(<lambda>) -> map(sleepy_py_function, "
+    ), result.tuned_pipeline
+    assert "num_parallel_calls=AUTOTUNE" in result.tuned_pipeline, result.tuned_pipeline
