@@ -285,6 +285,19 @@ def _stamp_after(structure):
         return tf.timestamp()
 
 
+def _held_until(stamp, structure):
+    """`structure`, given to what follows only once `stamp` has run.
+
+    Nothing else orders a timestamp before the step's compute: on a single
+    CPU (an affinity mask of one) the executor's one thread ran the compute
+    first and stamped "ready" after it, so the whole step read as input wait
+    and compute as zero.
+    """
+    tf = tensorflow()
+    with tf.control_dependencies([stamp]):
+        return tf.nest.map_structure(tf.identity, structure, expand_composites=True)
+
+
 def _timed_one_step(iterator, one_step_on_data):
     """One step per call: `(outputs, rows)`, one `(start, ready, end)` row."""
     tf = tensorflow()
@@ -294,7 +307,7 @@ def _timed_one_step(iterator, one_step_on_data):
         # iterator turns into the end of the epoch.
         data = iterator.get_next()
     ready = _stamp_after(data)
-    outputs = one_step_on_data(data)
+    outputs = one_step_on_data(_held_until(ready, data))
     end = _stamp_after(outputs)
     return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
 
@@ -314,7 +327,7 @@ def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
     output_spec = []
 
     def first_step():
-        step_outputs = one_step_on_data(first_inputs.get_value())
+        step_outputs = one_step_on_data(_held_until(first_ready, first_inputs.get_value()))
         first = tf.experimental.Optional.from_value(step_outputs)
         # tf.cond traces this branch first; the empty branch needs its spec.
         output_spec.append(first.element_spec)
@@ -336,7 +349,7 @@ def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
         return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
 
     def body(step, outputs, next_inputs, next_ready, previous_end, rows):
-        step_outputs = one_step_on_data(next_inputs.get_value())
+        step_outputs = one_step_on_data(_held_until(next_ready, next_inputs.get_value()))
         outputs = tf.experimental.Optional.from_value(step_outputs)
         end = _stamp_after(step_outputs)
         rows = rows.write(step, tf.stack([previous_end, next_ready, end]))

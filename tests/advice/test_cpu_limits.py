@@ -97,7 +97,7 @@ def test_a_throttled_job_is_told_so_with_its_figures():
 
 FIT = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np
     import tensorflow as tf
@@ -118,9 +118,19 @@ FIT = textwrap.dedent(
             x = tf.tanh(tf.matmul(x, x) / 96.0)
         return tf.reduce_mean(x, axis=0), tf.cast(i % 2, tf.float32)
 
+    class Sleep(keras.layers.Layer):
+        # 5 ms of compute a step, known: the step clock must find it.
+        def call(self, inputs):
+            def wait(x):
+                time.sleep(0.005)
+                return x
+            outputs = tf.numpy_function(wait, [inputs], inputs.dtype, stateful=False)
+            outputs.set_shape(inputs.shape)
+            return outputs
+
     ds = (tf.data.Dataset.range(400).map(work, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(8).prefetch(tf.data.AUTOTUNE))
-    model = keras.Sequential([keras.Input((96,)), keras.layers.Dense(1)])
+    model = keras.Sequential([keras.Input((96,)), Sleep(), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False,
                               measure_fixes=False)
@@ -132,6 +142,7 @@ FIT = textwrap.dedent(
         "quota": report.cpu.budget.quota_cpus,
         "throttling": None if report.cpu.throttling is None else
             [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
+        "compute_ms": report.train.compute.median_ms,
         "advice": {r.id: r.fix for r in report.recommendations},
         "text": report.cpu.describe(),
         "markdown": render_markdown(report),
@@ -165,6 +176,7 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     assert "CPU budget 1 CPU: cgroup quota 1.00 CPU" in result["markdown"]
     assert "the kernel throttled it in" in result["markdown"]
     assert "options.autotune.cpu_budget = 1" in result["advice"][QUOTA_THREADS]
+    assert result["compute_ms"] > 4.0, result["compute_ms"]
 
 
 @pytest.mark.multiprocess
@@ -176,11 +188,14 @@ def test_a_fit_on_one_cpu_of_its_mask_has_an_affinity_budget_and_no_throttling()
     assert "CPU budget 1 CPU: affinity 1 of" in result["markdown"]
     assert result["throttling"] is None or result["throttling"][0] == 0, result
     assert QUOTA_THREADS not in result["advice"] and THROTTLED not in result["advice"]
+    # The step's 5 ms of compute, found on one CPU: its executor's one thread
+    # once ran the compute before the fetch's timestamp (compute read 0.00 ms).
+    assert result["compute_ms"] > 4.0, result["compute_ms"]
 
 
 TUNE = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
     import keras_pipeline_tuner as kpt
