@@ -26,6 +26,10 @@ EPOCH_BUDGET_SHARE = 0.3
 # times before any timing (the reference, whether it repeats, its rebuild), so a
 # longer epoch is cut there and every pass reads a few batches of it.
 REFERENCE_SHARE = 0.1
+# Share of the budget past which that first read gives up when it has not even
+# read the batches an epoch is cut to: the two reads after it would fill the
+# budget, and no rewrite could be timed.
+REFERENCE_GIVE_UP_SHARE = 1 / 3
 # Share of the budget a pass under way may run past its end before it is
 # stopped: rounds are sized from the passes timed so far, and a machine that
 # slows down several-fold after that would otherwise carry them far past it.

@@ -19,8 +19,12 @@ from typing import Tuple
 import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.tune.budget import MIN_ROUNDS
+from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_GIVE_UP_SHARE
 from keras_pipeline_tuner.pipeline.tune.paired_timing import check_time
 from keras_pipeline_tuner.pipeline.tune.pass_size import LEAST_CUT_BATCHES
+from keras_pipeline_tuner.pipeline.tune.pass_size import MIN_BATCHES
+from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 
 # Relative tolerance for floating-point elements of a vectorised map: the same
@@ -97,9 +101,12 @@ class ElementChecks:
 
         Raises:
             ValueError: if the first read takes longer than `time_limit_s`
-                although the plan reads `num_batches` batches.
+                although the plan reads `num_batches` batches, or, reading
+                whole epochs, longer than `REFERENCE_GIVE_UP_SHARE` of the
+                budget before it has the batches an epoch is cut to.
         """
-        reference, epoch_s = self.epoch_digests(dataset, time_limit_s)
+        give_up_s = None if time_limit_s is None else REFERENCE_GIVE_UP_SHARE * self.budget.budget_s
+        reference, epoch_s = self.epoch_digests(dataset, time_limit_s, give_up_s=give_up_s)
         if self._cut_short:
             self.cut = len(reference)
         again, _ = self.epoch_digests(dataset, None)
@@ -108,7 +115,11 @@ class ElementChecks:
         return epoch_s
 
     def epoch_digests(
-        self, dataset, time_limit_s: Optional[float], stop_at: Optional[float] = None
+        self,
+        dataset,
+        time_limit_s: Optional[float],
+        stop_at: Optional[float] = None,
+        give_up_s: Optional[float] = None,
     ):
         """Digests of an epoch's elements (`num_batches` or `cut` of them at most), and its seconds.
 
@@ -118,10 +129,13 @@ class ElementChecks:
             stop_at: a `time.perf_counter()` value past which a candidate's
                 check stops (`Budget.stop_at`); `None` for the reads that
                 come before any candidate, which their own limits bound.
+            give_up_s: past this, a read that has not reached
+                `LEAST_CUT_BATCHES` gives up; `None` reads on.
 
         Raises:
             ValueError: if the plan reads `num_batches` batches and they take
-                longer than `time_limit_s` (without it the read stops there).
+                longer than `time_limit_s` (without it the read stops there),
+                or if `give_up_s` passed first.
             OutOfTime: if the read was still running at `stop_at`.
         """
         self.budget.epochs_run += 1
@@ -137,18 +151,35 @@ class ElementChecks:
                 break
             found.append(_digest(element))
             check_time(stop_at, "a check of the elements")
-            if time_limit_s is not None and time.perf_counter() - began > time_limit_s:
+            elapsed_s = time.perf_counter() - began
+            if time_limit_s is not None and elapsed_s > time_limit_s:
                 if self.plan.num_batches is None:
-                    if len(found) < LEAST_CUT_BATCHES:
-                        continue
-                    self._cut_short = True
-                    break
+                    if len(found) >= LEAST_CUT_BATCHES:
+                        self._cut_short = True
+                        break
+                    if give_up_s is not None and elapsed_s > give_up_s:
+                        raise ValueError(self._too_slow(len(found), elapsed_s))
+                    continue
                 raise ValueError(
                     f"{self.plan.num_batches} batches of the dataset take longer than "
                     f"{time_limit_s:.2f} s, too long for budget_s={self.budget.budget_s:.2f}: "
                     "pass a smaller num_batches=..., or a larger budget_s."
                 )
         return found, time.perf_counter() - began
+
+    def _too_slow(self, batches: int, elapsed_s: float) -> str:
+        """Why a first read that gave `batches` in `elapsed_s` leaves nothing to time."""
+        batch_s = elapsed_s / max(batches, 1)
+        # The reference read twice, then one rewrite's passes and its check.
+        needed = 2 * LEAST_CUT_BATCHES + MIN_ROUNDS * 2 * (WARMUP_BATCHES + MIN_BATCHES)
+        return (
+            f"The first {batches} batches of the dataset took {elapsed_s:.2f} s ({batch_s:.2f} s "
+            f"a batch), over a third of budget_s={self.budget.budget_s:g}: the checks compare "
+            f"{LEAST_CUT_BATCHES} batches, read twice, and timing one rewrite takes "
+            f"{MIN_ROUNDS * 2} passes of {WARMUP_BATCHES + MIN_BATCHES}, about "
+            f"{needed * batch_s:.0f} s at this speed. Pass budget_s={needed * batch_s:.0f} or "
+            "more, or make a batch cheaper to read (a smaller batch size)."
+        )
 
     def _most(self) -> Optional[int]:
         """The most batches an epoch read for a check takes: the plan's, or the cut's."""

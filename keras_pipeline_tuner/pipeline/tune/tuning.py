@@ -98,7 +98,8 @@ def tune(
     Raises:
         TypeError: if `dataset` is not a `tf.data.Dataset`.
         ValueError: for arguments out of range, an infinite dataset without `num_batches`, or an
-            epoch too long for the budget.
+            epoch too long for the budget (batches so slow that the first few take a third of
+            it), said as soon as the first read shows it.
 
     Example:
 
