@@ -24,6 +24,8 @@ from typing import List
 from typing import Optional
 
 from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.graph.in_memory import in_memory_bytes
 
 # In-memory tensors above this are read as one-element stand-ins (as the lint
 # reads them): their graph would copy them, and they hold no state.
@@ -189,8 +191,17 @@ def dataset_rerun_hazard(dataset, allow_python: bool = False) -> Optional[str]:
         allow_python: as for `rerun_hazard`.
 
     Returns:
-        As `rerun_hazard`.
+        As `rerun_hazard`; also a reason when the graph holds more in-memory
+        arrays than it is read with (a large `from_tensors` source, such as
+        Keras' dataset over NumPy arrays): reading it would copy them.
     """
     from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 
-    return rerun_hazard(read_pipeline(dataset, _READ_MAX_IN_MEMORY_BYTES), allow_python)
+    try:
+        pipeline = read_pipeline(dataset, _READ_MAX_IN_MEMORY_BYTES)
+    except InMemoryDataTooLarge:
+        return (
+            f"its graph, which holds about {in_memory_bytes(dataset) / 2**20:.0f} MB of "
+            "in-memory arrays, would be copied to check what running it again changes"
+        )
+    return rerun_hazard(pipeline, allow_python)
