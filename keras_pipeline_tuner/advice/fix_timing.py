@@ -60,6 +60,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.pipeline.lint.catalogue import VECTORIZE_MAP
 from keras_pipeline_tuner.pipeline.tune import results as tune_results
+from keras_pipeline_tuner.pipeline.tune.element_checks import TooSlowForBudget
 from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
@@ -319,12 +320,30 @@ def time_fixes(
         status = tune_results.NOT_MEASURED if isinstance(limit, ValueError) else tune_results.FAILED
         for _, found in order:
             for timing in found:
-                timing.status, timing.reason = status, str(limit)
+                timing.status, timing.reason = status, _limit_reason(limit, budget_s)
         return timings
     for (rewrite, found), item in zip(order, timed):
         for timing in found:
             _record(timing, rewrite, item, epochs)
     return timings
+
+
+def _limit_reason(limit: Exception, budget_s: float) -> str:
+    """Why the timing stopped, in the terms of `PipelineTuner`, not of `kpt.tune`.
+
+    Example:
+
+    >>> _limit_reason(TooSlowForBudget("...", 4, 0.64), 0.97)
+    'its batches are too slow to time within the 0.97 s it was given: the first 4 took \
+0.64 s; PipelineTuner(measure_fixes=<seconds>) gives the timing more (True: 5 s)'
+    """
+    if not isinstance(limit, TooSlowForBudget):
+        return str(limit)
+    return (
+        f"its batches are too slow to time within the {budget_s:.2f} s it was given: the first "
+        f"{limit.batches} took {limit.elapsed_s:.2f} s; PipelineTuner(measure_fixes=<seconds>) "
+        f"gives the timing more (True: {DEFAULT_BUDGET_S:g} s)"
+    )
 
 
 def _timing_order(wanted, cache_reason: Optional[str]):

@@ -585,3 +585,21 @@ def test_a_pipeline_holding_large_arrays_is_timed_without_copying_them():
     ids = [item.id for item in tuner.report.recommendations]
     assert top.id == "sequential-map", (ids, tuner.report.notes)
     assert gain.likely_speedup is not None and gain.likely_speedup > 1.3, gain.statement
+
+
+def test_batches_too_slow_for_the_cap_are_said_in_the_tuners_own_terms():
+    # 40 ms a batch (four 10 ms sleeps): the first read may take a tenth of
+    # the 1 s cap, and 4 batches take 0.16 s at the least, whatever the load.
+    dataset = cached_source(ELEMENTS).map(sleep_in_python).batch(BATCH)
+    tuner = kpt.PipelineTuner(
+        verbose=0, profile="off", measure_fixes=1.0, allow_unverified=True
+    )
+    tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    statements = [
+        r.expected_gain.statement for r in tuner.report.recommendations if r.expected_gain
+    ]
+    slow = [text for text in statements if "its batches are too slow to time" in text]
+    assert slow, (statements, tuner.report.notes)
+    assert "PipelineTuner(measure_fixes=<seconds>)" in slow[0]
+    # Not kpt.tune's arguments, which PipelineTuner does not take.
+    assert not any("num_batches" in text or "budget_s" in text for text in statements)

@@ -34,6 +34,22 @@ VECTORIZE_RTOL = 1e-6
 _REPEAT_CHECK_ELEMENTS = 256
 
 
+class TooSlowForBudget(ValueError):
+    """A first read too slow for the budget: its first `batches` took `elapsed_s`.
+
+    Its message is `tune`'s, naming `tune`'s arguments; the figures let other
+    callers (the fix timing after fit) say it in their own terms.
+    """
+
+    def __init__(self, message: str, batches: int, elapsed_s: float):
+        super().__init__(message, batches, elapsed_s)
+        self.batches = batches
+        self.elapsed_s = elapsed_s
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class ElementChecks:
     """The reference elements of one tuning session, and the checks against them.
 
@@ -135,7 +151,7 @@ class ElementChecks:
         Raises:
             ValueError: if the plan reads `num_batches` batches and they take
                 longer than `time_limit_s` (without it the read stops there),
-                or if `give_up_s` passed first.
+                or if `give_up_s` passed first (a `TooSlowForBudget`).
             OutOfTime: if the read was still running at `stop_at`.
         """
         self.budget.epochs_run += 1
@@ -158,12 +174,15 @@ class ElementChecks:
                         self._cut_short = True
                         break
                     if give_up_s is not None and elapsed_s > give_up_s:
-                        raise ValueError(self._too_slow(len(found), elapsed_s))
+                        message = self._too_slow(len(found), elapsed_s)
+                        raise TooSlowForBudget(message, len(found), elapsed_s)
                     continue
-                raise ValueError(
+                raise TooSlowForBudget(
                     f"{self.plan.num_batches} batches of the dataset take longer than "
                     f"{time_limit_s:.2f} s, too long for budget_s={self.budget.budget_s:.2f}: "
-                    "pass a smaller num_batches=..., or a larger budget_s."
+                    "pass a smaller num_batches=..., or a larger budget_s.",
+                    len(found),
+                    elapsed_s,
                 )
         return found, time.perf_counter() - began
 
