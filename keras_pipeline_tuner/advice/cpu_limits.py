@@ -207,10 +207,17 @@ def _severity(cpu) -> str:
 
 
 def _no_figure(gain: Optional[ExpectedGain], change: str) -> ExpectedGain:
-    """The gain of a change that has no figure of its own: the run's ceiling, if any."""
+    """The gain of a change that has no figure of its own: the run's ceiling, if any.
+
+    Example:
+
+    >>> _no_figure(None, "Two workers instead of eight").statement
+    'Two workers instead of eight has no figure of its own from this run: what it brings \
+depends on what the threads were contending for.'
+    """
     statement = (
-        f"{change} cannot be bounded from this run: what it brings depends on what the "
-        "threads were contending for."
+        f"{change} has no figure of its own from this run: what it brings depends on what "
+        "the threads were contending for."
     )
     if gain is None or gain.speedup is None:
         return ExpectedGain(basis=BOUND, statement=statement)
@@ -219,5 +226,8 @@ def _no_figure(gain: Optional[ExpectedGain], change: str) -> ExpectedGain:
         step_ms=gain.step_ms,
         step_ms_after=gain.step_ms_after,
         basis=BOUND,
-        statement=f"{statement} {gain.statement}",
+        # The figure shown beside it is that ceiling, and says so.
+        statement=(
+            f"{statement} No change to the input can beat the run's ceiling: {gain.statement}"
+        ),
     )

@@ -65,6 +65,22 @@ def test_a_binding_quota_becomes_autotunes_cpu_budget():
     assert found[0].expected_gain.speedup is None
 
 
+def test_a_quota_rule_beside_the_runs_ceiling_says_the_figure_is_that_ceiling():
+    from keras_pipeline_tuner.advice.recommendation import BOUND
+    from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+
+    ceiling = ExpectedGain(
+        speedup=1.86, basis=BOUND, statement="With input free: at most 1.86x faster."
+    )
+    (found,) = cpu_limit_recommendations(tf_data(), usage(quota=2.0), ceiling)
+    gain = found.expected_gain
+    # The figure shown is the run's bound for any input change, labelled a bound,
+    # and the statement does not deny the figure beside it.
+    assert (gain.speedup, gain.basis) == (1.86, BOUND)
+    assert "cannot be bounded" not in gain.statement
+    assert "No change to the input can beat the run's ceiling: With input free" in gain.statement
+
+
 def test_threads_already_within_the_quota_or_an_unbinding_quota_get_no_advice():
     sized = {"autotune_options.cpu_budget": 2}
     assert ids(tf_data(sized), usage(quota=2.0)) == []
