@@ -529,6 +529,15 @@ def _not_the_bottleneck(run: _Run) -> Recommendation:
             Evidence(PROFILER, f"input is {fraction * 100:.1f} % of step time in the window.")
         )
     compute = stats.compute.median_ms
+    raw = stats.input_fraction
+    # The evidence gives the wait of all steps; the verdict's share may leave
+    # out a fetch of a batch already in memory, epoch starts, one-off costs.
+    apart = (
+        f" (the {raw * 100:.1f} % in its evidence is every step's wait, including what the "
+        "verdict leaves out, as its line says)"
+        if raw is not None and raw - fraction > 0.05
+        else ""
+    )
     return Recommendation(
         id=NOT_THE_BOTTLENECK,
         title="The input pipeline is not the bottleneck: speed up the model's compute instead",
@@ -537,7 +546,7 @@ def _not_the_bottleneck(run: _Run) -> Recommendation:
         fix="",
         expected_gain=_steady_ceiling(run, fraction),
         reason=(
-            f"Steps wait for input only {fraction * 100:.1f} % of the time"
+            f"Steps wait for input only {fraction * 100:.1f} % of the time{apart}"
             + (f" and compute for {compute:.2f} ms (median)" if compute is not None else "")
             + ". Changing the input pipeline cannot make training noticeably faster; "
             "look at the model, the batch size or mixed precision."

@@ -191,6 +191,19 @@ def test_not_input_bound_gets_no_speed_advice():
     assert ranked[0].fix == ""
 
 
+def test_a_verdict_share_below_the_raw_wait_is_not_contradicted_by_its_evidence():
+    # 0.25 ms of 1.15 ms at the fetch: within what a fetch of a batch already
+    # in memory may take, which the verdict leaves out (0.0 %).
+    ranked = advisor.advise(stats(0.25, 0.9))
+    top = ranked[0]
+    assert top.id == advisor.NOT_THE_BOTTLENECK
+    assert top.evidence[0].detail.startswith("21.7 % of training step time waits")
+    assert top.reason.startswith(
+        "Steps wait for input only 0.0 % of the time (the 21.7 % in its evidence is every "
+        "step's wait, including what the verdict leaves out"
+    ), top.reason
+
+
 def test_whole_step_timing_falls_back_to_the_profiler_verdict():
     whole_steps = StepStats.from_arrays(np.full(5, np.nan), np.full(5, 0.02))
     quiet = profile(verdict=Verdict.NOT_INPUT_BOUND)
