@@ -198,6 +198,8 @@ def budget_shortfall(
     True
     >>> budget_shortfall(30.0, 0.0, 9.0, 1.0, 10.0, 4.9, 6).split(":")[0]
     'too slow to measure within budget_s=10'
+    >>> budget_shortfall(13.0, 1.0, 6.8, 13.2, 20.0, 2.0, 6).split(";")[0]
+    'the time budget left is too short (13.2 s of 20 s used, 6.8 s left)'
     """
     if needed_s > budget_s:
         return (
@@ -211,8 +213,10 @@ def budget_shortfall(
             if reserve_s
             else ""
         )
+        # "Spent" only when nothing is left: with seconds left, the budget is short.
+        spent = "was spent" if left_s <= 0.0 else "left is too short"
         return (
-            f"the time budget was spent ({used_s:.1f} s of {budget_s:g} s "
+            f"the time budget {spent} ({used_s:.1f} s of {budget_s:g} s "
             f"used, {max(left_s, 0.0):.1f} s left); measuring it needs about {needed_s:.1f} s "
             f"({passes} passes of {pass_s:.2f} s and a check){final}"
         )
