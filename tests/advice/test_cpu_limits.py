@@ -135,7 +135,7 @@ FIT = textwrap.dedent(
         return tf.reduce_mean(x, axis=0), tf.cast(i % 2, tf.float32)
 
     class Sleep(keras.layers.Layer):
-        # 5 ms of compute a step, known: the step clock must find it.
+        # 5 ms of compute a step, known: the step clock must find it on one CPU.
         def call(self, inputs):
             def wait(x):
                 time.sleep(0.005)
@@ -146,7 +146,9 @@ FIT = textwrap.dedent(
 
     ds = (tf.data.Dataset.range(400).map(work, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(8).prefetch(tf.data.AUTOTUNE))
-    model = keras.Sequential([keras.Input((96,)), Sleep(), keras.layers.Dense(1)])
+    # Under the quota the job must want more CPU than it has: no sleep there.
+    sleep = [Sleep()] if mode == "affinity" else []
+    model = keras.Sequential([keras.Input((96,)), *sleep, keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False,
                               measure_fixes=False)
@@ -192,7 +194,6 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     assert "CPU budget 1 CPU: cgroup quota 1.00 CPU" in result["markdown"]
     assert "the kernel throttled it in" in result["markdown"]
     assert "options.autotune.cpu_budget = 1" in result["advice"][QUOTA_THREADS]
-    assert result["compute_ms"] > 4.0, result["compute_ms"]
 
 
 @pytest.mark.multiprocess

@@ -169,7 +169,7 @@ def test_budget_rule_in_figures():
     assert budget_shortfall(3.5, 0.0, 4.0, 2.0, 6.0, 0.5, 6) is None
     # With the final comparison to keep as well, they are not.
     spent = budget_shortfall(3.5, 3.0, 4.0, 2.0, 6.0, 0.5, 6)
-    assert "budget was spent (2.0 s of 6 s used, 4.0 s left)" in spent
+    assert "budget left is too short (2.0 s of 6 s used, 4.0 s left)" in spent
     assert "3.0 s kept for the final comparison" in spent
 
 
