@@ -189,13 +189,14 @@ class ElementChecks:
     def _too_slow(self, batches: int, elapsed_s: float) -> str:
         """Why a first read that gave `batches` in `elapsed_s` leaves nothing to time."""
         batch_s = elapsed_s / max(batches, 1)
-        # The reference read twice, then one rewrite's passes and its check.
+        # The reference read twice, then one rewrite's passes of one epoch each
+        # (more with `epochs`) and its check: a floor, not an estimate.
         needed = 2 * LEAST_CUT_BATCHES + MIN_ROUNDS * 2 * (WARMUP_BATCHES + MIN_BATCHES)
         return (
             f"The first {batches} batches of the dataset took {elapsed_s:.2f} s ({batch_s:.2f} s "
             f"a batch), over a third of budget_s={self.budget.budget_s:g}: the checks compare "
             f"{LEAST_CUT_BATCHES} batches, read twice, and timing one rewrite takes "
-            f"{MIN_ROUNDS * 2} passes of {WARMUP_BATCHES + MIN_BATCHES}, about "
+            f"{MIN_ROUNDS * 2} passes of {WARMUP_BATCHES + MIN_BATCHES}, at least "
             f"{needed * batch_s:.0f} s at this speed. Pass budget_s={needed * batch_s:.0f} or "
             "more, or make a batch cheaper to read (a smaller batch size)."
         )
