@@ -1,11 +1,12 @@
 """Calibration of the advice: predicted gains against gains measured by applying the fix.
 
-Ten small jobs whose cause is known (a sleep-bound py_function map, the same
+Eleven small jobs whose cause is known (a sleep-bound py_function map, the same
 map in a fit that reads 48 of its 50 000 batches and so never reads a cache
 back, a GIL-bound Python map, a random TF-op map, a sequential interleave over
-files on slow storage, a slow generator, a PyDataset read by one worker, an
-expensive deterministic map with no cache, a healthy pipeline, and a healthy
-pipeline whose first epoch fills a cache). For each:
+files on slow storage, a slow generator, the same generator vouched for with
+`allow_unverified=True` (so its fix can be timed by a replay), a PyDataset read
+by one worker, an expensive deterministic map with no cache, a healthy
+pipeline, and a healthy pipeline whose first epoch fills a cache). For each:
 
 1. fit with `PipelineTuner` (a profiler window on steps 3-15, its fixes timed
    with `measure_fixes=True`: the default "auto" gives these 2-s fits a tenth
@@ -232,6 +233,8 @@ class Case:
     build: Callable[[], object]
     fixes: Dict[str, Callable[[], object]]
     fit_kwargs: Dict[str, int] = dataclasses.field(default_factory=dict)
+    # Arguments the user gives the tuner besides `--defaults`' (none by default).
+    tuner_kwargs: Dict[str, object] = dataclasses.field(default_factory=dict)
 
 
 def _map_cases() -> list:
@@ -309,6 +312,17 @@ def _source_cases(files) -> list:
                 .map(sleep_python, num_parallel_calls=AUTOTUNE)
                 .batch(BATCH),
             },
+        ),
+        Case(
+            "slow generator, vouched for",
+            "the same generator; allow_unverified=True says it can be read again (no feed)",
+            lambda: generator_source().batch(BATCH),
+            {
+                "bottleneck-stage": lambda: source()
+                .map(sleep_python, num_parallel_calls=AUTOTUNE)
+                .batch(BATCH),
+            },
+            tuner_kwargs={"allow_unverified": True},
         ),
         Case(
             "PyDataset with one worker",
@@ -409,7 +423,7 @@ def defaults_epochs(step_ms: float, fit_kwargs) -> int:
 def advised(case, log_dir, defaults: bool = False, epochs: int = 2):
     # `--defaults`: the tuner as a user adds it (profile and fix timing "auto").
     settings = {} if defaults else dict(profile=(3, 15), measure_fixes=True)
-    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, **settings)
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, **settings, **case.tuner_kwargs)
     model().fit(
         case.build(), epochs=epochs, callbacks=[tuner], verbose=0, shuffle=False,
         **case.fit_kwargs,

@@ -80,7 +80,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
-from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
+from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -220,7 +220,7 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or _budget_cpus(cpu), what_if, judgement)
+    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement)
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
@@ -238,12 +238,6 @@ def advise(
     # speed figure of its own (see `cpu_limits`).
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound)
     return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits
-
-
-def _budget_cpus(cpu: Optional["CpuUsage"]) -> int:
-    """The run's CPU budget, or the process's read now when the run has none."""
-    budget = cpu.budget if cpu is not None else None
-    return (budget or read_cpu_budget()).cpus
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:

@@ -30,6 +30,13 @@ too long for the budget) read `WARMUP_BATCHES` untimed batches first, as
 `kpt.tune`'s do: on a busy machine a parallel stage's threads and AUTOTUNE's
 first choices took most of a pass of a few batches, and a change that
 delivered 1.6x in the fit timed at 0.9x.
+
+A fix only the user can write (a `from_generator` source that does its work
+in the generator, told to yield cheap items and do the work in a parallel
+map) is timed by a replay: as many copies of the generator as the run has
+CPUs, read at once, against the one as written. That is the rate its work
+reaches spread over those threads, as it would in a parallel map; the
+copies' elements repeat, and only the rate is kept (`rewrites.GENERATOR_COPIES`).
 """
 
 import dataclasses
@@ -67,6 +74,7 @@ from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
 from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
+from keras_pipeline_tuner.pipeline.tune.rewrites import GENERATOR_COPIES
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_MAP
 from keras_pipeline_tuner.pipeline.tune.rewrites import PREFETCH
@@ -169,6 +177,8 @@ class FixTiming:
             run in training's process would move on.
         read_back_only: a cache timed on passes that read it back, filled
             before them: the figures leave out the pass that fills it.
+        caveat: what the timed change assumes, or how it stands in for a
+            fix that cannot be made on the graph (a replay), in a sentence.
 
     Example:
 
@@ -193,6 +203,7 @@ class FixTiming:
     overlapped_after: bool = False
     isolated: bool = False
     read_back_only: bool = False
+    caveat: str = ""
 
     @property
     def measured(self) -> bool:
@@ -260,6 +271,7 @@ def time_fixes(
     budget_s: float = DEFAULT_BUDGET_S,
     allow_unverified: bool = False,
     reuse: Optional[DataReuse] = None,
+    cpus: int = 1,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
 
@@ -282,6 +294,8 @@ def time_fixes(
             bounds.
         reuse: the fit's `DataReuse`: a cache in a fit that reads no element
             twice is not timed (it would never be read back).
+        cpus: the CPUs the run may use (its `CpuBudget`): how many copies of
+            a generator the replay of its fix reads at once.
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -297,7 +311,7 @@ def time_fixes(
     ```
     """
     pipeline, candidates, skipped, untouchable, isolated = _candidates(
-        dataset, allow_unverified, budget_s
+        dataset, allow_unverified, budget_s, cpus
     )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
@@ -392,7 +406,7 @@ def copy_timeout_s(budget_s: float) -> float:
     return _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S
 
 
-def _candidates(dataset, allow_unverified: bool, budget_s: float):
+def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
     whether to time them in a copy of the process)`."""
     # Rebuilding the pipeline from its graph copies the arrays it holds (a
@@ -409,8 +423,33 @@ def _candidates(dataset, allow_unverified: bool, budget_s: float):
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
+    candidates += _generator_replays(pipeline, cpus)
     untouchable, isolated = _rerun_plan(pipeline, allow_unverified)
     return pipeline, candidates, skipped, untouchable, isolated
+
+
+def _generator_replays(pipeline, cpus: int) -> List[Rewrite]:
+    """A replay of each `from_generator` source's advised fix, `cpus` copies of it at once."""
+    replays = []
+    for stage in pipeline.stages:
+        if stage.kind != kinds.FROM_GENERATOR or stage.op != "FlatMapDataset" or cpus < 2:
+            continue
+        replays.append(Rewrite(
+            kind=GENERATOR_COPIES,
+            node=stage.node,
+            stage=stage.label,
+            change=f"{cpus} copies of {stage.label} read at once",
+            changes_order=True,
+            changes_determinism=True,
+            caveat=(
+                f"The fix changes the user's code, so a replay stands in for it: {cpus} copies "
+                f"of the generator, one per CPU the run may use, each from its first element, "
+                "timed against the one as written; a parallel map of its work spreads it over "
+                "as many threads."
+            ),
+            copies=cpus,
+        ))
+    return replays
 
 
 def _wanted(
@@ -436,7 +475,7 @@ def _wanted(
             timing.status = tune_results.NOT_APPLICABLE
             timing.reason = _skipped_reason(skipped, kind, recommendation)
             continue
-        timing.change = rewrite.change
+        timing.change, timing.caveat = rewrite.change, rewrite.caveat or ""
         wanted.append((timing, rewrite))
     return timings, wanted
 
@@ -502,6 +541,8 @@ def measured_gain(
     if timing.read_back_only:
         likely, filling = _with_fill(likely, reuse)
         statement += filling
+    if timing.caveat:
+        statement += " " + timing.caveat
     return ExpectedGain(
         speedup=likely,
         step_ms=bound.step_ms,
@@ -561,6 +602,11 @@ def _rerun_plan(pipeline, allow_unverified: bool) -> Tuple[Optional[str], bool]:
     why = f"the pipeline is not run again after training: {hazard}"
     if shared is None:
         why += f" ({no_fork})"
+    elif rerun.shared_source(pipeline, allow_python=True) is None:
+        why += (
+            "; pass allow_unverified=True to PipelineTuner if the generator can be read again "
+            "(it reads data or files, no queue or feed)"
+        )
     return why, False
 
 
@@ -585,6 +631,8 @@ def _rewrite_kind(recommendation: Recommendation, fix_id: str) -> Optional[str]:
         return PARALLEL_MAP
     if "num_parallel_calls" in fix and stage.startswith("interleave("):
         return PARALLEL_INTERLEAVE
+    if stage.startswith(f"{kinds.FROM_GENERATOR}("):
+        return GENERATOR_COPIES
     return None
 
 

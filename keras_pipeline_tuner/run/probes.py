@@ -28,6 +28,7 @@ from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.run.replay_probe import ReplayProbe
 from keras_pipeline_tuner.timing import tuner_cost
+from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -164,6 +165,7 @@ class AfterTraining:
                     budget_s,
                     self.settings.allow_unverified,
                     report.reuse,
+                    cpus=budget_cpus(report.cpu),
                 )
 
     def _py_dataset_timing(self, run, py_dataset) -> None:

@@ -40,6 +40,19 @@ _IDLE_FIELDS = (3, 4)
 BUSY_FRACTION = 0.8
 
 
+def budget_cpus(usage: Optional["CpuUsage"]) -> int:
+    """The CPUs a parallel stage may use: the budget read for a run's span, else read now.
+
+    Example:
+
+    >>> budget_cpus(CpuUsage(wall_s=1.0, cpu_count=8, process_cores=1.0,
+    ...                      budget=CpuBudget(8, 8, quota_cpus=2.0)))
+    2
+    """
+    budget = usage.budget if usage is not None else None
+    return (budget or read_cpu_budget()).cpus
+
+
 @dataclasses.dataclass
 class CpuUsage:
     """CPU use over a span of training.

@@ -107,7 +107,8 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
     Args:
         pipeline: the pipeline, from `graph.reader.read_pipeline`.
         allow_python: the user vouches that the pipeline's Python functions
-            keep no state (`allow_unverified=True`): they may run again.
+            keep no state and its generator reads no queue or live feed
+            (`allow_unverified=True`): they may run again.
 
     Returns:
         A clause that completes "The pipeline is not run again: ...", or
@@ -123,7 +124,7 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
     >>> rerun_hazard(read_pipeline(tagged)).startswith("map(<lambda>) calls Python")
     True
     """
-    shared = shared_source(pipeline)
+    shared = shared_source(pipeline, allow_python)
     if shared is not None:
         return shared
     for stage in pipeline.stages:
@@ -156,13 +157,18 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
     return None
 
 
-def shared_source(pipeline) -> Optional[str]:
+def shared_source(pipeline, allow_python: bool = False) -> Optional[str]:
     """Why a second reader of the pipeline, even in another process, would take training's elements.
 
     A Python generator may be a queue or a live feed, and the tf.data
     service hands each element of a job to one reader: a copy of the process
     reading them takes what training would read. Every other hazard of
     `rerun_hazard` is state the process keeps in its own memory.
+
+    Args:
+        pipeline: the pipeline, from `graph.reader.read_pipeline`.
+        allow_python: the user vouches that the generator reads no queue or
+            live feed (`allow_unverified=True`): it may be read again.
 
     Returns:
         A clause that completes "The pipeline is not run again: ...", or `None`.
@@ -178,7 +184,7 @@ def shared_source(pipeline) -> Optional[str]:
     """
     for stage in pipeline.stages:
         shared = _SHARED_SOURCES.get(stage.kind)
-        if shared is not None:
+        if shared is not None and not (allow_python and stage.kind == kinds.FROM_GENERATOR):
             return shared
     return None
 

@@ -21,6 +21,7 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.graph.reader import graph_def_of
 from keras_pipeline_tuner.pipeline.tune.rewrites import AUTOTUNE_PARALLELISM
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
+from keras_pipeline_tuner.pipeline.tune.rewrites import GENERATOR_COPIES
 from keras_pipeline_tuner.pipeline.tune.rewrites import KINDS
 from keras_pipeline_tuner.pipeline.tune.rewrites import OPTION_KINDS
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_BATCH
@@ -231,8 +232,30 @@ class GraphEditor:
             self._insert_after(node, "OptionsDataset", [], {
                 "serialized_options": ("s", serialized_options(rewrite.options)),
             })
+        elif rewrite.kind == GENERATOR_COPIES:
+            self._expect(node, rewrite, "FlatMapDataset")
+            self._generator_copies(node, rewrite.copies or 1)
         else:
             raise ValueError(f"Unknown rewrite kind {rewrite.kind!r}; expected one of {KINDS}.")
+
+    def _generator_copies(self, flat_map, copies: int) -> None:
+        """Reads `copies` generators at once where `from_generator` reads one.
+
+        `from_generator` is a flat map over one dummy element whose function
+        starts a generator. Repeating that element and interleaving the flat
+        map's function over the copies, `copies` at a time on as many
+        threads, runs as many generators side by side, each from its first
+        element.
+        """
+        self._insert_after(self.node(flat_map.input[0]), "RepeatDataset", [self._int64(copies)], {})
+        flat_map.op = "ParallelInterleaveDatasetV4"
+        # cycle_length, block_length, buffer_output_elements,
+        # prefetch_input_elements, num_parallel_calls.
+        self._add_inputs(flat_map, [
+            self._int64(copies), self._int64(1), self._int64(_AUTOTUNE),
+            self._int64(_AUTOTUNE), self._int64(copies),
+        ])
+        flat_map.attr["deterministic"].s = b"false"
 
     def _vectorize(self, map_node, batch_node) -> None:
         """Moves `batch_node` before `map_node`, which then maps whole batches."""

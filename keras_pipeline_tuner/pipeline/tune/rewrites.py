@@ -30,6 +30,10 @@ REORDER = "nondeterministic"
 THREADPOOL = "private-threadpool"
 AUTOTUNE_BUDGET = "autotune-cpu-budget"
 AUTOTUNE_OFF = "autotune-off"
+# Not a fix but a replay, for timing a fix only the user can write: copies of
+# a `from_generator` source read at once, as its work would run in a parallel
+# map. Its elements repeat, so `kpt.tune` never plans or keeps it.
+GENERATOR_COPIES = "generator-copies"
 
 # The order in which rewrites are tried: vectorisation first (it changes how
 # much work there is), then parallelism (it helps every epoch), then the cache
@@ -94,6 +98,8 @@ class Rewrite:
         fill_elements: for "cache", in a timed pass only: cache the first
             this many elements (a `take` before the cache), so that filling it
             costs a few batches, not an epoch; `None` for all of them.
+        copies: for "generator-copies", how many copies of the generator
+            are read at once.
     """
 
     kind: str
@@ -108,6 +114,7 @@ class Rewrite:
     options: Dict[str, Any] = dataclasses.field(default_factory=dict)
     unverified: Optional[str] = None
     fill_elements: Optional[int] = None
+    copies: Optional[int] = None
 
 
 @dataclasses.dataclass

@@ -1,0 +1,86 @@
+"""A slow `from_generator` source: its advised fix (the work in a parallel map)
+changes the user's code, so the fix timing replays it with copies of the
+generator read at once, when the user vouches that the generator can be read
+again (`allow_unverified=True`); by default its figure stays a bound and says
+how to have it timed.
+
+The generator sleeps 6 ms per element, 24 ms a batch, against well under a
+millisecond of compute: two copies at once (the machine's two CPUs) halve the
+batch time whatever the load, since sleeping takes no CPU.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
+from tests.helpers.training_data import FEATURES
+from tests.helpers.training_data import tiny_model
+
+BATCH = 4
+DELAY_S = 0.006
+
+
+class CountedGenerator:
+    """A generator over in-memory data that counts the elements it yields."""
+
+    def __init__(self):
+        self.yielded = 0
+
+    def __call__(self):
+        for i in range(10_000):
+            time.sleep(DELAY_S)
+            self.yielded += 1
+            yield np.full((FEATURES,), i % 7, np.float32), np.float32(i % 2)
+
+
+def _fit(**tuner_kwargs):
+    source = CountedGenerator()
+    dataset = tf.data.Dataset.from_generator(
+        source,
+        output_signature=(
+            tf.TensorSpec((FEATURES,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    ).batch(BATCH)
+    tuner = kpt.PipelineTuner(verbose=0, profile=(3, 12), measure_fixes=10.0, **tuner_kwargs)
+    tiny_model().fit(dataset, epochs=2, steps_per_epoch=25, callbacks=[tuner], verbose=0)
+    return tuner.report, source
+
+
+def _generator_advice(report):
+    (advice,) = [r for r in report.recommendations if r.stage == "from_generator()"]
+    assert advice.id == "bottleneck-stage", advice
+    assert "parallel map" in advice.reason
+    return advice
+
+
+@pytest.mark.skipif(read_cpu_budget().cpus < 2, reason="the replay reads one copy per CPU")
+def test_a_vouched_for_generator_s_fix_is_timed_by_copies_read_at_once():
+    report, source = _fit(allow_unverified=True)
+    assert report.verdict.input_bound
+    advice = _generator_advice(report)
+    gain = advice.expected_gain
+    assert gain.basis == "measured", gain.statement
+    # Two sleeping copies at once: about twice the rate, never above the bound.
+    assert gain.likely_speedup > 1.4, gain.statement
+    cpus = read_cpu_budget().cpus
+    assert f"with {cpus} copies of from_generator() read at once" in gain.statement
+    assert "a replay stands in for it" in gain.statement
+    assert report.recommendations[0] is advice
+    # The copies read past what the fit trained on: the generator ran again.
+    assert source.yielded > 2 * 25 * BATCH
+
+
+def test_by_default_a_generator_is_not_read_again_and_says_how_to_time_it():
+    report, source = _fit()
+    advice = _generator_advice(report)
+    gain = advice.expected_gain
+    assert gain.basis == "bound", gain.statement
+    assert "may be a queue or a live feed" in gain.statement
+    assert "pass allow_unverified=True to PipelineTuner" in gain.statement
+    # What fit read, and a prefetch's few batches more: no timed pass ran it.
+    assert source.yielded <= (2 * 25 + 8) * BATCH
