@@ -120,12 +120,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             on rebuilds with seeds of their own; Python, a `tf.random.Generator`
             or a PyDataset's `workers` in a forked copy of the process (Linux),
             which leaves training's state as it was. A generator is not re-read.
-        allow_unverified: with `measure_fixes`, the pipeline's Python functions
-            keep no state between calls and its generator (`from_generator`)
-            reads no queue or live feed: time the fixes in this process (no
-            fork), also from several threads (a parallel map of a
-            `tf.py_function`), as `kpt.tune(allow_unverified=True)` does, and
-            time a generator's advised fix by reading copies of it at once.
+        allow_unverified: with `measure_fixes`, the pipeline's Python keeps no
+            state and its generator reads no feed: time the fixes in this
+            process, also from several threads (a parallel map of a
+            `tf.py_function`), and a generator's by copies read at once.
         cost_budget_s: seconds the tuner's own work after training may take:
             the contention check runs only when it fits, and the report states
             what the work took (`report.tuner_cost`). `None` (the default): the
