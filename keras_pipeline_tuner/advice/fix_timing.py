@@ -179,6 +179,8 @@ class FixTiming:
             before them: the figures leave out the pass that fills it.
         caveat: what the timed change assumes, or how it stands in for a
             fix that cannot be made on the graph (a replay), in a sentence.
+        replay: what was timed stands in for the fix (copies of a
+            generator), rather than being the fix itself.
 
     Example:
 
@@ -204,6 +206,7 @@ class FixTiming:
     isolated: bool = False
     read_back_only: bool = False
     caveat: str = ""
+    replay: bool = False
 
     @property
     def measured(self) -> bool:
@@ -476,6 +479,7 @@ def _wanted(
             timing.reason = _skipped_reason(skipped, kind, recommendation)
             continue
         timing.change, timing.caveat = rewrite.change, rewrite.caveat or ""
+        timing.replay = rewrite.kind == GENERATOR_COPIES
         wanted.append((timing, rewrite))
     return timings, wanted
 
@@ -550,6 +554,7 @@ def measured_gain(
         basis=MEASURED,
         statement=statement,
         likely_speedup=likely,
+        timed="a replay of the change" if timing.replay else ExpectedGain.timed,
     )
 
 

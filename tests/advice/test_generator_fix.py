@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import tiny_model
@@ -70,6 +71,7 @@ def test_a_vouched_for_generator_s_fix_is_timed_by_copies_read_at_once():
     cpus = read_cpu_budget().cpus
     assert f"with {cpus} copies of from_generator() read at once" in gain.statement
     assert "a replay stands in for it" in gain.statement
+    assert "faster (measured: a replay of the change" in describe_gain(gain)
     assert report.recommendations[0] is advice
     # The copies read past what the fit trained on: the generator ran again.
     assert source.yielded > 2 * 25 * BATCH
