@@ -80,6 +80,7 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_MAP
 from keras_pipeline_tuner.pipeline.tune.rewrites import PREFETCH
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
+from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
@@ -426,16 +427,27 @@ def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int):
     # Random maps too: the advice says to parallelise them (the numbers then
     # land on other elements), and a timed change is never kept.
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
-    candidates += _generator_replays(pipeline, cpus)
+    replays, one_cpu = _generator_replays(pipeline, cpus)
+    candidates, skipped = candidates + replays, skipped + one_cpu
     untouchable, isolated = _rerun_plan(pipeline, allow_unverified)
     return pipeline, candidates, skipped, untouchable, isolated
 
 
-def _generator_replays(pipeline, cpus: int) -> List[Rewrite]:
-    """A replay of each `from_generator` source's advised fix, `cpus` copies of it at once."""
-    replays = []
+def _generator_replays(pipeline, cpus: int) -> Tuple[List[Rewrite], List[Skipped]]:
+    """A replay of each `from_generator` source's advised fix, `cpus` copies of it at once.
+
+    Returns `(replays, skipped)`: on one CPU, no replay (one copy is the
+    generator as written), and why.
+    """
+    replays, skipped = [], []
     for stage in pipeline.stages:
-        if stage.kind != kinds.FROM_GENERATOR or stage.op != "FlatMapDataset" or cpus < 2:
+        if stage.kind != kinds.FROM_GENERATOR or stage.op != "FlatMapDataset":
+            continue
+        if cpus < 2:
+            skipped.append(Skipped(GENERATOR_COPIES, stage.label, (
+                "the run may use one CPU, so a replay of the generator's work spread over "
+                "threads would read one copy, the generator as written"
+            )))
             continue
         replays.append(Rewrite(
             kind=GENERATOR_COPIES,
@@ -452,7 +464,7 @@ def _generator_replays(pipeline, cpus: int) -> List[Rewrite]:
             ),
             copies=cpus,
         ))
-    return replays
+    return replays, skipped
 
 
 def _wanted(

@@ -16,8 +16,12 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
+from keras_pipeline_tuner.timing.step_stats import StepStats
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import tiny_model
 
@@ -86,3 +90,24 @@ def test_by_default_a_generator_is_not_read_again_and_says_how_to_time_it():
     assert "pass allow_unverified=True to PipelineTuner" in gain.statement
     # What fit read, and a prefetch's few batches more: no timed pass ran it.
     assert source.yielded <= (2 * 25 + 8) * BATCH
+
+
+def test_on_one_cpu_a_generator_s_fix_has_no_replay_and_says_why():
+    source = CountedGenerator()
+    dataset = tf.data.Dataset.from_generator(
+        source,
+        output_signature=(
+            tf.TensorSpec((FEATURES,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    ).batch(BATCH)
+    (stage, _) = read_pipeline(dataset).stages
+    advice = Recommendation(
+        id="bottleneck-stage", title="", severity="warning", stage=stage.label,
+        stage_node=stage.node, fix="ds = ds.map(load_item, num_parallel_calls=tf.data.AUTOTUNE)",
+    )
+    stats = StepStats.from_arrays(np.full(20, 0.03), np.full(20, 0.02))
+    (timing,) = fix_timing.time_fixes(dataset, [advice], stats, allow_unverified=True, cpus=1)
+    assert timing.status == "not applicable" and not timing.measured
+    assert "the run may use one CPU" in timing.reason
+    assert source.yielded == 0
