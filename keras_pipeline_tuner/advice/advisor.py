@@ -575,13 +575,16 @@ def _find_the_bottleneck(run: _Run) -> Recommendation:
             "Keras' own adapter, or the host between steps)."
         )
     else:
+        # "auto" (the default) may have been asked for and not opened: the
+        # first steps' wait did not show clearly. Steps chosen always open one.
         fix = (
-            "# which stage the steps wait for: a profiler window while training\n"
-            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=\"auto\")\n" + inspect
+            "# which stage the steps wait for: a profiler window on steps you choose\n"
+            "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=(10, 25))\n" + inspect
         )
         reason = (
             "The step clock shows the wait, but no profiler window was captured to name "
-            "the stage that causes it."
+            "the stage that causes it (an \"auto\" window opens only when the first steps "
+            "show the wait clearly): a window on steps you choose captures one."
         )
     return Recommendation(
         id=FIND_THE_BOTTLENECK,

@@ -479,8 +479,13 @@ def test_a_profiled_run_is_not_told_to_open_a_profiler_window():
     ranked = advisor.advise(stats(30.0, 10.0), window, [])
     assert ranked[-1].id == "input-bound"
     assert "profile=" not in ranked[-1].fix and "kpt.inspect" in ranked[-1].fix
+    # No window: "auto" (the default) may not have opened one, so the fix
+    # chooses the steps, which always opens one, rather than repeat "auto".
     unprofiled = advisor.advise(stats(30.0, 10.0), None, [])
-    assert 'profile="auto"' in unprofiled[-1].fix
+    fix = unprofiled[-1].fix
+    assert "profile=(10, 25)" in fix and 'profile="auto"' not in fix
+    assert '"auto" window opens only when' in unprofiled[-1].reason
+    kpt.PipelineTuner(verbose=0, profile=(10, 25))  # the fix's arguments are valid
 
 
 def test_a_note_with_nothing_to_change_is_no_recommendation():
