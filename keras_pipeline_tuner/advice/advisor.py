@@ -579,6 +579,7 @@ def _find_the_bottleneck(run: _Run) -> Recommendation:
         # first steps' wait did not show clearly. Steps chosen always open one.
         fix = (
             "# which stage the steps wait for: a profiler window on steps you choose\n"
+            "# (on the TensorFlow backend, or on JAX given a tf.data dataset)\n"
             "tuner = kpt.PipelineTuner(log_dir=\"logs/run1\", profile=(10, 25))\n" + inspect
         )
         reason = (
