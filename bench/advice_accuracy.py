@@ -289,6 +289,12 @@ def _map_cases() -> list:
 
 def _source_cases(files) -> list:
     """Slow sources: files read one after another, a generator, a PyDataset."""
+    # The advised shape for a generator: yield cheap items, do the work in a parallel map.
+    generator_fixes = {
+        "bottleneck-stage": lambda: source()
+        .map(sleep_python, num_parallel_calls=AUTOTUNE)
+        .batch(BATCH),
+    }
     return [
         Case(
             "sequential interleave of files",
@@ -306,22 +312,13 @@ def _source_cases(files) -> list:
             "slow generator",
             "a Python generator that sleeps per element",
             lambda: generator_source().batch(BATCH),
-            {
-                # The advised shape: yield cheap items, do the work in a parallel map.
-                "bottleneck-stage": lambda: source()
-                .map(sleep_python, num_parallel_calls=AUTOTUNE)
-                .batch(BATCH),
-            },
+            generator_fixes,
         ),
         Case(
             "slow generator, vouched for",
             "the same generator; allow_unverified=True says it can be read again (no feed)",
             lambda: generator_source().batch(BATCH),
-            {
-                "bottleneck-stage": lambda: source()
-                .map(sleep_python, num_parallel_calls=AUTOTUNE)
-                .batch(BATCH),
-            },
+            generator_fixes,
             tuner_kwargs={"allow_unverified": True},
         ),
         Case(

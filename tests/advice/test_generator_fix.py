@@ -42,15 +42,14 @@ class CountedGenerator:
             yield np.full((FEATURES,), i % 7, np.float32), np.float32(i % 2)
 
 
+def _batches(source: CountedGenerator) -> tf.data.Dataset:
+    signature = (tf.TensorSpec((FEATURES,), tf.float32), tf.TensorSpec((), tf.float32))
+    return tf.data.Dataset.from_generator(source, output_signature=signature).batch(BATCH)
+
+
 def _fit(**tuner_kwargs):
     source = CountedGenerator()
-    dataset = tf.data.Dataset.from_generator(
-        source,
-        output_signature=(
-            tf.TensorSpec((FEATURES,), tf.float32),
-            tf.TensorSpec((), tf.float32),
-        ),
-    ).batch(BATCH)
+    dataset = _batches(source)
     tuner = kpt.PipelineTuner(verbose=0, profile=(3, 12), measure_fixes=10.0, **tuner_kwargs)
     tiny_model().fit(dataset, epochs=2, steps_per_epoch=25, callbacks=[tuner], verbose=0)
     return tuner.report, source
@@ -94,13 +93,7 @@ def test_by_default_a_generator_is_not_read_again_and_says_how_to_time_it():
 
 def test_on_one_cpu_a_generator_s_fix_has_no_replay_and_says_why():
     source = CountedGenerator()
-    dataset = tf.data.Dataset.from_generator(
-        source,
-        output_signature=(
-            tf.TensorSpec((FEATURES,), tf.float32),
-            tf.TensorSpec((), tf.float32),
-        ),
-    ).batch(BATCH)
+    dataset = _batches(source)
     (stage, _) = read_pipeline(dataset).stages
     advice = Recommendation(
         id="bottleneck-stage", title="", severity="warning", stage=stage.label,
