@@ -82,6 +82,7 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
+from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -178,10 +179,9 @@ class FixTiming:
             run in training's process would move on.
         read_back_only: a cache timed on passes that read it back, filled
             before them: the figures leave out the pass that fills it.
-        caveat: what the timed change assumes, or how it stands in for a
-            fix that cannot be made on the graph (a replay), in a sentence.
-        replay: what was timed stands in for the fix (copies of a
-            generator), rather than being the fix itself.
+        replay: how what was timed stands in for a fix that cannot be made
+            on the graph (copies of a generator), in a sentence; empty when
+            the fix itself was timed.
 
     Example:
 
@@ -206,8 +206,7 @@ class FixTiming:
     overlapped_after: bool = False
     isolated: bool = False
     read_back_only: bool = False
-    caveat: str = ""
-    replay: bool = False
+    replay: str = ""
 
     @property
     def measured(self) -> bool:
@@ -275,7 +274,7 @@ def time_fixes(
     budget_s: float = DEFAULT_BUDGET_S,
     allow_unverified: bool = False,
     reuse: Optional[DataReuse] = None,
-    cpus: int = 1,
+    cpus: Optional[int] = None,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
 
@@ -299,7 +298,8 @@ def time_fixes(
         reuse: the fit's `DataReuse`: a cache in a fit that reads no element
             twice is not timed (it would never be read back).
         cpus: the CPUs the run may use (its `CpuBudget`): how many copies of
-            a generator the replay of its fix reads at once.
+            a generator the replay of its fix reads at once; `None` reads the
+            process's budget now.
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -315,7 +315,7 @@ def time_fixes(
     ```
     """
     pipeline, candidates, skipped, untouchable, isolated = _candidates(
-        dataset, allow_unverified, budget_s, cpus
+        dataset, allow_unverified, budget_s, cpus or budget_cpus(None)
     )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
@@ -490,8 +490,9 @@ def _wanted(
             timing.status = tune_results.NOT_APPLICABLE
             timing.reason = _skipped_reason(skipped, kind, recommendation)
             continue
-        timing.change, timing.caveat = rewrite.change, rewrite.caveat or ""
-        timing.replay = rewrite.kind == GENERATOR_COPIES
+        timing.change = rewrite.change
+        if rewrite.kind == GENERATOR_COPIES:
+            timing.replay = rewrite.caveat or ""
         wanted.append((timing, rewrite))
     return timings, wanted
 
@@ -557,8 +558,8 @@ def measured_gain(
     if timing.read_back_only:
         likely, filling = _with_fill(likely, reuse)
         statement += filling
-    if timing.caveat:
-        statement += " " + timing.caveat
+    if timing.replay:
+        statement += " " + timing.replay
     return ExpectedGain(
         speedup=likely,
         step_ms=bound.step_ms,
