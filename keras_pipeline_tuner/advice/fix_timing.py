@@ -37,6 +37,8 @@ map) is timed by a replay: as many copies of the generator as the run has
 CPUs, read at once, against the one as written. That is the rate its work
 reaches spread over those threads, as it would in a parallel map; the
 copies' elements repeat, and only the rate is kept (`rewrites.GENERATOR_COPIES`).
+A generator is read again only when training read it to its end and started
+it over (in a forked copy), or the user vouches for it (`allow_unverified`).
 """
 
 import dataclasses
@@ -275,6 +277,7 @@ def time_fixes(
     allow_unverified: bool = False,
     reuse: Optional[DataReuse] = None,
     cpus: Optional[int] = None,
+    restarted: bool = False,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
 
@@ -286,20 +289,21 @@ def time_fixes(
         recommendations: the advice formed for the run.
         stats: the run's training `StepStats`, to size the timed passes.
         budget_s: about how long all the timing may take, in seconds.
-        allow_unverified: the pipeline's Python functions keep no state
-            between calls: run them again in this process to time the fixes,
-            and time those that call them from several threads (a parallel
-            map of a `tf.py_function`). Otherwise a pipeline that keeps state
-            (a counter or a NumPy generator in its Python, a
-            `tf.random.Generator`) is timed in a forked copy of the process
-            (`_util.forked_call`), where that state moves in the copy only;
-            where forking is not available (not Linux), its fixes keep their
-            bounds.
+        allow_unverified: the pipeline's Python keeps no state between
+            calls: time the fixes in this process, also those that call it
+            from several threads. Otherwise a pipeline that keeps state (in
+            its Python, a `tf.random.Generator`) is timed in a forked copy
+            (`_util.forked_call`), where it moves in the copy only; without
+            `fork()` (not Linux), its fixes keep their bounds.
         reuse: the fit's `DataReuse`: a cache in a fit that reads no element
             twice is not timed (it would never be read back).
         cpus: the CPUs the run may use (its `CpuBudget`): how many copies of
             a generator the replay of its fix reads at once; `None` reads the
             process's budget now.
+        restarted: training read the dataset to its end and started it over
+            (`fit` without `steps_per_epoch`, two epochs or more): a generator
+            in it restarts as a file would, and is read again in a forked
+            copy; otherwise only with `allow_unverified`.
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -315,7 +319,7 @@ def time_fixes(
     ```
     """
     pipeline, candidates, skipped, untouchable, isolated = _candidates(
-        dataset, allow_unverified, budget_s, cpus or budget_cpus(None)
+        dataset, allow_unverified, budget_s, cpus or budget_cpus(None), restarted
     )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
@@ -410,7 +414,7 @@ def copy_timeout_s(budget_s: float) -> float:
     return _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S
 
 
-def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int):
+def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int, restarted: bool):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
     whether to time them in a copy of the process)`."""
     # Rebuilding the pipeline from its graph copies the arrays it holds (a
@@ -429,7 +433,7 @@ def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int):
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
     replays, one_cpu = _generator_replays(pipeline, cpus)
     candidates, skipped = candidates + replays, skipped + one_cpu
-    untouchable, isolated = _rerun_plan(pipeline, allow_unverified)
+    untouchable, isolated = _rerun_plan(pipeline, allow_unverified, restarted)
     return pipeline, candidates, skipped, untouchable, isolated
 
 
@@ -601,19 +605,23 @@ def untimed_statement(timing: FixTiming) -> str:
 # Helpers.
 
 
-def _rerun_plan(pipeline, allow_unverified: bool) -> Tuple[Optional[str], bool]:
+def _rerun_plan(
+    pipeline, allow_unverified: bool, restarted: bool = False
+) -> Tuple[Optional[str], bool]:
     """`(why the pipeline cannot be timed after training or None, whether in a copy)`.
 
     A shuffle or random ops are no reason: every timed pass reads a rebuild
     with seed generators of its own (`TuningSession.build`), so the dataset
     itself shuffles and draws on as it would have. State the process keeps
     (a Python function's, a `tf.random.Generator`'s) is left behind by timing
-    in a forked copy; a source another reader would take from is not.
+    in a forked copy; a source another reader would take from is not, except
+    a generator that training itself read to its end and started over
+    (`restarted`): one that reads files or data, not a feed.
     """
     hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
     if hazard is None:
         return None, False
-    shared = rerun.shared_source(pipeline)
+    shared = rerun.shared_source(pipeline, allow_python=restarted)
     no_fork = fork_unavailable()
     if shared is None and no_fork is None:
         return None, True

@@ -56,12 +56,16 @@ class FitInput:
             can time (TensorFlow backend): the user's own, or the one Keras
             built from NumPy arrays; `None` for other inputs, other backends
             and datasets distributed by a strategy.
+        new_iterator_each_epoch: fit was given no `steps_per_epoch`, so
+            Keras 3 starts each epoch on a new iterator of the data (read to
+            its end), rather than going on with one.
     """
 
     kind: str
     source: Any = None
     adapter: str = ""
     replay_dataset: Any = None
+    new_iterator_each_epoch: bool = False
 
 
 def find_fit_input(model) -> Optional[FitInput]:
@@ -82,6 +86,9 @@ def find_fit_input(model) -> Optional[FitInput]:
         return None
     found = _classify(adapter)
     found.replay_dataset = _replay_dataset(found, epoch_iterator)
+    # Keras' `EpochIterator._enumerate_iterator`: without `steps_per_epoch`
+    # every epoch calls `iter()` on the data again.
+    found.new_iterator_each_epoch = getattr(epoch_iterator, "steps_per_epoch", 0) is None
     return found
 
 

@@ -29,6 +29,7 @@ from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.run.replay_probe import ReplayProbe
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
+from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -55,7 +56,15 @@ class AfterTraining:
         self.announce = announce or _log_line
         self.replay = ReplayProbe(settings, guard, self.announce, self._fix_budget_s)
 
-    def run(self, run, model=None, dataset=None, traced_step=None, py_dataset=None) -> None:
+    def run(
+        self,
+        run,
+        model=None,
+        dataset=None,
+        traced_step=None,
+        py_dataset=None,
+        new_iterator_each_epoch: bool = False,
+    ) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
 
         Args:
@@ -68,13 +77,15 @@ class AfterTraining:
                 (`FitTiming.traced_train_step()`), which the replay reuses
                 rather than trace the step again; `None` traces its own.
             py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
+            new_iterator_each_epoch: fit started each epoch on a new iterator
+                of `dataset` (it was given no `steps_per_epoch`).
         """
         self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
         self._grain_stages(run)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
         else:
-            self._fix_timing(run, dataset)
+            self._fix_timing(run, dataset, new_iterator_each_epoch and _train_epochs(run) > 1)
 
     # Grain.
 
@@ -129,8 +140,11 @@ class AfterTraining:
             return fix_timing.auto_budget(run.cost.cost().fit_s) >= fix_timing.AUTO_LEAST_S
         return True
 
-    def _fix_timing(self, run, dataset) -> None:
-        """Times the advised fixes on the dataset training read (`measure_fixes`)."""
+    def _fix_timing(self, run, dataset, restarted: bool) -> None:
+        """Times the advised fixes on the dataset training read (`measure_fixes`).
+
+        `restarted`: training read the dataset to its end and started it over.
+        """
         asked_s = self.settings.measure_fixes_s
         if asked_s == 0.0 or not self.guard.enabled(features.FIX_TIMING):
             return
@@ -166,6 +180,7 @@ class AfterTraining:
                     self.settings.allow_unverified,
                     report.reuse,
                     cpus=budget_cpus(report.cpu),
+                    restarted=restarted,
                 )
 
     def _py_dataset_timing(self, run, py_dataset) -> None:
@@ -237,3 +252,8 @@ class AfterTraining:
 
 def _log_line(line: str) -> None:
     logger.info("keras-pipeline-tuner: %s", line)
+
+
+def _train_epochs(run) -> int:
+    """Training epochs that took steps."""
+    return sum(1 for epoch in run.clock.epochs if epoch.kind == TRAIN and epoch.stats.steps)

@@ -513,4 +513,5 @@ def _probed_inputs(model) -> dict:
     return {
         "dataset": given.source if kind == fit_input.TF_DATASET else None,
         "py_dataset": given.source if kind == fit_input.PY_DATASET else None,
+        "new_iterator_each_epoch": given is not None and given.new_iterator_each_epoch,
     }

@@ -32,11 +32,12 @@ DELAY_S = 0.006
 class CountedGenerator:
     """A generator over in-memory data that counts the elements it yields."""
 
-    def __init__(self):
+    def __init__(self, elements: int = 10_000):
         self.yielded = 0
+        self.elements = elements
 
     def __call__(self):
-        for i in range(10_000):
+        for i in range(self.elements):
             time.sleep(DELAY_S)
             self.yielded += 1
             yield np.full((FEATURES,), i % 7, np.float32), np.float32(i % 2)
@@ -92,6 +93,21 @@ def test_by_default_a_generator_is_not_read_again_and_says_how_to_time_it():
     assert "pass allow_unverified=True to PipelineTuner" in gain.statement
     # What fit read, and a prefetch's few batches more: no timed pass ran it.
     assert source.yielded <= (2 * 25 + 8) * BATCH
+
+
+@pytest.mark.skipif(read_cpu_budget().cpus < 2, reason="the replay reads one copy per CPU")
+def test_a_generator_fit_read_to_its_end_and_again_is_timed_in_a_copy_of_the_process():
+    # Whole epochs (no steps_per_epoch): fit itself called the generator again
+    # after it ran out, as it would reopen a file; a feed does not restart.
+    source = CountedGenerator(elements=25 * BATCH)
+    tuner = kpt.PipelineTuner(verbose=0, profile=(3, 12), measure_fixes=10.0)
+    tiny_model().fit(_batches(source), epochs=2, callbacks=[tuner], verbose=0)
+    gain = _generator_advice(tuner.report).expected_gain
+    assert gain.basis == "measured", gain.statement
+    assert "in a copy of the process" in gain.statement
+    assert gain.likely_speedup >= 1.4, gain.statement
+    # The copies ran in the forked copy: here the generator gave what fit read.
+    assert source.yielded == 2 * 25 * BATCH
 
 
 def test_on_one_cpu_a_generator_s_fix_has_no_replay_and_says_why():
