@@ -54,7 +54,6 @@ from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
-from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
 from keras_pipeline_tuner.advice.recommendation import LEAST_SHOWN_GAIN
 from keras_pipeline_tuner.advice.recommendation import LINT
 from keras_pipeline_tuner.advice.recommendation import MEASURED
@@ -333,7 +332,7 @@ def _measured_tier(recommendation: Recommendation) -> int:
     gain = recommendation.expected_gain
     if gain is None or gain.likely_speedup is None:
         return 1
-    return 0 if gain.likely_speedup >= LEAST_MEASURED_GAIN else 2
+    return 0 if gain.speeds_up else 2
 
 
 def _timed_key(recommendation: Recommendation):

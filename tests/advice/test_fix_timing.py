@@ -309,6 +309,23 @@ def test_a_cache_timed_on_its_read_back_counts_the_fit_s_filling_pass():
     assert "how many passes this fit makes is not known" in unknown.statement
 
 
+def test_a_cache_read_back_frees_the_cpu_its_stages_took_beside_the_steps():
+    # Seen at 6-8 % input: the pipeline alone kept ahead of a 10.8 ms compute,
+    # yet the fit's steps took 11.5 ms, its map's threads beside them.
+    bound = ExpectedGain(speedup=11.5 / 10.8, step_ms=11.5, step_ms_after=10.8)
+    cache = dataclasses.replace(_timing(10.3, 0.15, True, True), read_back_only=True)
+    gain = fix_timing.measured_gain(cache, bound, DataReuse(24 * 200, 24))
+    # The fit's measured step against the compute, its filling pass counted.
+    assert gain.likely_speedup == pytest.approx(1.0 / (1 / 200 + (199 / 200) / (11.5 / 10.8)))
+    assert "now: the fit's measured step" in gain.statement
+    assert gain.reaches_compute and describe_gain(gain).endswith("faster (measured: the change timed)")
+    # A change that leaves the stages' work in place is judged on the timed
+    # passes alone, whose noise a gain under 1.25x is within.
+    kept = fix_timing.measured_gain(_timing(10.3, 0.15, True, True), bound)
+    assert kept.likely_speedup == pytest.approx(1.0) and not kept.reaches_compute
+    assert describe_gain(kept).startswith("no clear gain")
+
+
 def test_an_untimed_fix_has_no_measured_gain():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
     untimed = fix_timing.FixTiming("sequential-map", "map(f)", None, "", "not measured", "x")
@@ -485,6 +502,29 @@ def test_fixes_timed_at_one_stage_lead_by_their_figures():
     top = _ranked(cache_after_ms=30.0)[0]
     assert top.id == "sequential-map" and top.expected_gain.likely_speedup == pytest.approx(2.0)
     assert top.also == ["cache-missing"]
+
+
+def test_a_cache_timed_to_the_compute_leads_a_run_no_window_profiled():
+    import numpy as np
+
+    from keras_pipeline_tuner.advice import advisor
+    from keras_pipeline_tuner.pipeline.lint.findings import Finding
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    stage, node = "map(decode)", "ParallelMapDatasetV2/_3"
+    findings = [Finding("cache-missing", "warning", stage, node, "ParallelMapDatasetV2",
+                        "decode", "why", "ds = ds.map(decode).cache()")]
+    cache = dataclasses.replace(
+        _timing(38.0, 0.15, True, True), recommendation="cache-missing", stage=stage,
+        stage_node=node, read_back_only=True,
+    )
+    # 6 ms waited of a 46 ms step: moderately input-bound (a fetch's 1 ms
+    # left out), a 1.15x ceiling, and no window named the stage.
+    stats = StepStats.from_arrays(np.full(40, 0.006), np.full(40, 0.040))
+    ranked = advisor.advise(stats, None, findings, fix_timings=[cache],
+                            reuse=DataReuse(24 * 200, 24))
+    assert [r.id for r in ranked][:2] == ["cache-missing", "input-bound"], ranked
+    assert ranked[0].expected_gain.reaches_compute
 
 
 def _parallel_map_advice():
