@@ -1,8 +1,9 @@
 """A slow `from_generator` source: its advised fix (the work in a parallel map)
 changes the user's code, so the fix timing replays it with copies of the
-generator read at once, when the user vouches that the generator can be read
-again (`allow_unverified=True`); by default its figure stays a bound and says
-how to have it timed.
+generator read at once, when the generator can be read again: fit itself read
+it to its end and started it over (timed in a copy of the process), or the
+user vouches for it (`allow_unverified=True`); otherwise its figure stays a
+bound and says how to have it timed.
 
 The generator sleeps 6 ms per element, 24 ms a batch, against well under a
 millisecond of compute.
