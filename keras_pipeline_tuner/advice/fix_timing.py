@@ -612,9 +612,7 @@ def untimed_statement(timing: FixTiming) -> str:
 # Helpers.
 
 
-def _rerun_plan(
-    pipeline, allow_unverified: bool, restarted: bool = False
-) -> Tuple[Optional[str], bool]:
+def _rerun_plan(pipeline, allow_unverified: bool, restarted: bool) -> Tuple[Optional[str], bool]:
     """`(why the pipeline cannot be timed after training or None, whether in a copy)`.
 
     A shuffle or random ops are no reason: every timed pass reads a rebuild
