@@ -4,12 +4,17 @@ Makes a cgroup with a CPU quota (root, Linux; 1 CPU by default), and in a
 child process that joins it after importing TensorFlow fits a small model on a
 pipeline whose map does real TensorFlow work on AUTOTUNE threads: once as
 written, once with the advised option (`autotune.cpu_budget` set to the
-budget), once with a private thread pool of the budget's size as well (which
-is not advised), in an order rotated every round, each fit measured by the
-tuner itself. Prints, per round, the steady step time of each side, the share
-of quota periods the kernel throttled, and the ratios to the fit as written;
-then the median ratios and the advice the first fit got. Run it quiet and beside a CPU load
-(`python bench/cpu_quota.py --load 2`) before quoting it.
+budget), once with a private thread pool of the budget's size as well (advised
+only where the fit's own timing after training finds it faster), in an order
+rotated every round, each fit measured by its last epoch's clock and by the
+tuner. Prints, per round, each side's wall time a step (its last epoch's, over
+its steps: the rate training goes at), beside the tuner's step time (input
+wait + compute) and the time between steps, which under a quota holds many of
+the kernel's stops, and the share of quota periods throttled; the ratios to
+the fit as written are of the wall times; then the median ratios, the advice
+the first fit got and the thread changes each fit as written timed after
+training. Run it quiet and beside a CPU load (`python bench/cpu_quota.py
+--load 2`) before quoting it.
 
     python bench/cpu_quota.py [--quota 1.0] [--rounds 3] [--load 0]
 """
@@ -30,7 +35,7 @@ from tests.helpers.cgroups import remove_cgroup  # noqa: E402
 
 CHILD = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
     import keras
@@ -38,6 +43,7 @@ CHILD = textwrap.dedent(
     from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 
     target, rounds = sys.argv[1], int(sys.argv[2])
+    STEPS = 250
     with open(os.path.join(target, "cgroup.procs"), "w") as file:
         file.write(str(os.getpid()))
 
@@ -58,22 +64,42 @@ CHILD = textwrap.dedent(
             ds = ds.with_options(options)
         return ds
 
+    class EpochClock(keras.callbacks.Callback):
+        # The steps' real rate: the last epoch's wall time over its steps. The
+        # tuner's step (input wait + compute) leaves out the time between
+        # steps, where many of the kernel's stops fall under a quota.
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.wall_ms = (time.perf_counter() - self.start) / STEPS * 1e3
+
     def fit(side, cpus):
         model = keras.Sequential(
             [keras.Input((96,)), keras.layers.Dense(256, "relu"), keras.layers.Dense(1)]
         )
         model.compile("sgd", "mse")
-        tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False,
-                                  measure_fixes=False)
-        model.fit(pipeline(side, cpus), epochs=2, steps_per_epoch=250,
-                  callbacks=[tuner], verbose=0)
+        # The fit as written runs the contention check and times the advised
+        # fixes after training, as a user's would (its last epoch's clock has
+        # stopped by then).
+        as_written = side == "as_written"
+        tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=as_written,
+                                  measure_fixes=as_written)
+        clock = EpochClock()
+        model.fit(pipeline(side, cpus), epochs=2, steps_per_epoch=STEPS,
+                  callbacks=[tuner, clock], verbose=0)
         report = tuner.report
         return {
+            "wall_ms": clock.wall_ms,
             "step_ms": report.train.step.mean_ms,
+            "gap_ms": report.train.host_gap.mean_ms,
             "throttled": report.cpu.throttling.share if report.cpu.throttling else None,
             "cpus": report.cpu.budget.cpus,
             "budget": report.cpu.budget.describe(),
             "advice": [f"{r.title} | {r.fix}" for r in report.recommendations],
+            "verdict": report.judgement.line if report.judgement else report.verdict.value,
+            "timed": [e.detail for r in report.recommendations if r.id == "cpu-quota-threads"
+                      for e in r.evidence if e.source == "fix timing"],
         }
 
     cpus = read_cpu_budget().cpus
@@ -117,30 +143,36 @@ def main() -> None:
     rounds = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
     budget = rounds[0]["as_written"]["budget"]
     print(f"quota {args.quota:g} CPU, {args.load} busy loops beside; {budget}")
-    print(f"{'round':>5}  {'as written':>16}  {'advised':>16}  {'pool too':>16}  ratios")
+    print("per fit: wall ms a step (last epoch), the tuner's step | time between steps, "
+          "share of quota periods throttled")
+    print(f"{'round':>5}  {'as written':>27}  {'advised':>27}  {'pool too':>27}  ratios")
     ratios = {"advised": [], "pool": []}
     for index, found in enumerate(rounds, 1):
         plain = found["as_written"]
         line = f"{index:>5}  " + "  ".join(
-            f"{found[side]['step_ms']:7.2f} ms {_share(found[side]):>6}"
-            for side in ("as_written", "advised", "pool")
+            _cell(found[side]) for side in ("as_written", "advised", "pool")
         )
         for side in ratios:
-            ratios[side].append(found[side]["step_ms"] / plain["step_ms"])
+            ratios[side].append(found[side]["wall_ms"] / plain["wall_ms"])
         print(line + f"  {ratios['advised'][-1]:.2f} {ratios['pool'][-1]:.2f}")
     print(
-        "median step-time ratio over as written: advised (AUTOTUNE's budget) "
+        "median wall-time ratio a step over as written: advised (AUTOTUNE's budget) "
         f"{statistics.median(ratios['advised']):.2f}, with a private pool of the budget's "
         f"size too {statistics.median(ratios['pool']):.2f}"
     )
-    print("(beside each step time: the share of quota periods throttled)")
     print("advice of the first fit as written:")
     for line in rounds[0]["as_written"]["advice"]:
         print("  " + line.replace("\n", " / "))
+    print("the thread changes timed after each fit as written:")
+    for found in rounds:
+        print("  verdict: " + found["as_written"]["verdict"])
+        for line in found["as_written"]["timed"]:
+            print("  " + line)
 
 
-def _share(found) -> str:
-    return "-" if found["throttled"] is None else f"{found['throttled'] * 100:.0f} %"
+def _cell(found) -> str:
+    share = "-" if found["throttled"] is None else f"{found['throttled'] * 100:.0f} %"
+    return f"{found['wall_ms']:5.2f}: {found['step_ms']:4.2f} | {found['gap_ms']:4.2f} {share:>5}"
 
 
 if __name__ == "__main__":

@@ -235,7 +235,7 @@ def advise(
     straggler = scale_out_advice.straggler_recommendation(workers)
     # Advice from the CPU budget comes after the pipeline's own: it has no
     # speed figure of its own (see `cpu_limits`).
-    limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound)
+    limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound, fix_timings)
     return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits
 
 

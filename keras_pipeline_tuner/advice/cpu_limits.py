@@ -9,9 +9,12 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
   it has CPU time for, and the kernel stops the whole group once the quota is
   used up. The advice sets `options.autotune.cpu_budget` to the budget (and a
   private thread pool set above it, down to it). A private pool of the
-  budget's size is not advised: under a 1-CPU quota on two cores
-  (`bench/cpu_quota.py`), a pool of one thread made a fit's steps 1.4-1.6x
-  slower, where AUTOTUNE's budget alone left them within the noise.
+  budget's size joins the advice only where it was timed faster on the user's
+  pipeline, under the same quota (`measure_fixes`): under a 1-CPU quota on two
+  cores (`bench/cpu_quota.py`) a pool of one thread made a fit's steps
+  1.07-1.17x slower (medians of the wall time a step), where AUTOTUNE's budget
+  alone left them within the noise; on a host with many more CPUs than its
+  quota, where tf.data's own pool has a thread per CPU, it may not.
 - A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
   the budget has CPUs for runs them in turn, not in parallel: the advice sets
   `workers` / `num_workers` to the budget.
@@ -21,31 +24,36 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
   The advice states the figures and the two ways out (a larger limit, fewer
   threads).
 
-None of them has a speed figure of its own: a quota is a ceiling on CPU time,
-and what fewer threads bring under it depends on what they were contending
-for. `kpt.tune` times the thread-pool change with the budget's value.
+None of them has a step-time figure of its own: a quota is a ceiling on CPU
+time, and what fewer threads bring to the steps depends on what they were
+contending for (the pipeline timed alone has the quota to itself). `kpt.tune`
+times both thread changes with the budget's value too.
 """
 
 from typing import TYPE_CHECKING
+from typing import Iterable
 from typing import List
 from typing import Optional
 
+from keras_pipeline_tuner.advice.fix_timing import FixTiming
+from keras_pipeline_tuner.advice.fix_timing import pass_statement
 from keras_pipeline_tuner.advice.recommendation import BOUND
+from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
+from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
+from keras_pipeline_tuner.advice.recommendation import QUOTA_WORKERS
+from keras_pipeline_tuner.advice.recommendation import THROTTLED
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.tune.planning import autotune_budget_short
+from keras_pipeline_tuner.pipeline.tune.tuning import DEFAULT_MIN_GAIN
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.pipeline.graph.model import Pipeline
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 
 CPU_BUDGET = "CPU budget"
-
-QUOTA_THREADS = "cpu-quota-threads"
-QUOTA_WORKERS = "cpu-quota-workers"
-THROTTLED = "cpu-throttled"
 
 # Share of the quota periods throttled from which the job counts as slowed by
 # the kernel: a tenth of its periods cut short.
@@ -56,7 +64,10 @@ _POOL_OPTION = "threading_options.private_threadpool_size"
 
 
 def cpu_limit_recommendations(
-    pipeline: Optional["Pipeline"], cpu: Optional["CpuUsage"], gain: Optional[ExpectedGain]
+    pipeline: Optional["Pipeline"],
+    cpu: Optional["CpuUsage"],
+    gain: Optional[ExpectedGain],
+    fix_timings: Iterable[FixTiming] = (),
 ) -> List[Recommendation]:
     """The recommendations the run's CPU budget and throttling call for.
 
@@ -65,6 +76,10 @@ def cpu_limit_recommendations(
         cpu: the run's `CpuUsage` (with its `budget` and `throttling`).
         gain: the run's input-free ceiling (`ExpectedGain`), when the run is
             input-bound: the most a change to the input can bring.
+        fix_timings: the advised fixes timed after training
+            (`advice.fix_timing`): a private thread pool of the budget's size
+            joins the advice when its timing says it is faster; the timing is
+            shown either way.
 
     Returns:
         The "cpu-quota-threads", "cpu-quota-workers" and "cpu-throttled"
@@ -83,15 +98,18 @@ def cpu_limit_recommendations(
     """
     if cpu is None or cpu.budget is None:
         return []
+    pool_timing = next(
+        (timing for timing in fix_timings if timing.recommendation == QUOTA_THREADS), None
+    )
     found = [
-        _threads_over_quota(pipeline, cpu, gain),
+        _threads_over_quota(pipeline, cpu, gain, pool_timing),
         _workers_over_budget(pipeline, cpu, gain),
         _throttled(cpu),
     ]
     return [item for item in found if item is not None]
 
 
-def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
+def _threads_over_quota(pipeline, cpu, gain, pool_timing) -> Optional[Recommendation]:
     """AUTOTUNE (and a pool set by hand) sized to the quota, when tf.data cannot see it."""
     budget = cpu.budget
     if not budget.hidden_from_tf_data or pipeline is None or not _is_tf_data(pipeline):
@@ -101,15 +119,18 @@ def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
     if autotune_budget_short(pipeline, budget):
         lines.append(f"options.autotune.cpu_budget = {cpus}")
     pool = pipeline.options.get(_POOL_OPTION)
-    if isinstance(pool, int) and pool > cpus:
+    if (isinstance(pool, int) and pool > cpus) or _timed_faster(pool_timing):
         lines.append(f"options.threading.private_threadpool_size = {cpus}")
     if not lines:
         return None
+    evidence = [Evidence(CPU_BUDGET, cpu.describe() + ".")]
+    if pool is None:
+        evidence.append(Evidence(FIX_TIMING, _pool_sentence(pool_timing, cpus)))
     return Recommendation(
         id=QUOTA_THREADS,
         title=f"Give tf.data's AUTOTUNE the {cpus}-CPU quota as its budget",
         severity=_severity(cpu),
-        evidence=[Evidence(CPU_BUDGET, cpu.describe() + ".")],
+        evidence=evidence,
         fix="\n".join(["options = tf.data.Options()"] + lines + ["ds = ds.with_options(options)"]),
         expected_gain=_no_figure(gain, "A budget the size of the quota"),
         stage=None,
@@ -117,11 +138,55 @@ def _threads_over_quota(pipeline, cpu, gain) -> Optional[Recommendation]:
             f"tf.data's AUTOTUNE sizes the pipeline's parallelism from the "
             f"{budget.affinity_count} CPUs this process may be scheduled on, but the "
             f"container's quota gives it {budget.quota_cpus:.2f} CPU of time: the threads it "
-            "starts beyond that queue for the same time, and the kernel stops every thread "
+            f"starts beyond that queue for the same time, and the kernel stops every thread "
             f"of the job once it is used up. Check with kpt.tune, which times this change "
             f"with {cpus}."
         ),
     )
+
+
+def _timed_faster(timing: Optional[FixTiming]) -> bool:
+    """Whether a timed change is faster by `kpt.tune`'s rule for keeping a rewrite."""
+    return (
+        timing is not None
+        and timing.measured
+        and timing.batch_ms_after <= timing.batch_ms_before * (1.0 - DEFAULT_MIN_GAIN)
+    )
+
+
+def _timed_sentence(timing: FixTiming) -> str:
+    """The timing's passes and its ratio, in words.
+
+    Example:
+
+    >>> _timed_sentence(FixTiming("cpu-quota-threads", None, None, "pool = 1", "measured",
+    ...                           batch_ms_before=2.0, batch_ms_after=2.5, rounds=3, batches=40))
+    'Timed after training on the pipeline alone (3 side-by-side rounds of 40 batches): a \
+batch every 2.00 ms as written, every 2.50 ms with pool = 1. That is 1.25x slower.'
+    """
+    ratio = timing.batch_ms_before / timing.batch_ms_after
+    how = f"{ratio:.2f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.2f}x slower"
+    return f"{pass_statement(timing)} That is {how}."
+
+
+def _pool_sentence(timing: Optional[FixTiming], cpus: int) -> str:
+    """Why a private pool of the budget's size is, or is not, in the advice."""
+    pool = f"A private thread pool of {cpus} (options.threading.private_threadpool_size)"
+    rule = (
+        f"it joins the advice only when timed at least {DEFAULT_MIN_GAIN * 100:g} % faster, as "
+        "kpt.tune keeps a rewrite: on a few CPUs a pool that small can slow the steps"
+    )
+    if timing is None:
+        return (
+            f"{pool} was not timed after training (measure_fixes times the advised fixes of "
+            f"a fit that waits for its input; kpt.tune times it on any pipeline): {rule}."
+        )
+    if not timing.measured:
+        return f"{pool} was not timed ({timing.status}: {timing.reason.rstrip('.')}): {rule}."
+    said = _timed_sentence(timing)
+    if _timed_faster(timing):
+        return f"{said} So the advice sets it too."
+    return f"{said} Left out: {rule}."
 
 
 def _workers_over_budget(pipeline, cpu, gain) -> Optional[Recommendation]:
@@ -180,8 +245,9 @@ def _throttled(cpu) -> Optional[Recommendation]:
             basis=BOUND,
             statement=(
                 f"The kernel stopped the job's threads for {throttling.throttled_s:.2f} s in "
-                f"total: the input wait and the compute time above both include it, so "
-                "the verdict says how the two share the quota, not how fast either runs."
+                "total, wherever they were: in the input wait, in the compute and between "
+                "steps alike. So the verdict says how the two share the quota, not how fast "
+                "either runs."
             ),
         ),
         stage=None,

@@ -57,6 +57,7 @@ from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
 from keras_pipeline_tuner.advice.recommendation import MEASURED
+from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
@@ -81,10 +82,13 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import GENERATOR_COPIES
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.tune.rewrites import PARALLEL_MAP
 from keras_pipeline_tuner.pipeline.tune.rewrites import PREFETCH
+from keras_pipeline_tuner.pipeline.tune.rewrites import THREADPOOL
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
+from keras_pipeline_tuner.timing.cpu_budget import QUOTA
+from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
@@ -130,7 +134,10 @@ _PASSES_PER_FIX = 6
 # datasets and the checks' reading take the rest.
 _BUDGET_SHARE = 0.6
 
-# The rewrite that makes each finding's fix.
+# The rewrite that makes each finding's fix. Under a CPU quota, the private
+# thread pool of the budget's size: it joins the advice only when it times
+# faster (`advice.cpu_limits`); AUTOTUNE's budget is advised by rule, as
+# tf.data cannot see the quota, and `kpt.tune` times it.
 _REWRITE_OF = {
     SEQUENTIAL_MAP: PARALLEL_MAP,
     SEQUENTIAL_INTERLEAVE: PARALLEL_INTERLEAVE,
@@ -138,6 +145,7 @@ _REWRITE_OF = {
     CACHE_MISSING: CACHE,
     MISSING_PREFETCH: PREFETCH,
     VECTORIZE_MAP: VECTORIZE,
+    QUOTA_THREADS: THREADPOOL,
 }
 # Final ops that work on the next elements in background threads while the
 # consumer computes, as a prefetch does (TensorFlow's fused map_and_batch too).
@@ -150,8 +158,13 @@ _ASYNCHRONOUS_OPS = frozenset(
         "ParallelBatchDataset",
     }
 )
+# Under a binding CPU quota, a timed pass spans this many of its periods, of
+# the kernel's default length (its cgroup's own is not read: 100 ms nearly
+# everywhere).
+_QUOTA_PERIODS_PER_PASS = 3
+_QUOTA_PERIOD_S = 0.1
 # Rewrites of which a pipeline has at most one, wherever the finding points.
-_ONE_PER_PIPELINE = (CACHE, PREFETCH)
+_ONE_PER_PIPELINE = (CACHE, PREFETCH, THREADPOOL)
 
 
 @dataclasses.dataclass
@@ -279,6 +292,7 @@ def time_fixes(
     reuse: Optional[DataReuse] = None,
     cpus: Optional[int] = None,
     restarted: bool = False,
+    min_pass_s: float = 0.0,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
 
@@ -305,6 +319,9 @@ def time_fixes(
             (`fit` without `steps_per_epoch`, two epochs or more): a generator
             in it restarts as a file would, and is read again in a forked
             copy; otherwise only with `allow_unverified`.
+        min_pass_s: the least a timed pass of a few batches should last, in
+            seconds, as estimated from the steps (`quota_pass_s` under a
+            binding CPU quota).
 
     Returns:
         One `FixTiming` per advised fix that is a rewrite: each
@@ -330,7 +347,7 @@ def time_fixes(
         timing.overlapped_before = overlapped
         timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
         timing.isolated = isolated
-    epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s)
+    epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s, min_pass_s)
     order = _timing_order(wanted, cache_reason)
     if not order:
         return timings
@@ -539,14 +556,7 @@ def measured_gain(
     capped = bound.speedup is not None and likely > bound.speedup
     if capped:
         likely = bound.speedup
-    where = ", in a copy of the process that left training's state as it was"
-    statement = (
-        f"Timed after training on the pipeline alone{where if timing.isolated else ''} "
-        f"({timing.rounds} side-by-side rounds "
-        f"of {timing.batches} batches): a batch every {timing.batch_ms_before:.2f} ms as "
-        f"written, every {timing.batch_ms_after:.2f} ms with {timing.change}. "
-        + _rule(timing, compute, before, after)
-    )
+    statement = f"{pass_statement(timing)} {_rule(timing, compute, before, after)}"
     if freed:
         statement += (
             " (now: the fit's measured step, as a cache read back also frees the CPU its "
@@ -579,6 +589,25 @@ def measured_gain(
         # Batches well under the compute (by the timing's noise, a fifth):
         # the figure is the fit's step over its compute, not the passes'.
         reaches_compute=freed and timing.batch_ms_after * LEAST_MEASURED_GAIN <= compute,
+    )
+
+
+def pass_statement(timing: FixTiming) -> str:
+    """What a measured fix's timed passes read, in a sentence.
+
+    Example:
+
+    >>> pass_statement(FixTiming("sequential-map", "map(f)", None, "map(f, ...)", "measured",
+    ...                          batch_ms_before=4.0, batch_ms_after=1.0, rounds=3, batches=20))
+    'Timed after training on the pipeline alone (3 side-by-side rounds of 20 batches): a \
+batch every 4.00 ms as written, every 1.00 ms with map(f, ...).'
+    """
+    where = ", in a copy of the process that left training's state as it was"
+    return (
+        f"Timed after training on the pipeline alone{where if timing.isolated else ''} "
+        f"({timing.rounds} side-by-side rounds of {timing.batches} batches): a batch every "
+        f"{timing.batch_ms_before:.2f} ms as written, every {timing.batch_ms_after:.2f} ms "
+        f"with {timing.change}."
     )
 
 
@@ -709,7 +738,7 @@ def ends_ahead(pipeline) -> bool:
     return final is not None and final.op in _ASYNCHRONOUS_OPS
 
 
-def _plan(dataset, stats: StepStats, wanted, budget_s: float):
+def _plan(dataset, stats: StepStats, wanted, budget_s: float, min_pass_s: float):
     """Epochs and batches per timed pass: `(epochs, num_batches, why no cache)`.
 
     A cache pays off from the second epoch: two whole epochs per pass when
@@ -717,11 +746,11 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     which time the steady state: `kpt.tune`'s machinery fills a cache before
     them with the elements they read (`CacheScratch.partial`), a few batches'
     worth, when the dataset's length is known, and else with a whole epoch,
-    which must then fit the budget too.
+    which must then fit the budget too. Passes last at least `min_pass_s`
+    (estimated from the steps), past the cap on batches.
     """
     distinct = {(rewrite.kind, rewrite.node) for _, rewrite in wanted}
-    # The pipeline alone is at most as slow as the steps that wait for it.
-    batch_s = max((stats.step.median_ms or stats.step.mean_ms or 1.0) / 1e3, 1e-4)
+    batch_s = delivered_batch_s(stats)
     cardinality = int(dataset.cardinality())
     caching = any(kind == CACHE for kind, _ in distinct)
     if caching and cardinality > 0:
@@ -734,7 +763,7 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
     # Every timed pass reads its untimed warm-up first (`time_rewrites`).
     warmups = len(distinct) * _PASSES_PER_FIX * WARMUP_BATCHES
     num_batches = int((_BUDGET_SHARE * budget_s / batch_s - warmups) / epochs)
-    num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches))
+    num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches), math.ceil(min_pass_s / batch_s))
     if cardinality > 0:
         num_batches = min(num_batches, cardinality)
     if not caching or cardinality > 0:
@@ -744,6 +773,52 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float):
         f"filling it takes a whole epoch, too long for the {budget_s:g} s of measure_fixes"
     )
     return 1, num_batches, cache_reason
+
+
+def quota_pass_s(budget: Optional[CpuBudget]) -> float:
+    """The least a timed pass should last under `budget`: several quota periods, or 0.
+
+    Under a binding quota the kernel stops the job for the rest of each period
+    once its quota is used: a pass of about one period (100 ms by default, in
+    Kubernetes and Docker) holds one stop or two, and the same pipeline timed
+    1.33x slower and 1.14x faster with AUTOTUNE's budget in three fits. Three
+    periods or more even that out.
+
+    Example:
+
+    >>> round(quota_pass_s(CpuBudget(8, 8, quota_cpus=2.0)), 3), quota_pass_s(CpuBudget(8, 8))
+    (0.3, 0.0)
+    """
+    if budget is None or budget.binding != QUOTA:
+        return 0.0
+    return _QUOTA_PERIODS_PER_PASS * _QUOTA_PERIOD_S
+
+
+def delivered_batch_s(stats: StepStats) -> float:
+    """Seconds a batch took in training, wall time: a step and the time to the next one.
+
+    Sizes the passes that time a fix: the pipeline alone is at most as slow as
+    the steps that waited for it. The means, with the time between steps:
+    under a CPU quota the kernel's stops fall there as much as in the steps (a
+    median step of 0.27 ms, in training that took 2.8 ms a step, sized passes
+    that spent the whole budget on the first of two fixes).
+
+    Args:
+        stats: the run's training `StepStats`.
+
+    Returns:
+        Seconds per batch, at least 0.1 ms.
+
+    Example:
+
+    >>> import numpy as np
+    >>> stats = StepStats.from_arrays(np.array([0.01, 0.01]), np.array([0.01, 0.01]),
+    ...                               np.array([0.005]))
+    >>> round(delivered_batch_s(stats), 6)
+    0.025
+    """
+    step_ms = stats.step.mean_ms or stats.step.median_ms or 1.0
+    return max((step_ms + (stats.host_gap.mean_ms or 0.0)) / 1e3, 1e-4)
 
 
 def _record(timing: FixTiming, rewrite, item, epochs: int) -> None:

@@ -30,6 +30,7 @@ from keras_pipeline_tuner._util.forked_call import fork_unavailable
 from keras_pipeline_tuner._util.forked_call import forked_call
 from keras_pipeline_tuner.advice.fix_timing import FixTiming
 from keras_pipeline_tuner.advice.fix_timing import copy_timeout_s
+from keras_pipeline_tuner.advice.fix_timing import delivered_batch_s
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
 from keras_pipeline_tuner.pipeline.lint.keras_inputs import ADVISED_WORKERS
@@ -133,8 +134,8 @@ def time_workers(
 
 def _pass_batches(py_dataset, stats: StepStats, budget_s: float) -> Optional[int]:
     """Batches per timed pass (after the warm-up), or `None` when too few exist."""
-    # One worker reads a batch at most as fast as the steps that wait for it.
-    batch_s = max((stats.step.median_ms or stats.step.mean_ms or 1.0) / 1e3, 1e-4)
+    # One worker reads a batch at most as fast as the steps that waited for it.
+    batch_s = delivered_batch_s(stats)
     passes = 2 * MIN_ROUNDS
     fitting = int(_BUDGET_SHARE * budget_s / (passes * batch_s)) - WARMUP_BATCHES
     num_batches = max(MIN_BATCHES, min(_MAX_BATCHES, fitting))

@@ -22,6 +22,10 @@ FIX_TIMING = "fix timing"
 NOT_THE_BOTTLENECK = "input-not-bottleneck"
 BOTTLENECK_STAGE = "bottleneck-stage"
 FIND_THE_BOTTLENECK = "input-bound"
+# From the CPUs the job really has (`advice.cpu_limits`).
+QUOTA_THREADS = "cpu-quota-threads"
+QUOTA_WORKERS = "cpu-quota-workers"
+THROTTLED = "cpu-throttled"
 
 MEASURED = "measured"
 # An upper bound: the measured ceiling (step / compute) or what removing a

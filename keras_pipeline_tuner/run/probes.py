@@ -181,6 +181,7 @@ class AfterTraining:
                     report.reuse,
                     cpus=budget_cpus(report.cpu),
                     restarted=restarted,
+                    min_pass_s=fix_timing.quota_pass_s(report.cpu and report.cpu.budget),
                 )
 
     def _py_dataset_timing(self, run, py_dataset) -> None:

@@ -16,10 +16,11 @@ import textwrap
 
 import pytest
 
-from keras_pipeline_tuner.advice.cpu_limits import QUOTA_THREADS
-from keras_pipeline_tuner.advice.cpu_limits import QUOTA_WORKERS
-from keras_pipeline_tuner.advice.cpu_limits import THROTTLED
 from keras_pipeline_tuner.advice.cpu_limits import cpu_limit_recommendations
+from keras_pipeline_tuner.advice.fix_timing import FixTiming
+from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
+from keras_pipeline_tuner.advice.recommendation import QUOTA_WORKERS
+from keras_pipeline_tuner.advice.recommendation import THROTTLED
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline
 from keras_pipeline_tuner.pipeline.graph.model import Stage
@@ -54,7 +55,7 @@ def test_a_binding_quota_becomes_autotunes_cpu_budget():
     found = cpu_limit_recommendations(tf_data(), usage(quota=2.0), None)
     assert [r.id for r in found] == [QUOTA_THREADS]
     assert "options.autotune.cpu_budget = 2" in found[0].fix
-    # A private pool of the budget's size is not advised (see `cpu_limits`)...
+    # A private pool of the budget's size only when timed faster (not timed here)...
     assert "private_threadpool_size" not in found[0].fix
     # ... but one set above the budget is advised down to it.
     larger = cpu_limit_recommendations(
@@ -63,6 +64,51 @@ def test_a_binding_quota_becomes_autotunes_cpu_budget():
     assert "options.threading.private_threadpool_size = 2" in larger[0].fix
     # No speed figure of its own, and none made up.
     assert found[0].expected_gain.speedup is None
+
+
+def timed(before, after, status="measured", reason=""):
+    measured = status == "measured"
+    return FixTiming(
+        QUOTA_THREADS,
+        None,
+        None,
+        "options.threading.private_threadpool_size = 2",
+        status,
+        reason,
+        batch_ms_before=before if measured else None,
+        batch_ms_after=after if measured else None,
+        rounds=3,
+        batches=40,
+    )
+
+
+def quota_advice(*timings):
+    (found,) = cpu_limit_recommendations(tf_data(), usage(quota=2.0), None, timings)
+    return found.fix, [item.detail for item in found.evidence]
+
+
+def test_a_private_pool_of_the_budgets_size_joins_the_advice_only_when_timed_faster():
+    pool_line = "options.threading.private_threadpool_size = 2"
+    fix, evidence = quota_advice(timed(4.0, 2.0))
+    assert pool_line in fix and "options.autotune.cpu_budget = 2" in fix
+    assert "every 4.00 ms as written, every 2.00 ms" in evidence[-1]
+    assert "That is 2.00x faster. So the advice sets it too." in evidence[-1]
+    # Slower, or faster by less than kpt.tune's rule for keeping a rewrite: left out.
+    for after, how in ((2.4, "1.20x slower"), (1.96, "1.02x faster")):
+        fix, evidence = quota_advice(timed(2.0, after))
+        assert pool_line not in fix and "options.autotune.cpu_budget = 2" in fix
+        assert f"That is {how}. Left out: it joins the advice only when timed at least 3 %" in (
+            evidence[-1]
+        )
+    # Not timed: left out, saying why.
+    fix, evidence = quota_advice(
+        timed(None, None, "not measured", "the budget was spent.")
+    )
+    assert pool_line not in fix
+    assert "was not timed (not measured: the budget was spent): it joins" in evidence[-1]
+    fix, evidence = quota_advice()
+    assert pool_line not in fix
+    assert "was not timed after training (measure_fixes times" in evidence[-1]
 
 
 def test_a_quota_rule_beside_the_runs_ceiling_says_the_figure_is_that_ceiling():
@@ -121,7 +167,7 @@ FIT = textwrap.dedent(
     import keras_pipeline_tuner as kpt
     from keras_pipeline_tuner.outputs.markdown import render_markdown
 
-    mode, target = sys.argv[1], sys.argv[2]
+    mode, target, measure_fixes = sys.argv[1], sys.argv[2], float(sys.argv[3]) or False
     if mode == "cgroup":
         with open(os.path.join(target, "cgroup.procs"), "w") as file:
             file.write(str(os.getpid()))
@@ -144,15 +190,18 @@ FIT = textwrap.dedent(
             outputs.set_shape(inputs.shape)
             return outputs
 
-    ds = (tf.data.Dataset.range(400).map(work, num_parallel_calls=tf.data.AUTOTUNE)
+    # Steps enough that the batches prefetched while the first step traces
+    # (about 40 ms) do not decide the verdict: the quota fit waits for its input.
+    ds = (tf.data.Dataset.range(1600).map(work, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(8).prefetch(tf.data.AUTOTUNE))
     # Under the quota the job must want more CPU than it has: no sleep there.
     sleep = [Sleep()] if mode == "affinity" else []
     model = keras.Sequential([keras.Input((96,)), *sleep, keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False,
-                              measure_fixes=False)
-    model.fit(ds, epochs=2, steps_per_epoch=25, callbacks=[tuner], verbose=0)
+    # With its fixes timed, the fit runs the contention check as a user's does.
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=bool(measure_fixes),
+                              measure_fixes=measure_fixes)
+    model.fit(ds, epochs=2, steps_per_epoch=100, callbacks=[tuner], verbose=0)
     report = tuner.report
     print(json.dumps({
         "cpus": report.cpu.budget.cpus,
@@ -162,6 +211,7 @@ FIT = textwrap.dedent(
             [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
         "compute_ms": report.train.compute.median_ms,
         "advice": {r.id: r.fix for r in report.recommendations},
+        "evidence": {r.id: [e.detail for e in r.evidence] for r in report.recommendations},
         "text": report.cpu.describe(),
         "markdown": render_markdown(report),
     }))
@@ -169,9 +219,9 @@ FIT = textwrap.dedent(
 )
 
 
-def run_fit(mode, target):
+def run_fit(mode, target, measure_fixes=0.0):
     process = subprocess.run(
-        [sys.executable, "-c", FIT, mode, str(target)],
+        [sys.executable, "-c", FIT, mode, str(target), str(measure_fixes)],
         capture_output=True,
         text=True,
         timeout=240,
@@ -185,7 +235,9 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one CPU: a quota of one cannot bind below the affinity count")
     join, _ = quota_cgroup(1.0)
-    result = run_fit("cgroup", join)
+    # The advised fixes timed after training, in the quota (the copy of the
+    # process that may time them stays in its cgroup).
+    result = run_fit("cgroup", join, measure_fixes=8.0)
     assert (result["cpus"], result["binding"], result["quota"]) == (1, "quota", 1.0), result
     throttled, periods = result["throttling"]
     assert periods > 0 and throttled > 0, result
@@ -193,7 +245,17 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     # The Text tab (and the terminal) state the budget, what binds, the throttling.
     assert "CPU budget 1 CPU: cgroup quota 1.00 CPU" in result["markdown"]
     assert "the kernel throttled it in" in result["markdown"]
-    assert "options.autotune.cpu_budget = 1" in result["advice"][QUOTA_THREADS]
+    fix, evidence = result["advice"][QUOTA_THREADS], result["evidence"][QUOTA_THREADS]
+    assert "options.autotune.cpu_budget = 1" in fix
+    # The private pool of the budget's size was timed under the quota, and is
+    # advised exactly when that timing found it faster (here it is mostly slower).
+    (pool,) = [line for line in evidence if "A private thread pool" in line or "pool_size" in line]
+    assert "every" in pool and "ms with options.threading.private_threadpool_size = 1" in pool, (
+        result["markdown"][:1200]
+    )
+    assert ("options.threading.private_threadpool_size = 1" in fix) == (
+        "So the advice sets it too" in pool
+    ), (fix, pool)
 
 
 @pytest.mark.multiprocess

@@ -33,6 +33,9 @@ DEFAULT_BUDGET_S = 60.0
 # Epochs tuning may run of a pipeline that calls Python (its side effects run
 # on every one), unless the caller allows more.
 DEFAULT_PYTHON_EPOCHS = 60
+# The least a rewrite must bring to be kept: 3 % less time per pass. The
+# advice holds a CPU quota's private thread pool to it too.
+DEFAULT_MIN_GAIN = 0.03
 
 
 def tune(
@@ -48,7 +51,7 @@ def tune(
     allow_reordering: bool = False,
     allow_unverified: bool = False,
     max_python_epochs: int = DEFAULT_PYTHON_EPOCHS,
-    min_gain: float = 0.03,
+    min_gain: float = DEFAULT_MIN_GAIN,
     verbose: int = 1,
 ):
     """Rewrites a dataset's pipeline and keeps the rewrites that make it faster.
