@@ -138,7 +138,7 @@ def _threads_over_quota(pipeline, cpu, gain, pool_timing) -> Optional[Recommenda
             f"tf.data's AUTOTUNE sizes the pipeline's parallelism from the "
             f"{budget.affinity_count} CPUs this process may be scheduled on, but the "
             f"container's quota gives it {budget.quota_cpus:.2f} CPU of time: the threads it "
-            f"starts beyond that queue for the same time, and the kernel stops every thread "
+            "starts beyond that queue for the same time, and the kernel stops every thread "
             f"of the job once it is used up. Check with kpt.tune, which times this change "
             f"with {cpus}."
         ),

@@ -351,9 +351,24 @@ def time_fixes(
     order = _timing_order(wanted, cache_reason)
     if not order:
         return timings
-    rewrites = [rewrite for rewrite, _ in order]
+    timing_run = functools.partial(
+        _time,
+        dataset,
+        budget_s=budget_s,
+        epochs=epochs,
+        num_batches=num_batches,
+        allow_unverified=allow_unverified,
+        isolated=isolated,
+    )
+    _time_in_order(timing_run, order, budget_s, epochs)
+    return timings
+
+
+def _time_in_order(timing_run, order, budget_s: float, epochs: int) -> None:
+    """Times each `(rewrite, its timings)` of `order` with `timing_run(rewrites)`; records
+    the figures, or why there are none, on the timings."""
     try:
-        timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
+        timed = timing_run([rewrite for rewrite, _ in order])
     except (ValueError, ForkedCallError) as limit:
         # An epoch too long for the budget (an expected limit), or a copy of
         # the process that did not answer: said per fix.
@@ -361,11 +376,10 @@ def time_fixes(
         for _, found in order:
             for timing in found:
                 timing.status, timing.reason = status, _limit_reason(limit, budget_s)
-        return timings
+        return
     for (rewrite, found), item in zip(order, timed):
         for timing in found:
             _record(timing, rewrite, item, epochs)
-    return timings
 
 
 def _limit_reason(limit: Exception, budget_s: float) -> str:
@@ -763,7 +777,9 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float, min_pass_s: float)
     # Every timed pass reads its untimed warm-up first (`time_rewrites`).
     warmups = len(distinct) * _PASSES_PER_FIX * WARMUP_BATCHES
     num_batches = int((_BUDGET_SHARE * budget_s / batch_s - warmups) / epochs)
-    num_batches = max(_MIN_BATCHES, min(_MAX_BATCHES, num_batches), math.ceil(min_pass_s / batch_s))
+    num_batches = max(
+        _MIN_BATCHES, min(_MAX_BATCHES, num_batches), math.ceil(min_pass_s / batch_s)
+    )
     if cardinality > 0:
         num_batches = min(num_batches, cardinality)
     if not caching or cardinality > 0:
@@ -781,8 +797,9 @@ def quota_pass_s(budget: Optional[CpuBudget]) -> float:
     Under a binding quota the kernel stops the job for the rest of each period
     once its quota is used: a pass of about one period (100 ms by default, in
     Kubernetes and Docker) holds one stop or two, and the same pipeline timed
-    1.33x slower and 1.14x faster with AUTOTUNE's budget in three fits. Three
-    periods or more even that out.
+    1.33x slower and 1.14x faster with AUTOTUNE's budget in three fits. A pass
+    of three periods holds three stops or four, a smaller share of its time
+    for one more.
 
     Example:
 
