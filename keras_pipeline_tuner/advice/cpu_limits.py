@@ -11,10 +11,11 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
   private thread pool set above it, down to it). A private pool of the
   budget's size joins the advice only where it was timed faster on the user's
   pipeline, under the same quota (`measure_fixes`): under a 1-CPU quota on two
-  cores (`bench/cpu_quota.py`) a pool of one thread made a fit's steps
-  1.07-1.17x slower (medians of the wall time a step), where AUTOTUNE's budget
-  alone left them within the noise; on a host with many more CPUs than its
-  quota, where tf.data's own pool has a thread per CPU, it may not.
+  cores (`bench/cpu_quota.py`) a pool of one thread made a fit's steps 1.11x
+  slower quiet and 1.14x beside two busy loops (medians of three rounds, wall
+  time a step), where AUTOTUNE's budget alone left them within the noise; on
+  a host with many more CPUs than its quota, where tf.data's own pool has a
+  thread per CPU, it may not.
 - A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
   the budget has CPUs for runs them in turn, not in parallel: the advice sets
   `workers` / `num_workers` to the budget.
