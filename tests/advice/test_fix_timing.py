@@ -8,6 +8,7 @@ bounds are alike.
 """
 
 import dataclasses
+import functools
 import io
 import logging
 import time
@@ -652,3 +653,32 @@ def test_batches_too_slow_for_the_cap_are_said_in_the_tuners_own_terms():
     assert "PipelineTuner(measure_fixes=<seconds>)" in slow[0]
     # Not kpt.tune's arguments, which PipelineTuner does not take.
     assert not any("num_batches" in text or "budget_s" in text for text in statements)
+
+
+def scaled(x, y):
+    # A Python function: TensorFlow does not run the map in parallel by itself.
+    x = tf.py_function(lambda value: value * 2.0, [x], tf.float32)
+    return tf.ensure_shape(x, [FEATURES]), y
+
+
+def test_under_a_quota_timed_passes_last_several_of_its_periods():
+    # Steps of 1 ms of wall time (0.9 ms of step, 0.1 ms to the next): passes
+    # sized for the budget read at most 200 batches; under a binding quota,
+    # 0.3 s of the fit's batches, three of its periods.
+    from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    dataset = cached_source(2000).map(scaled).batch(1)
+    advised = dataclasses.replace(
+        _parallel_map_advice(), stage="map(scaled)", stage_node="MapDataset/_6"
+    )
+    stats = StepStats.from_arrays(np.full(20, 0.0008), np.full(20, 0.0001), np.full(19, 0.0001))
+    assert fix_timing.delivered_batch_s(stats) == pytest.approx(0.001)
+    quota = fix_timing.quota_pass_s(CpuBudget(2, 2, quota_cpus=1.0))
+    timed = functools.partial(fix_timing.time_fixes, dataset, [advised], stats)
+    # Under the quota, a budget for passes of 300 batches of a Python function
+    # (about 0.4 s each).
+    (plain,) = timed(3.0, True)
+    (under_quota,) = timed(10.0, True, min_pass_s=quota)
+    assert plain.measured and under_quota.measured, (plain.reason, under_quota.reason)
+    assert plain.batches <= 200 and under_quota.batches == 300, (plain, under_quota)
