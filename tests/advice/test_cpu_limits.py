@@ -190,8 +190,8 @@ FIT = textwrap.dedent(
             outputs.set_shape(inputs.shape)
             return outputs
 
-    # Steps enough that the batches prefetched while the first step traces
-    # (about 40 ms) do not decide the verdict: the quota fit waits for its input.
+    # Two hundred steps: the fit spans several quota periods (fifty steps,
+    # mostly on batches prefetched while the first step traced, spanned one).
     ds = (tf.data.Dataset.range(1600).map(work, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(8).prefetch(tf.data.AUTOTUNE))
     # Under the quota the job must want more CPU than it has: no sleep there.
