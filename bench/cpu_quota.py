@@ -12,8 +12,8 @@ its steps: the rate training goes at), beside the tuner's step time (input
 wait + compute) and the time between steps, which under a quota holds many of
 the kernel's stops, and the share of quota periods throttled; the ratios to
 the fit as written are of the wall times; then the median ratios, the advice
-the first fit got and the thread changes each fit as written timed after
-training. Run it quiet and beside a CPU load (`python bench/cpu_quota.py
+the first fit got, and each fit as written's verdict and its timing of the
+private pool after training. Run it quiet and beside a CPU load (`python bench/cpu_quota.py
 --load 2`) before quoting it.
 
     python bench/cpu_quota.py [--quota 1.0] [--rounds 3] [--load 0]
@@ -163,7 +163,7 @@ def main() -> None:
     print("advice of the first fit as written:")
     for line in rounds[0]["as_written"]["advice"]:
         print("  " + line.replace("\n", " / "))
-    print("the thread changes timed after each fit as written:")
+    print("each fit as written: its verdict, and the private pool timed after training:")
     for found in rounds:
         print("  verdict: " + found["as_written"]["verdict"])
         for line in found["as_written"]["timed"]:
