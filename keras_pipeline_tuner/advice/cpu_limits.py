@@ -48,7 +48,8 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.tune.planning import autotune_budget_short
-from keras_pipeline_tuner.pipeline.tune.tuning import DEFAULT_MIN_GAIN
+from keras_pipeline_tuner.pipeline.tune.results import DEFAULT_MIN_GAIN
+from keras_pipeline_tuner.pipeline.tune.results import fast_enough_to_keep
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.pipeline.graph.model import Pipeline
@@ -151,7 +152,7 @@ def _timed_faster(timing: Optional[FixTiming]) -> bool:
     return (
         timing is not None
         and timing.measured
-        and timing.batch_ms_after <= timing.batch_ms_before * (1.0 - DEFAULT_MIN_GAIN)
+        and fast_enough_to_keep(timing.batch_ms_after / timing.batch_ms_before)
     )
 
 

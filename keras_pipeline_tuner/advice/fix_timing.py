@@ -351,24 +351,16 @@ def time_fixes(
     order = _timing_order(wanted, cache_reason)
     if not order:
         return timings
-    timing_run = functools.partial(
-        _time,
-        dataset,
-        budget_s=budget_s,
-        epochs=epochs,
-        num_batches=num_batches,
-        allow_unverified=allow_unverified,
-        isolated=isolated,
-    )
-    _time_in_order(timing_run, order, budget_s, epochs)
+    _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified, isolated)
     return timings
 
 
-def _time_in_order(timing_run, order, budget_s: float, epochs: int) -> None:
-    """Times each `(rewrite, its timings)` of `order` with `timing_run(rewrites)`; records
-    the figures, or why there are none, on the timings."""
+def _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified, isolated):
+    """Times each `(rewrite, its timings)` of `order` (`_time`); records the figures, or
+    why there are none, on the timings."""
+    rewrites = [rewrite for rewrite, _ in order]
     try:
-        timed = timing_run([rewrite for rewrite, _ in order])
+        timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
     except (ValueError, ForkedCallError) as limit:
         # An epoch too long for the budget (an expected limit), or a copy of
         # the process that did not answer: said per fix.
@@ -834,7 +826,7 @@ def delivered_batch_s(stats: StepStats) -> float:
     >>> round(delivered_batch_s(stats), 6)
     0.025
     """
-    step_ms = stats.step.mean_ms or stats.step.median_ms or 1.0
+    step_ms = stats.step.mean_ms or 1.0
     return max((step_ms + (stats.host_gap.mean_ms or 0.0)) / 1e3, 1e-4)
 
 

@@ -1,8 +1,8 @@
 """What `tune` measured and changed: the result, and what became of each rewrite.
 
 Plain data: `TuneResult` for `tune`, `RewriteOutcome` for each rewrite it
-considered, `TimedRewrite` for a rewrite `time_rewrites` timed on its own, and
-the statuses an outcome can have.
+considered, `TimedRewrite` for a rewrite `time_rewrites` timed on its own, the
+statuses an outcome can have, and the rule by which a rewrite is kept.
 """
 
 import dataclasses
@@ -20,6 +20,21 @@ NOT_APPLICABLE = "not applicable"
 UNVERIFIED = "not proven"
 # Timed only, by `time_rewrites`: neither kept nor refused.
 MEASURED = "measured"
+
+# The least a rewrite must bring to be kept: 3 % less time per pass. The
+# advice holds a CPU quota's private thread pool to it too.
+DEFAULT_MIN_GAIN = 0.03
+
+
+def fast_enough_to_keep(ratio: float, min_gain: float = DEFAULT_MIN_GAIN) -> bool:
+    """Whether a rewrite timed at `ratio` (time with it over time without) is kept.
+
+    Example:
+
+    >>> fast_enough_to_keep(0.96), fast_enough_to_keep(0.98)
+    (True, False)
+    """
+    return ratio <= 1.0 - min_gain
 
 
 @dataclasses.dataclass

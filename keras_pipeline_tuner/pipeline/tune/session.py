@@ -41,6 +41,7 @@ from keras_pipeline_tuner.pipeline.tune.results import SLOWER
 from keras_pipeline_tuner.pipeline.tune.results import UNVERIFIED
 from keras_pipeline_tuner.pipeline.tune.results import RewriteOutcome
 from keras_pipeline_tuner.pipeline.tune.results import TimedRewrite
+from keras_pipeline_tuner.pipeline.tune.results import fast_enough_to_keep
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
 from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.vectorize import vectorized_trace_problem
@@ -349,7 +350,7 @@ class TuningSession:
         if not keep:
             outcome.status = MEASURED
             outcome.reason = f"time ratio {outcome.ratio:.2f}, measured side by side"
-        elif outcome.ratio <= 1.0 - self.min_gain:
+        elif fast_enough_to_keep(outcome.ratio, self.min_gain):
             outcome.applied = True
             outcome.status = KEPT
             outcome.reason = f"{1 / outcome.ratio:.2f}x faster, measured side by side"

@@ -25,6 +25,7 @@ from keras_pipeline_tuner._util.stderr_lines import dropped_lines
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
 from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
+from keras_pipeline_tuner.pipeline.tune.results import DEFAULT_MIN_GAIN
 from keras_pipeline_tuner.pipeline.tune.results import TimedRewrite
 from keras_pipeline_tuner.pipeline.tune.search import Search
 from keras_pipeline_tuner.pipeline.tune.session import TuningSession
@@ -33,9 +34,6 @@ DEFAULT_BUDGET_S = 60.0
 # Epochs tuning may run of a pipeline that calls Python (its side effects run
 # on every one), unless the caller allows more.
 DEFAULT_PYTHON_EPOCHS = 60
-# The least a rewrite must bring to be kept: 3 % less time per pass. The
-# advice holds a CPU quota's private thread pool to it too.
-DEFAULT_MIN_GAIN = 0.03
 
 
 def tune(
