@@ -19,7 +19,7 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
 - A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
   the budget has CPUs for runs them in turn, not in parallel: the advice sets
   `workers` / `num_workers` to the budget.
-- A job throttled in a meaningful share of its periods (`THROTTLED_SHARE`) is
+- A job throttled in a meaningful share of its periods (`CpuUsage.throttled`) is
   slowed by the kernel, the model as much as the pipeline: its verdict says how
   the two share the CPU time the quota gives, not how fast either could run.
   The advice states the figures and the two ways out (a larger limit, fewer
@@ -57,9 +57,6 @@ if TYPE_CHECKING:
 
 CPU_BUDGET = "CPU budget"
 
-# Share of the quota periods throttled from which the job counts as slowed by
-# the kernel: a tenth of its periods cut short.
-THROTTLED_SHARE = 0.1
 # Input stages that are not tf.data: their threads are not tf.data's pool.
 _NOT_TF_DATA = (kinds.PY_DATASET, kinds.DATA_LOADER, kinds.GENERATOR, kinds.ARRAYS)
 _POOL_OPTION = "threading_options.private_threadpool_size"
@@ -229,7 +226,7 @@ def _workers_over_budget(pipeline, cpu, gain) -> Optional[Recommendation]:
 def _throttled(cpu) -> Optional[Recommendation]:
     """The kernel throttled the job in a meaningful share of its periods."""
     throttling = cpu.throttling
-    if throttling is None or throttling.share < THROTTLED_SHARE:
+    if not cpu.throttled:
         return None
     budget = cpu.budget
     return Recommendation(
@@ -270,8 +267,7 @@ def _is_tf_data(pipeline) -> bool:
 
 def _severity(cpu) -> str:
     """A warning where the job was throttled in a meaningful share of periods, else info."""
-    share = cpu.throttling.share if cpu.throttling is not None else 0.0
-    return "warning" if share >= THROTTLED_SHARE else "info"
+    return "warning" if cpu.throttled else "info"
 
 
 def _no_figure(gain: Optional[ExpectedGain], change: str) -> ExpectedGain:

@@ -73,6 +73,11 @@ class ReplayRound:
         pipeline_ms: mean step time on the real pipeline in this round.
         replay_ms: mean step time of the replayed steps just before and just
             after them, under the same load.
+        pipeline_wall_ms: the pipeline's steps' wall time a step, from one
+            step's start to the next's (epoch restarts left out): it also
+            holds what falls between steps, where a CPU quota's stops mostly
+            land.
+        replay_wall_ms: the same for the replayed steps either side.
 
     Example:
 
@@ -85,6 +90,20 @@ class ReplayRound:
 
     pipeline_ms: float = 0.0
     replay_ms: float = 0.0
+    pipeline_wall_ms: Optional[float] = None
+    replay_wall_ms: Optional[float] = None
+
+    def compared(self, wall_time: bool = False) -> Tuple[float, float]:
+        """`(pipeline, replay)` in ms: the wall times a step when asked and known, else the steps'.
+
+        Args:
+            wall_time: compare the wall time a step (start to start), as
+                under a quota that throttled the job: its stops fall between
+                steps too, where the step time misses them.
+        """
+        if wall_time and self.pipeline_wall_ms and self.replay_wall_ms:
+            return self.pipeline_wall_ms, self.replay_wall_ms
+        return self.pipeline_ms, self.replay_ms
 
 
 @dataclasses.dataclass
@@ -439,12 +458,15 @@ class RoundControl:
             end (the check's own cap), or `None` for `deadline`. A second
             round, which runs only when the first showed contention, may go on
             to `deadline`: it is what keeps a burst of load from deciding.
+        wall_time: rounds are compared by wall time a step
+            (`ReplayRound.compared`), as the verdict compares them.
     """
 
     shows_contention: Callable[[float, float], bool]
     deadline: float
     pipeline_step_s: float
     first_round_by: Optional[float] = None
+    wall_time: bool = False
     # The steps a side the first round timed (`steps_for`).
     sized_steps: int = 0
 
@@ -488,7 +510,7 @@ class RoundControl:
             round_s: the wall time the last round took.
         """
         in_time = time.monotonic() + round_s < self.deadline
-        return in_time and self.shows_contention(last.pipeline_ms, last.replay_ms)
+        return in_time and self.shows_contention(*last.compared(self.wall_time))
 
 
 def contention_check(
@@ -498,6 +520,7 @@ def contention_check(
     deadline: float,
     traced_step=None,
     first_round_by: Optional[float] = None,
+    wall_time: bool = False,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
@@ -516,12 +539,16 @@ def contention_check(
             (`FitTiming.traced_train_step()`), or `None` to trace one.
         first_round_by: `time.monotonic()` by which the first round must end
             (`contention_cap_s`), or `None` for `deadline`.
+        wall_time: a round shows contention by its wall times a step
+            (`ReplayRound.compared`): for a job the quota throttled.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
     found = fit_input.find_fit_input(model)
-    control = RoundControl(shows_contention, deadline, plan.step_s, first_round_by)
+    control = RoundControl(
+        shows_contention, deadline, plan.step_s, first_round_by, wall_time=wall_time
+    )
 
     # The real pipeline's steps are timed here too, between parts of the
     # replay, rather than taken from training: both then run under the same
@@ -628,39 +655,101 @@ def _run_rounds(run_steps, replayed, dataset, steps, control):
         steps = control.steps_for(steps, time.monotonic() - began)
     first_part = (steps + 1) // 2
     replay_parts = [_block(run_steps, replay_iterator, first_part)]
-    pipeline_parts: List[np.ndarray] = []
+    pipeline_parts: List[List[np.ndarray]] = []
     rounds: List[ReplayRound] = []
     while True:
         round_began = time.monotonic()
         pipeline_parts.append(_pipeline_block(run_steps, dataset, steps))
         replay_parts.append(_block(run_steps, replay_iterator, steps - first_part))
-        around = np.concatenate(replay_parts[-2:])
+        around = replay_parts[-2] + [_BREAK] + replay_parts[-1]
         rounds.append(
             ReplayRound(
-                pipeline_ms=_stats(pipeline_parts[-1]).step.mean_ms,
-                replay_ms=_stats(around).step.mean_ms,
+                pipeline_ms=_stats(_rows(pipeline_parts[-1])).step.mean_ms,
+                replay_ms=_stats(_rows(around)).step.mean_ms,
+                pipeline_wall_ms=wall_ms(pipeline_parts[-1]),
+                replay_wall_ms=wall_ms(around),
             )
         )
         if len(rounds) >= MAX_ROUNDS or control is None:
             break
         if not control.another_round(rounds[-1], time.monotonic() - round_began):
             break
-    return np.concatenate(replay_parts), np.concatenate(pipeline_parts), rounds
+    replay_rows = _rows([rows for part in replay_parts for rows in part])
+    return replay_rows, _rows([rows for part in pipeline_parts for rows in part]), rounds
 
 
-def _block(run_steps, iterator, steps) -> np.ndarray:
-    return np.concatenate(_calls(run_steps, iterator, steps))[:steps] if steps else np.zeros((0, 3))
+# Between two parts of timed steps that did not run back to back.
+_BREAK = np.zeros((0, 3))
 
 
-def _pipeline_block(run_steps, dataset, steps) -> np.ndarray:
-    """Times `steps` steps on a fresh iterator of the real pipeline, then drops it."""
+def _rows(parts: List[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else _BREAK
+
+
+def _first(parts: List[np.ndarray], steps: int) -> List[np.ndarray]:
+    """The calls' rows cut to the first `steps` (a call may run several steps)."""
+    kept: List[np.ndarray] = []
+    for rows in parts:
+        left = steps - sum(found.shape[0] for found in kept)
+        if left <= 0:
+            break
+        kept.append(rows[:left])
+    return kept
+
+
+def wall_ms(parts: List[np.ndarray]) -> Optional[float]:
+    """Mean ms from one timed step's start to the next's, within runs of back-to-back steps.
+
+    Unlike the step time (fetch to end of step), this holds what falls between
+    steps as well: the loop's own work and, under a CPU quota, the kernel's
+    stops, which land wherever the threads are.
+
+    Args:
+        parts: arrays of (start, ready, end) rows in seconds, each call's
+            steps back to back with the previous array's unless an empty
+            array (a break) stands between them.
+
+    Returns:
+        The mean interval in ms, or `None` with fewer than two steps in a row.
+
+    Example:
+
+    >>> wall_ms([np.array([[0.0, 0.1, 0.2], [0.5, 0.6, 0.7]]), np.array([[1.0, 1.1, 1.2]])])
+    500.0
+    >>> wall_ms([np.array([[0.0, 0.1, 0.2]]), np.zeros((0, 3)), np.array([[9.0, 9.1, 9.2]])])
+    """
+    total_s, intervals, previous = 0.0, 0, None
+    for rows in parts:
+        if rows.shape[0] == 0:
+            previous = None
+            continue
+        starts = rows[:, 0]
+        if previous is not None:
+            total_s += starts[0] - previous
+            intervals += 1
+        total_s += starts[-1] - starts[0]
+        intervals += rows.shape[0] - 1
+        previous = starts[-1]
+    return float(total_s / intervals * 1e3) if intervals else None
+
+
+def _block(run_steps, iterator, steps) -> List[np.ndarray]:
+    """The calls timing `steps` steps (or a few more) on `iterator`, back to back."""
+    return _first(_calls(run_steps, iterator, steps), steps) if steps else []
+
+
+def _pipeline_block(run_steps, dataset, steps) -> List[np.ndarray]:
+    """Times `steps` steps on a fresh iterator of the real pipeline, then drops it.
+
+    Returns its calls, with a `_BREAK` where an epoch restarted between them.
+    """
     found: List[np.ndarray] = []
     iterator = iter(dataset)
     for _ in range(_WARMUP_CALLS):
         iterator = _pipeline_call(run_steps, iterator, dataset, [])
     while sum(rows.shape[0] for rows in found) < steps:
         iterator = _pipeline_call(run_steps, iterator, dataset, found)
-    return np.concatenate(found)[:steps]
+    return _first(found, steps)
 
 
 def _calls(run_steps, iterator, steps) -> List[np.ndarray]:
@@ -680,6 +769,7 @@ def _pipeline_call(run_steps, iterator, dataset, found):
     # The epoch ended: start the next one, as fit would (its set-up untimed).
     # Its first steps wait for one-off work (a shuffle buffer refilling),
     # which the verdict leaves out too: they run untimed.
+    found.append(_BREAK)
     iterator = iter(dataset)
     for _ in range(EPOCH_START_STEPS):
         try:

@@ -27,6 +27,7 @@ from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
 from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing import tuner_cost
+from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 # A contention check run before timed fixes (their floor) may take this share
@@ -168,7 +169,7 @@ class ReplayProbe:
                 # the first showed contention, may use the budget's share.
                 run.what_if = what_if_replay.contention_check(
                     model, verdict.shows_contention, plan, deadline, traced_step,
-                    first_round_by=time.monotonic() + cap_s,
+                    first_round_by=time.monotonic() + cap_s, wall_time=throttled(run.cpu_usage()),
                 )
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.

@@ -19,6 +19,7 @@ from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.workers import exchange as worker_reports
@@ -43,6 +44,7 @@ def judgement_of(run) -> Judgement:
         clock.steady_share(TRAIN),
         clock.epoch_start_share(TRAIN),
         run.what_if,
+        throttled=throttled(run.cpu_usage()),
     )
 
 

@@ -38,6 +38,9 @@ _PROC_STAT = "/proc/stat"
 _IDLE_FIELDS = (3, 4)
 # Busy share from which the CPUs count as saturated.
 BUSY_FRACTION = 0.8
+# Share of the quota periods throttled from which the job counts as slowed by
+# the kernel: a tenth of its periods cut short.
+THROTTLED_SHARE = 0.1
 
 
 def budget_cpus(usage: Optional["CpuUsage"]) -> int:
@@ -51,6 +54,17 @@ def budget_cpus(usage: Optional["CpuUsage"]) -> int:
     """
     budget = usage.budget if usage is not None else None
     return (budget or read_cpu_budget()).cpus
+
+
+def throttled(usage: Optional["CpuUsage"]) -> bool:
+    """Whether a run's CPU figures, if any, say a quota throttled it (`CpuUsage.throttled`).
+
+    Example:
+
+    >>> throttled(None)
+    False
+    """
+    return usage is not None and usage.throttled
 
 
 @dataclasses.dataclass
@@ -101,6 +115,15 @@ class CpuUsage:
         if self.host_busy is not None:
             return self.host_busy
         return own
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the kernel stopped the job in at least `THROTTLED_SHARE` of its periods.
+
+        Then the stops fall wherever the threads are, between steps too, and
+        measures that time the steps alone miss them.
+        """
+        return self.throttling is not None and self.throttling.share >= THROTTLED_SHARE
 
     @property
     def saturated(self) -> bool:

@@ -210,6 +210,7 @@ FIT = textwrap.dedent(
         "throttling": None if report.cpu.throttling is None else
             [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
         "compute_ms": report.train.compute.median_ms,
+        "verdict": report.judgement.line,
         "advice": {r.id: r.fix for r in report.recommendations},
         "evidence": {r.id: [e.detail for e in r.evidence] for r in report.recommendations},
         "text": report.cpu.describe(),
@@ -245,6 +246,10 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     # The Text tab (and the terminal) state the budget, what binds, the throttling.
     assert "CPU budget 1 CPU: cgroup quota 1.00 CPU" in result["markdown"]
     assert "the kernel throttled it in" in result["markdown"]
+    # Its map's work costs training most of its quota, wherever the kernel's
+    # stops fell: the contention check compares wall time a step under it (a
+    # comparison of the steps alone read "not input-bound" in 1 fit of 3).
+    assert result["verdict"].startswith("highly input-bound"), result["verdict"]
     fix, evidence = result["advice"][QUOTA_THREADS], result["evidence"][QUOTA_THREADS]
     assert "options.autotune.cpu_budget = 1" in fix
     # The private pool of the budget's size was timed under the quota, and is

@@ -51,7 +51,7 @@ def clock_of(epochs, compute_ms=10.0):
     return clock
 
 
-def judged(clock, what_if=None):
+def judged(clock, what_if=None, throttled=False):
     return judge(
         clock.stats("train"),
         None,
@@ -59,6 +59,7 @@ def judged(clock, what_if=None):
         clock.steady_share("train"),
         clock.epoch_start_share("train"),
         what_if,
+        throttled=throttled,
     )
 
 
@@ -144,6 +145,28 @@ def test_contention_in_both_rounds_counts_the_smaller():
     assert judgement.contention_fraction == pytest.approx(1 - 10.0 / 13.0, rel=1e-6)
     assert "10.00 ms (mean) on replayed cached batches against 13.00 ms" in judgement.line
     assert "in 2 rounds; the round with the least difference" in judgement.line
+
+
+def test_under_a_quota_that_throttled_the_job_rounds_are_compared_by_wall_time():
+    # A fit under a one-CPU quota: the kernel's stops fell between the steps on
+    # the pipeline and inside the replayed ones (steps 0.56 against 1.04 ms),
+    # while from start to start the pipeline's steps came every 2.11 ms
+    # against 1.46 ms replayed: the time a step the pipeline costs.
+    clock = clock_of([[0.1] * 30], compute_ms=0.9)
+    found = measured_rounds((0.56, 1.04))
+    found.rounds = [ReplayRound(0.56, 1.04, pipeline_wall_ms=2.11, replay_wall_ms=1.46)]
+    walled = judged(clock, found, throttled=True)
+    assert walled.source == recommendation.REPLAY
+    assert walled.contention_fraction == pytest.approx(1 - 1.46 / 2.11, rel=1e-6)
+    assert walled.verdict == HIGH
+    assert "1.46 ms (wall time a step, start to start" in walled.line
+    # Not throttled: the steps' own times, where the stops did not show.
+    stepped = judged(clock, found)
+    assert stepped.verdict == NOT and stepped.contention_fraction == 0.0
+    # Throttled, but a round without wall times (a replay result from before):
+    # the steps' own times, said as such.
+    found.rounds = [ReplayRound(0.56, 1.04)]
+    assert judged(clock, found, throttled=True).contention_fraction == 0.0
 
 
 def test_a_share_near_a_class_boundary_is_said_to_be_borderline():
