@@ -382,11 +382,8 @@ def _compared_steps(what_if, share: Optional[Share], stats: StepStats, throttled
         # Under a quota that throttled the job, by wall time a step: the stops
         # land between steps too, and on either side (a fit's replay step read
         # 1.04 ms against 0.56 ms on the pipeline, its wall time 1.46 against 2.11).
-        walled = throttled and all(
-            found.pipeline_wall_ms and found.replay_wall_ms for found in what_if.rounds
-        )
-        figures = [found.compared(walled) for found in what_if.rounds]
-        real_ms, replayed_ms = min(figures, key=lambda pair: pair[0] / pair[1])
+        figures = [found.compared(throttled) for found in what_if.rounds]
+        real_ms, replayed_ms, walled = min(figures, key=lambda each: each[0] / each[1])
         return real_ms, replayed_ms, WALL_STATISTIC if walled else "mean"
     if what_if.pipeline_source == "measured" and what_if.pipeline_step.mean_ms:
         return what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms, "mean"

@@ -93,17 +93,20 @@ class ReplayRound:
     pipeline_wall_ms: Optional[float] = None
     replay_wall_ms: Optional[float] = None
 
-    def compared(self, wall_time: bool = False) -> Tuple[float, float]:
-        """`(pipeline, replay)` in ms: the wall times a step when asked and known, else the steps'.
+    def compared(self, wall_time: bool = False) -> Tuple[float, float, bool]:
+        """`(pipeline, replay, walled)`: ms a step by wall time when asked and known, else by step.
 
         Args:
             wall_time: compare the wall time a step (start to start), as
                 under a quota that throttled the job: its stops fall between
                 steps too, where the step time misses them.
+
+        Returns:
+            The two figures in ms, and whether they are the wall times.
         """
         if wall_time and self.pipeline_wall_ms and self.replay_wall_ms:
-            return self.pipeline_wall_ms, self.replay_wall_ms
-        return self.pipeline_ms, self.replay_ms
+            return self.pipeline_wall_ms, self.replay_wall_ms, True
+        return self.pipeline_ms, self.replay_ms, False
 
 
 @dataclasses.dataclass
@@ -510,7 +513,8 @@ class RoundControl:
             round_s: the wall time the last round took.
         """
         in_time = time.monotonic() + round_s < self.deadline
-        return in_time and self.shows_contention(*last.compared(self.wall_time))
+        pipeline_ms, replay_ms, _ = last.compared(self.wall_time)
+        return in_time and self.shows_contention(pipeline_ms, replay_ms)
 
 
 def contention_check(
