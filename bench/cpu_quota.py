@@ -13,8 +13,9 @@ wait + compute) and the time between steps, which under a quota holds many of
 the kernel's stops, and the share of quota periods throttled; the ratios to
 the fit as written are of the wall times; then the median ratios, the advice
 the first fit got, and each fit as written's verdict and its timing of the
-private pool after training. Run it quiet and beside a CPU load (`python bench/cpu_quota.py
---load 2`) before quoting it.
+private pool after training, and the ratio of following each round's own
+advice (the pool too where that round's fit set it). Run it quiet and beside
+a CPU load (`python bench/cpu_quota.py --load 2`) before quoting it.
 
     python bench/cpu_quota.py [--quota 1.0] [--rounds 3] [--load 0]
 """
@@ -160,6 +161,18 @@ def main() -> None:
         f"{statistics.median(ratios['advised']):.2f}, with a private pool of the budget's "
         f"size too {statistics.median(ratios['pool']):.2f}"
     )
+    # Each round's own advice: the pool too where that round's fit as written
+    # timed it faster (and so set it), else AUTOTUNE's budget alone.
+    followed = [
+        ratios["pool" if _sets_pool(found["as_written"]) else "advised"][index]
+        for index, found in enumerate(rounds)
+    ]
+    print(
+        "following each round's own advice (the pool set in "
+        f"{sum(_sets_pool(found['as_written']) for found in rounds)} of {len(rounds)}): "
+        f"{' '.join(f'{ratio:.2f}' for ratio in followed)}, median "
+        f"{statistics.median(followed):.2f}"
+    )
     print("advice of the first fit as written:")
     for line in rounds[0]["as_written"]["advice"]:
         print("  " + line.replace("\n", " / "))
@@ -168,6 +181,15 @@ def main() -> None:
         print("  verdict: " + found["as_written"]["verdict"])
         for line in found["as_written"]["timed"]:
             print("  " + line)
+
+
+def _sets_pool(found) -> bool:
+    """Whether a fit's AUTOTUNE-budget advice sets a private thread pool."""
+    return any(
+        "options.threading.private_threadpool_size =" in advice
+        for advice in found["advice"]
+        if advice.startswith("Give tf.data's AUTOTUNE")
+    )
 
 
 def _cell(found) -> str:

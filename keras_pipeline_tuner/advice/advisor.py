@@ -34,7 +34,8 @@ Rules, in rank order:
 Two rules for jobs that outgrow one host live in `scale_out_advice`: a
 multi-worker job is judged by its straggler, named first; and when every stage
 already runs in parallel on saturated CPUs, moving the pipeline to the tf.data
-service ranks after the errors.
+service ranks after the errors, or after the CPU budget's advice when the
+job's quota throttled it.
 """
 
 import dataclasses
@@ -67,6 +68,7 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
+from keras_pipeline_tuner.advice.verdict import WALL_STATISTIC
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.pipeline.graph import keras_made
@@ -80,6 +82,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
+from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -219,7 +222,7 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement)
+    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, throttled(cpu))
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
@@ -231,12 +234,16 @@ def advise(
         )
 
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
-    ranked = _ranked(run, findings, offload, fix_timings)
+    # A job its quota throttled is out of the CPU time the container gives it:
+    # the same-host ways out (a larger limit, fewer threads) come before moving
+    # the pipeline to other hosts.
+    offload_last = [offload] if offload is not None and throttled(cpu) else []
+    ranked = _ranked(run, findings, None if offload_last else offload, fix_timings)
     straggler = scale_out_advice.straggler_recommendation(workers)
     # Advice from the CPU budget comes after the pipeline's own: it has no
     # speed figure of its own (see `cpu_limits`).
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound, fix_timings)
-    return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits
+    return ([straggler] if straggler else []) + _one_per_stage(ranked) + limits + offload_last
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:
@@ -430,22 +437,32 @@ def _one_per_stage(ranked: List[Recommendation]) -> List[Recommendation]:
 class _Run:
     """The evidence of one run, and what every rule derives from it."""
 
-    def __init__(self, stats: StepStats, profile, cpu_count: int, what_if, judgement: Judgement):
+    def __init__(
+        self,
+        stats: StepStats,
+        profile,
+        cpu_count: int,
+        what_if,
+        judgement: Judgement,
+        throttled: bool = False,
+    ):
         self.stats = stats
         self.profile = profile
         self.cpu_count = cpu_count
         self.pipeline = None
         self.reuse: Optional["DataReuse"] = None
         self.clock_evidence = _clock_evidence(stats)
-        replayed = _replayed_gain(what_if)
+        replayed = _replayed_gain(what_if, throttled)
         if replayed is not None:
             self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
         self.judgement = judgement
         self.verdict = judgement.verdict
-        self.bound = input_free_gain(stats, what_if, judgement)
+        self.bound = input_free_gain(stats, what_if, judgement, throttled)
 
 
-def input_free_gain(stats: StepStats, what_if, judgement: Judgement) -> Optional[ExpectedGain]:
+def input_free_gain(
+    stats: StepStats, what_if, judgement: Judgement, throttled: bool = False
+) -> Optional[ExpectedGain]:
     """The one "input free" figure of a run: how much faster steps would be with free input.
 
     Decided here once, for the report, the advice's ceilings, the Text tab and
@@ -457,6 +474,9 @@ def input_free_gain(stats: StepStats, what_if, judgement: Judgement) -> Optional
         stats: `StepStats` of the training steps.
         what_if: the run's `WhatIfResult`, or `None`.
         judgement: the run's `Judgement`.
+        throttled: whether a CPU quota stopped the job in a meaningful share
+            of its periods (`CpuUsage.throttled`): the replay's figure is then
+            its wall time a step, as the verdict compares it.
 
     Returns:
         The `ExpectedGain` (a ceiling), or `None` when the wait was not measured.
@@ -468,7 +488,7 @@ def input_free_gain(stats: StepStats, what_if, judgement: Judgement) -> Optional
     >>> round(input_free_gain(stats, None, judge(stats)).speedup, 2)
     4.0
     """
-    bound = _replayed_gain(what_if) or free_input_gain(stats)
+    bound = _replayed_gain(what_if, throttled) or free_input_gain(stats)
     return _at_least_the_verdicts(bound, judgement)
 
 
@@ -907,13 +927,25 @@ def _first_epoch_only(run: _Run, stage: str, cache) -> ExpectedGain:
     )
 
 
-def _replayed_gain(what_if) -> Optional[ExpectedGain]:
+def _replayed_gain(what_if, throttled: bool = False) -> Optional[ExpectedGain]:
+    """The replay's measured ceiling: the step on the pipeline over the step input free.
+
+    Under a quota that throttled the job, by wall time a step over the check's
+    rounds, as the verdict compares them: the kernel's stops fall between steps
+    too, where the steps' own times miss them.
+    """
     if what_if is None or what_if.speedup_if_input_free is None:
         return None
     step_ms, free_ms = what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms
     if step_ms is None or free_ms is None:
         return None
-    if what_if.speedup_if_input_free < 1.0:
+    speedup, how, by = what_if.speedup_if_input_free, "the training step took", ""
+    walls = [found.compared(throttled) for found in what_if.rounds] if throttled else []
+    if walls and all(walled for _, _, walled in walls):
+        step_ms = sum(pipeline for pipeline, _, _ in walls) / len(walls)
+        free_ms = sum(replay for _, replay, _ in walls) / len(walls)
+        speedup, how, by = step_ms / free_ms, "a step took", f" ({WALL_STATISTIC})"
+    if speedup < 1.0:
         # Slower with input free: the input costs nothing measurable, and the
         # difference is noise or the replay's conditions. Not a gain: no gain.
         return ExpectedGain(
@@ -921,19 +953,18 @@ def _replayed_gain(what_if) -> Optional[ExpectedGain]:
             step_ms,
             step_ms,
             MEASURED,
-            f"Replayed from cached batches (input free), the training step took "
+            f"Replayed from cached batches (input free), {how} "
             f"{free_ms:.2f} ms, no faster than the {step_ms:.2f} ms it took with the real "
-            "pipeline (the difference is timing noise or the replay's own conditions): "
+            f"pipeline{by} (the difference is timing noise or the replay's own conditions): "
             "free input would not make training faster.",
         )
-    speedup = what_if.speedup_if_input_free
     return ExpectedGain(
         speedup,
         step_ms,
         min(free_ms, step_ms),
         MEASURED,
-        f"Replayed from cached batches (input free), the training step took "
-        f"{free_ms:.2f} ms instead of {step_ms:.2f} ms: at most {speedup:.2f}x faster.",
+        f"Replayed from cached batches (input free), {how} "
+        f"{free_ms:.2f} ms instead of {step_ms:.2f} ms{by}: at most {speedup:.2f}x faster.",
     )
 
 

@@ -10,12 +10,13 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
   used up. The advice sets `options.autotune.cpu_budget` to the budget (and a
   private thread pool set above it, down to it). A private pool of the
   budget's size joins the advice only where it was timed faster on the user's
-  pipeline, under the same quota (`measure_fixes`): under a 1-CPU quota on two
-  cores (`bench/cpu_quota.py`) a pool of one thread made a fit's steps 1.11x
-  slower quiet and 1.14x beside two busy loops (medians of three rounds, wall
-  time a step), where AUTOTUNE's budget alone left them within the noise; on
-  a host with many more CPUs than its quota, where tf.data's own pool has a
-  thread per CPU, it may not.
+  pipeline, under the same quota (`measure_fixes`); otherwise the fix says to
+  keep tf.data's own, with the timing, or to time it first. Under a 1-CPU
+  quota on two cores (`bench/cpu_quota.py`) a pool of one thread made a fit's
+  steps 1.14x slower quiet and 1.08x beside two busy loops (medians of three
+  rounds, wall time a step), where AUTOTUNE's budget alone left them within
+  the noise; on a host with many more CPUs than its quota, where tf.data's own
+  pool has a thread per CPU, it may not.
 - A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
   the budget has CPUs for runs them in turn, not in parallel: the advice sets
   `workers` / `num_workers` to the budget.
@@ -118,10 +119,13 @@ def _threads_over_quota(pipeline, cpu, gain, pool_timing) -> Optional[Recommenda
     if autotune_budget_short(pipeline, budget):
         lines.append(f"options.autotune.cpu_budget = {cpus}")
     pool = pipeline.options.get(_POOL_OPTION)
-    if (isinstance(pool, int) and pool > cpus) or _timed_faster(pool_timing):
+    set_pool = (isinstance(pool, int) and pool > cpus) or _timed_faster(pool_timing)
+    if set_pool:
         lines.append(f"options.threading.private_threadpool_size = {cpus}")
     if not lines:
         return None
+    if pool is None and not set_pool:
+        lines.append(_pool_kept_line(pool_timing, cpus))
     evidence = [Evidence(CPU_BUDGET, cpu.describe() + ".")]
     if pool is None:
         evidence.append(Evidence(FIX_TIMING, _pool_sentence(pool_timing, cpus)))
@@ -163,9 +167,40 @@ def _timed_sentence(timing: FixTiming) -> str:
     'Timed after training on the pipeline alone (3 side-by-side rounds of 40 batches): a \
 batch every 2.00 ms as written, every 2.50 ms with pool = 1. That is 1.25x slower.'
     """
+    return f"{pass_statement(timing)} That is {_ratio_words(timing)}."
+
+
+def _pool_kept_line(timing: Optional[FixTiming], cpus: int) -> str:
+    """The fix's line on the pool size, where a pool of the budget's size is not set.
+
+    The advice says what to do with the pool either way: keep tf.data's own
+    where a pool of the budget's size timed no faster, and time it first where
+    it was not timed.
+
+    Example:
+
+    >>> _pool_kept_line(FixTiming("cpu-quota-threads", None, None, "pool = 1", "measured",
+    ...                           batch_ms_before=2.0, batch_ms_after=2.4, rounds=3,
+    ...                           batches=40), 1)
+    "# thread pool: keep tf.data's own; a private pool of 1 timed 1.20x slower here"
+    >>> _pool_kept_line(None, 1)
+    '# thread pool: a private pool of 1 was not timed here; time it with kpt.tune first'
+    """
+    if timing is None or not timing.measured:
+        return (
+            f"# thread pool: a private pool of {cpus} was not timed here; time it with "
+            "kpt.tune first"
+        )
+    return (
+        f"# thread pool: keep tf.data's own; a private pool of {cpus} timed "
+        f"{_ratio_words(timing)} here"
+    )
+
+
+def _ratio_words(timing: FixTiming) -> str:
+    """A measured timing's ratio, as "1.25x slower" or "1.10x faster"."""
     ratio = timing.batch_ms_before / timing.batch_ms_after
-    how = f"{ratio:.2f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.2f}x slower"
-    return f"{pass_statement(timing)} That is {how}."
+    return f"{ratio:.2f}x faster" if ratio >= 1.0 else f"{1.0 / ratio:.2f}x slower"
 
 
 def _pool_sentence(timing: Optional[FixTiming], cpus: int) -> str:

@@ -199,8 +199,8 @@ def offload_recommendation(
         stage=None,
         reason=(
             "Training waits for its input although every stage that does work already "
-            f"runs in parallel, and the CPUs were {cpu.busy * 100:.0f} % busy: more "
-            "threads have no CPU to run on. The tf.data service runs the pipeline on "
+            f"runs in parallel, and {cpu.describe_busy()}: more threads have no CPU to run "
+            "on. The tf.data service runs the pipeline on "
             "worker processes on other hosts and streams the batches to training; "
             "processing_mode=\"distributed_epoch\" gives each element to one worker "
             f"(each epoch sees every element once). Guide: {GUIDE_URL}"

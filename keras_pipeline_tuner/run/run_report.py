@@ -7,6 +7,7 @@ terminal line, the file and the advice all show that one judgement.
 """
 
 import sys
+from typing import TYPE_CHECKING
 from typing import List
 from typing import Optional
 
@@ -24,19 +25,25 @@ from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
+if TYPE_CHECKING:
+    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+
 NO_STEP = "No training step was measured"
 
 
-def judgement_of(run) -> Judgement:
+def judgement_of(run, cpu: Optional["CpuUsage"] = None) -> Judgement:
     """The run's verdict from the evidence so far (see `advice.verdict.judge`).
 
     Args:
         run: the `run.lifecycle.Run`.
+        cpu: the run's `CpuUsage` when already read (`run.cpu_usage()` by default).
 
     Returns:
         The `Judgement`.
     """
     clock = run.clock
+    if cpu is None:
+        cpu = run.cpu_usage()
     return judge(
         clock.stats(TRAIN),
         run.window.evidence,
@@ -44,7 +51,7 @@ def judgement_of(run) -> Judgement:
         clock.steady_share(TRAIN),
         clock.epoch_start_share(TRAIN),
         run.what_if,
-        throttled=throttled(run.cpu_usage()),
+        throttled=throttled(cpu),
     )
 
 
@@ -70,7 +77,9 @@ def build_report(run) -> Report:
         note.startswith(NO_STEP) for note in notes
     ):
         notes.append(f"{NO_STEP}: the dataset gave no batch, or fit has not run a step yet.")
-    judgement = judgement_of(run)
+    # Read once: the verdict and the report show the same figures.
+    cpu = run.cpu_usage()
+    judgement = judgement_of(run, cpu)
     report = Report(
         verdict=judgement.verdict,
         input_fraction=judgement.input_fraction,
@@ -87,7 +96,7 @@ def build_report(run) -> Report:
         findings=list(run.findings),
         what_if=run.what_if,
         workers=run.worker_view,
-        cpu=run.cpu_usage(),
+        cpu=cpu,
         environment=environment(),
         judgement=judgement,
         run=run.files.entry.run if run.files.entry is not None else None,
@@ -96,7 +105,9 @@ def build_report(run) -> Report:
     guard = run.guard
     if guard.enabled(features.ADVICE):
         with guard(features.ADVICE):
-            report.input_free = input_free_gain(report.train, report.what_if, judgement)
+            report.input_free = input_free_gain(
+                report.train, report.what_if, judgement, throttled(cpu)
+            )
             report.reuse = _reuse(run, report.train)
             report.recommendations = advise(
                 report.train,

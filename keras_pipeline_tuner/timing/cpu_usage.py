@@ -108,13 +108,38 @@ class CpuUsage:
         idle the host's CPUs are.
         """
         own = min(self.process_cores / max(self.cpu_count, 1), 1.0)
-        if self.budget is not None and self.budget.binding == QUOTA:
-            own = min(self.process_cores / self.budget.limit_cpus, 1.0)
+        quota_share = self._quota_share()
+        if quota_share is not None:
+            own = quota_share
             if self.host_busy is not None:
                 return max(own, self.host_busy)
         if self.host_busy is not None:
             return self.host_busy
         return own
+
+    def describe_busy(self) -> str:
+        """`busy` in words, naming what was busy: the job's quota, or the CPUs.
+
+        Example:
+
+        >>> CpuUsage(wall_s=10.0, cpu_count=2, process_cores=1.9).describe_busy()
+        'the CPUs were 95 % busy'
+        >>> quota = CpuBudget(host_count=2, affinity_count=2, quota_cpus=1.0)
+        >>> CpuUsage(wall_s=10.0, cpu_count=2, process_cores=0.96, host_busy=0.5,
+        ...          budget=quota).describe_busy()
+        'the job used 96 % of its 1.00-CPU quota'
+        """
+        quota_share = self._quota_share()
+        if quota_share is not None and quota_share >= self.busy:
+            limit = self.budget.limit_cpus
+            return f"the job used {quota_share * 100:.0f} % of its {limit:.2f}-CPU quota"
+        return f"the CPUs were {self.busy * 100:.0f} % busy"
+
+    def _quota_share(self) -> Optional[float]:
+        """The share of its quota the process used, where a quota binds."""
+        if self.budget is None or self.budget.binding != QUOTA:
+            return None
+        return min(self.process_cores / self.budget.limit_cpus, 1.0)
 
     @property
     def throttled(self) -> bool:

@@ -55,8 +55,12 @@ def test_a_binding_quota_becomes_autotunes_cpu_budget():
     found = cpu_limit_recommendations(tf_data(), usage(quota=2.0), None)
     assert [r.id for r in found] == [QUOTA_THREADS]
     assert "options.autotune.cpu_budget = 2" in found[0].fix
-    # A private pool of the budget's size only when timed faster (not timed here)...
+    # A private pool of the budget's size only when timed faster (not timed here:
+    # the fix says to time it first)...
     assert "private_threadpool_size" not in found[0].fix
+    assert "# thread pool: a private pool of 2 was not timed here; time it with kpt.tune" in (
+        found[0].fix
+    )
     # ... but one set above the budget is advised down to it.
     larger = cpu_limit_recommendations(
         tf_data({"threading_options.private_threadpool_size": 8}), usage(quota=2.0), None
@@ -97,6 +101,8 @@ def test_a_private_pool_of_the_budgets_size_joins_the_advice_only_when_timed_fas
     for after, how in ((2.4, "1.20x slower"), (1.96, "1.02x faster")):
         fix, evidence = quota_advice(timed(2.0, after))
         assert pool_line not in fix and "options.autotune.cpu_budget = 2" in fix
+        # The fix still says what to do with the pool size, with the figure.
+        assert f"# thread pool: keep tf.data's own; a private pool of 2 timed {how} here" in fix
         assert f"That is {how}. Left out: it joins the advice only when timed at least 3 %" in (
             evidence[-1]
         )
@@ -211,6 +217,7 @@ FIT = textwrap.dedent(
             [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
         "compute_ms": report.train.compute.median_ms,
         "verdict": report.judgement.line,
+        "input_free": report.input_free and report.input_free.statement,
         "advice": {r.id: r.fix for r in report.recommendations},
         "evidence": {r.id: [e.detail for e in r.evidence] for r in report.recommendations},
         "text": report.cpu.describe(),
@@ -250,6 +257,11 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     # stops fell: the contention check compares wall time a step under it (a
     # comparison of the steps alone read "not input-bound" in 1 fit of 3).
     assert result["verdict"].startswith("highly input-bound"), result["verdict"]
+    # The input-free ceiling is by the same wall time: the verdict's figure, or
+    # the replay's measured by wall time a step.
+    assert "wall time a step" in result["input_free"] or result["input_free"].startswith(
+        "The input costs"
+    ), result["input_free"]
     fix, evidence = result["advice"][QUOTA_THREADS], result["evidence"][QUOTA_THREADS]
     assert "options.autotune.cpu_budget = 1" in fix
     # The private pool of the budget's size was timed under the quota, and is
@@ -261,6 +273,11 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     assert ("options.threading.private_threadpool_size = 1" in fix) == (
         "So the advice sets it too" in pool
     ), (fix, pool)
+    # Either way the fix says what to do with the pool size.
+    assert (
+        "options.threading.private_threadpool_size = 1" in fix
+        or "# thread pool: keep tf.data's own; a private pool of 1 timed" in fix
+    ), fix
 
 
 @pytest.mark.multiprocess

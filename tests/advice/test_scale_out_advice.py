@@ -163,3 +163,27 @@ def test_a_cpu_bound_fit_gets_the_data_service_advice():
             f"{report.cpu.busy * 100:.0f} % busy): the advice needs both"
         )
     assert OFFLOAD in ids(report.recommendations)
+
+
+def test_a_job_its_quota_throttled_is_told_the_same_host_ways_out_before_other_hosts():
+    from keras_pipeline_tuner.advice.cpu_limits import cpu_limit_recommendations
+    from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    from keras_pipeline_tuner.timing.cpu_budget import Throttling
+
+    quota = CpuBudget(host_count=2, affinity_count=2, quota_cpus=1.0)
+    # The job used its whole quota while the host's two CPUs were half idle.
+    cpu = CpuUsage(wall_s=20.0, cpu_count=2, process_cores=0.98, host_busy=0.5, budget=quota)
+    findings = kpt.inspect(parallel_pipeline())
+    step = stats(30.0, 5.0)
+    unthrottled = ids(advise(step, findings=findings, cpu=cpu, cpu_count=1))
+    assert OFFLOAD in unthrottled
+    cpu.throttling = Throttling(200, throttled_periods=150, throttled_s=4.0)
+    recommendations = advise(step, findings=findings, cpu=cpu, cpu_count=1)
+    found = ids(recommendations)
+    limits = ids(cpu_limit_recommendations(findings.pipeline, cpu, None))
+    assert limits == ["cpu-quota-threads", "cpu-throttled"]
+    # The quota's own advice (a budget for AUTOTUNE, a larger limit) first,
+    # moving the pipeline to other hosts last.
+    assert found[-1] == OFFLOAD and found[-3:-1] == limits, found
+    assert found.index(OFFLOAD) > unthrottled.index(OFFLOAD)
+    assert "the job used 98 % of its 1.00-CPU quota" in recommendations[-1].reason

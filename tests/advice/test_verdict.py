@@ -169,6 +169,31 @@ def test_under_a_quota_that_throttled_the_job_rounds_are_compared_by_wall_time()
     assert judged(clock, found, throttled=True).contention_fraction == 0.0
 
 
+def test_under_a_quota_that_throttled_the_job_the_input_free_ceiling_is_by_wall_time():
+    # Two rounds of the fit above: replayed steps slower than the pipeline's
+    # by their own times, 1.4x faster from start to start.
+    clock = clock_of([[0.1] * 30], compute_ms=0.9)
+    found = measured_rounds((0.56, 1.04), (0.60, 1.00))
+    found.speedup_if_input_free = 0.58 / 1.02
+    found.rounds = [
+        ReplayRound(0.56, 1.04, pipeline_wall_ms=2.11, replay_wall_ms=1.46),
+        ReplayRound(0.60, 1.00, pipeline_wall_ms=2.00, replay_wall_ms=1.50),
+    ]
+    walled = advisor.input_free_gain(
+        clock.stats("train"), found, judged(clock, found, throttled=True), throttled=True
+    )
+    # The rounds' mean wall times, 2.055 ms against 1.48 (the verdict's round of least contention
+    # reads less, 1.33x, and does not lower the measured ceiling).
+    assert walled.speedup == pytest.approx(2.055 / 1.48, rel=1e-6)
+    assert walled.basis == recommendation.MEASURED
+    assert "a step took 1.48 ms instead of 2.05 ms (wall time a step, start to start" in (
+        walled.statement
+    )
+    # Not throttled: the steps' own times, which read no gain.
+    stepped = advisor.input_free_gain(clock.stats("train"), found, judged(clock, found))
+    assert stepped.speedup == 1.0 and "no faster than the 0.58 ms" in stepped.statement
+
+
 def test_a_share_near_a_class_boundary_is_said_to_be_borderline():
     # 2.4 ms of wait on 10 ms steps: 19.4 %, within a fifth of the 20 % boundary,
     # which fits of the same pipeline on a busy machine may read either side of.
