@@ -81,9 +81,27 @@ def plan_rewrites(
     if final is not None:
         _plan_prefetch(pipeline, final, rewrites, skipped)
         _plan_options(pipeline, final, rewrites)
-    order = {kind: index for index, kind in enumerate(KINDS)}
-    rewrites.sort(key=lambda rewrite: order[rewrite.kind])
+    rewrites.sort(key=_rank_of(rewrites))
     return rewrites, skipped
+
+
+def _rank_of(rewrites: List[Rewrite]):
+    """The sort key of the rewrites' order: `KINDS`, the quota's first where one binds.
+
+    Where a container's quota binds below what tf.data counts (an AUTOTUNE
+    budget is planned), the thread rewrites sized to it are timed right after
+    the parallelism ones: they are what the quota calls for, and what the
+    advice (`cpu-quota-threads`) asks `kpt.tune` to time, so a short budget
+    must not run out before them.
+    """
+    kinds_order = list(KINDS)
+    if any(rewrite.kind == AUTOTUNE_BUDGET for rewrite in rewrites):
+        for kind in (AUTOTUNE_BUDGET, THREADPOOL):
+            kinds_order.remove(kind)
+        after = kinds_order.index(AUTOTUNE_PARALLELISM) + 1
+        kinds_order[after:after] = [AUTOTUNE_BUDGET, THREADPOOL]
+    order = {kind: index for index, kind in enumerate(kinds_order)}
+    return lambda rewrite: order[rewrite.kind]
 
 
 def _plan_stage(pipeline, stage, allow_nondeterministic, allow_reordering, rewrites, skipped):
