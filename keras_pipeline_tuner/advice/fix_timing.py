@@ -158,9 +158,8 @@ _ASYNCHRONOUS_OPS = frozenset(
         "ParallelBatchDataset",
     }
 )
-# Under a binding CPU quota, a timed pass spans this many of its periods, of
-# the kernel's default length (its cgroup's own is not read: 100 ms nearly
-# everywhere).
+# Under a binding CPU quota, a timed pass spans this many of its periods (the
+# cgroup's own, else the kernel's default of 100 ms).
 _QUOTA_PERIODS_PER_PASS = 3
 _QUOTA_PERIOD_S = 0.1
 # Rewrites of which a pipeline has at most one, wherever the finding points.
@@ -787,20 +786,22 @@ def quota_pass_s(budget: Optional[CpuBudget]) -> float:
     """The least a timed pass should last under `budget`: several quota periods, or 0.
 
     Under a binding quota the kernel stops the job for the rest of each period
-    once its quota is used: a pass of about one period (100 ms by default, in
-    Kubernetes and Docker) holds one stop or two, and the same pipeline timed
-    1.33x slower and 1.14x faster with AUTOTUNE's budget in three fits. A pass
-    of three periods holds three stops or four, a smaller share of its time
-    for one more.
+    once its quota is used: a pass of about one period (the cgroup's, 100 ms by
+    default in Kubernetes and Docker) holds one stop or two, and the same
+    pipeline timed 1.33x slower and 1.14x faster with AUTOTUNE's budget in
+    three fits. A pass of three periods holds three stops or four, a smaller
+    share of its time for one more.
 
     Example:
 
     >>> round(quota_pass_s(CpuBudget(8, 8, quota_cpus=2.0)), 3), quota_pass_s(CpuBudget(8, 8))
     (0.3, 0.0)
+    >>> round(quota_pass_s(CpuBudget(8, 8, quota_cpus=2.0, period_s=0.25)), 3)
+    0.75
     """
     if budget is None or budget.binding != QUOTA:
         return 0.0
-    return _QUOTA_PERIODS_PER_PASS * _QUOTA_PERIOD_S
+    return _QUOTA_PERIODS_PER_PASS * (budget.period_s or _QUOTA_PERIOD_S)
 
 
 def delivered_batch_s(stats: StepStats) -> float:

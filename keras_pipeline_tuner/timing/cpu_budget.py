@@ -134,6 +134,9 @@ class CpuBudget:
         cgroup: the cgroup directory read: the one whose quota is the
             tightest, else the process's own; `None` when none was found.
         cgroup_version: 1 or 2, or `None` when no CPU cgroup was found.
+        period_s: the period of the tightest quota in seconds (the kernel
+            gives the quota's CPU time anew every period: 0.1 by default),
+            or `None` without a quota.
 
     Example:
 
@@ -150,6 +153,7 @@ class CpuBudget:
     quota_cpus: Optional[float] = None
     cgroup: Optional[str] = None
     cgroup_version: Optional[int] = None
+    period_s: Optional[float] = None
 
     @property
     def cpus(self) -> int:
@@ -372,6 +376,8 @@ def read_cpu_budget() -> CpuBudget:
         budget.quota_cpus = quota
         budget.cgroup = directory if directory is not None else located.directory
         budget.cgroup_version = located.version
+        if directory is not None:
+            budget.period_s = _read_period_s(directory, located.version)
         return budget
     return budget
 
@@ -572,6 +578,25 @@ def parse_cfs_quota(quota_text: str, period_text: str) -> Optional[float]:
     return _quota_cpus(quota_text.strip(), period_text.strip())
 
 
+def parse_period_s(text: str) -> Optional[float]:
+    """Parses a quota's period, in seconds, from the file that holds it.
+
+    v2's `cpu.max` holds "QUOTA PERIOD" and v1's `cpu.cfs_period_us` the
+    period alone, both in microseconds: the period is the last field.
+
+    Example:
+
+    >>> parse_period_s("50000 100000\\n"), parse_period_s("250000\\n"), parse_period_s("")
+    (0.1, 0.25, None)
+    """
+    fields = text.split()
+    try:
+        period_us = int(fields[-1])
+    except (IndexError, ValueError):
+        return None
+    return period_us / 1e6 if period_us > 0 else None
+
+
 def parse_cpu_stat(text: str) -> Optional[Throttling]:
     """Parses a cgroup's `cpu.stat` into its throttling counters.
 
@@ -648,6 +673,12 @@ def _read_quota(directory: str, version: int) -> Tuple[bool, Optional[float]]:
     if quota is None or period is None:
         return (False, None)
     return (True, parse_cfs_quota(quota, period))
+
+
+def _read_period_s(directory: str, version: int) -> Optional[float]:
+    """The quota period of one cgroup directory, in seconds, or `None`."""
+    text = _read(os.path.join(directory, _CPU_MAX if version == 2 else _CFS_PERIOD))
+    return None if text is None else parse_period_s(text)
 
 
 def _quota_cpus(quota: str, period: str) -> Optional[float]:

@@ -36,8 +36,9 @@ def cpu_hierarchy():
     return None, "no cgroup hierarchy with the cpu controller to make a test cgroup in"
 
 
-def make_quota_cgroup(version, top, cpus, made):
-    """Makes `top/kpt-test-*` with a quota of `cpus`; appends it to `made`; returns it.
+def make_quota_cgroup(version, top, cpus, made, period=100000):
+    """Makes `top/kpt-test-*` with a quota of `cpus` a `period` (in µs); appends it
+    to `made`; returns it.
 
     Raises:
         OSError: if the directory cannot be made.
@@ -45,7 +46,6 @@ def make_quota_cgroup(version, top, cpus, made):
     path = os.path.join(top, f"kpt-test-{uuid.uuid4().hex[:8]}")
     os.mkdir(path)
     made.append(path)
-    period = 100000
     # High weights win the scheduler's share from any other load: the
     # quota, not the machine's load, limits what runs in it.
     if version == 1:
@@ -66,11 +66,12 @@ def quota_cgroup():
         pytest.skip(top)
     made = []
 
-    def make(cpus, nested=False):
-        """Makes `top/kpt-test-*` with quota `cpus`, and under it `inner` without
-        one when `nested`; returns `(directory to join, directory with the quota)`."""
+    def make(cpus, nested=False, period=100000):
+        """Makes `top/kpt-test-*` with quota `cpus` a `period` (µs), and under it
+        `inner` without one when `nested`; returns `(directory to join, directory
+        with the quota)`."""
         try:
-            path = make_quota_cgroup(version, top, cpus, made)
+            path = make_quota_cgroup(version, top, cpus, made, period)
         except OSError as error:
             pytest.skip(f"cannot make a cgroup under {top}: {error}")
         if not nested:

@@ -283,9 +283,10 @@ def run_child(mode, target, busy_s=1.5):
     return json.loads(process.stdout)
 
 
-def assert_throttled_by_quota(result, quota, quota_dir):
+def assert_throttled_by_quota(result, quota, quota_dir, period_s=0.1):
     assert result["budget"]["quota_cpus"] == quota
     assert result["budget"]["cgroup"] == quota_dir
+    assert result["budget"]["period_s"] == period_s
     assert (result["cpus"], result["binding"]) == (1, "quota")
     assert result["throttle_cgroup"] == quota_dir
     # Two busy loops against at most one CPU of quota: throttled, whatever else runs.
@@ -305,9 +306,10 @@ def test_a_cgroup_quota_binds_and_throttles(quota_cgroup, quota):
 
 @pytest.mark.multiprocess
 def test_a_parent_quota_binds_its_child_cgroup(quota_cgroup):
-    join, quota_dir = quota_cgroup(0.5, nested=True)
+    # A period of its own, read from the cgroup whose quota binds.
+    join, quota_dir = quota_cgroup(0.5, nested=True, period=50000)
     assert join != quota_dir
-    assert_throttled_by_quota(run_child("cgroup", join), 0.5, quota_dir)
+    assert_throttled_by_quota(run_child("cgroup", join), 0.5, quota_dir, period_s=0.05)
 
 
 @pytest.mark.multiprocess
