@@ -18,6 +18,7 @@ Keras' TensorFlow backend prefetches a PyDataset read by one worker (a
 computes before the change as after it; the other backends read it on demand.
 """
 
+import math
 import statistics
 import time
 from typing import Dict
@@ -56,6 +57,7 @@ def time_workers(
     stats: StepStats,
     budget_s: float,
     backend: str = "tensorflow",
+    min_pass_s: float = 0.0,
 ) -> List[FixTiming]:
     """Times the advised `workers` of a PyDataset against it as written.
 
@@ -69,6 +71,10 @@ def time_workers(
         budget_s: about how long the timing may take, in seconds.
         backend: the Keras backend (TensorFlow's prefetches a PyDataset read
             by one worker: see the module's docstring).
+        min_pass_s: the least a timed pass should last, in seconds, as
+            estimated from the steps (`fix_timing.quota_pass_s` under a
+            binding CPU quota: several of its periods), within the batches
+            the PyDataset has.
 
     Returns:
         One `FixTiming` for the `py-dataset-workers` recommendation, or none
@@ -100,7 +106,7 @@ def time_workers(
         timing.status = tune_results.NOT_APPLICABLE
         timing.reason = f"the PyDataset's Python is not run again after training: {why_not}"
         return [timing]
-    num_batches = _pass_batches(py_dataset, stats, budget_s)
+    num_batches = _pass_batches(py_dataset, stats, budget_s, min_pass_s)
     if num_batches is None:
         timing.status = tune_results.NOT_APPLICABLE
         timing.reason = (
@@ -132,13 +138,17 @@ def time_workers(
     return [timing]
 
 
-def _pass_batches(py_dataset, stats: StepStats, budget_s: float) -> Optional[int]:
+def _pass_batches(
+    py_dataset, stats: StepStats, budget_s: float, min_pass_s: float = 0.0
+) -> Optional[int]:
     """Batches per timed pass (after the warm-up), or `None` when too few exist."""
     # One worker reads a batch at most as fast as the steps that waited for it.
     batch_s = delivered_batch_s(stats)
     passes = 2 * MIN_ROUNDS
     fitting = int(_BUDGET_SHARE * budget_s / (passes * batch_s)) - WARMUP_BATCHES
-    num_batches = max(MIN_BATCHES, min(_MAX_BATCHES, fitting))
+    num_batches = max(
+        MIN_BATCHES, min(_MAX_BATCHES, fitting), math.ceil(min_pass_s / batch_s)
+    )
     available = py_dataset.num_batches
     if available is not None:
         if available < WARMUP_BATCHES + MIN_BATCHES:

@@ -205,6 +205,7 @@ class AfterTraining:
                     report.train,
                     budget_s,
                     backend=keras.backend.backend(),
+                    min_pass_s=fix_timing.quota_pass_s(report.cpu and report.cpu.budget),
                 )
 
     def _fix_budget_s(self, run) -> float:

@@ -610,6 +610,19 @@ def test_a_py_dataset_s_advised_workers_are_timed_in_a_copy_of_the_process():
     assert batches.workers == 1
 
 
+def test_a_py_dataset_s_passes_span_a_binding_quotas_periods():
+    from keras_pipeline_tuner.advice.py_dataset_timing import _pass_batches
+    from keras_pipeline_tuner.timing.step_stats import StepStats
+
+    # Steps of 1 ms: 0.05 s of budget sizes passes of the fewest batches...
+    stats = StepStats.from_arrays(np.full(10, 0.0005), np.full(10, 0.0005))
+    assert _pass_batches(CountedBatches(), stats, 0.05) == 4
+    # ...but under a quota a pass spans the periods asked (10 ms here),
+    # within the 14 batches after the warm-up that the PyDataset has.
+    assert _pass_batches(CountedBatches(), stats, 0.05, min_pass_s=0.01) == 10
+    assert _pass_batches(CountedBatches(), stats, 0.05, min_pass_s=1.0) == 14
+
+
 def test_a_pipeline_holding_large_arrays_is_timed_without_copying_them():
     # 48 MB of in-memory strings (encoded images, say) and a map that sleeps
     # 10 ms an element. measure_fixes=3 may copy 36 MB, less than the data: its
