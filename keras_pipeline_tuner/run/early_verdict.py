@@ -129,4 +129,4 @@ def filling_a_cache(findings, clock) -> bool:
     pipeline = getattr(findings, "pipeline", None)
     if pipeline is None or not any(stage.kind == kinds.CACHE for stage in pipeline.stages):
         return False
-    return sum(1 for epoch in clock.epochs if epoch.kind == TRAIN) < 2
+    return clock.ended_epochs() < 2

@@ -29,7 +29,6 @@ from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.run.replay_probe import ReplayProbe
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
-from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -85,7 +84,7 @@ class AfterTraining:
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
         else:
-            self._fix_timing(run, dataset, new_iterator_each_epoch and _train_epochs(run) > 1)
+            self._fix_timing(run, dataset, new_iterator_each_epoch and run.clock.ended_epochs() > 1)
 
     # Grain.
 
@@ -255,7 +254,3 @@ class AfterTraining:
 def _log_line(line: str) -> None:
     logger.info("keras-pipeline-tuner: %s", line)
 
-
-def _train_epochs(run) -> int:
-    """Training epochs that took steps."""
-    return sum(1 for epoch in run.clock.epochs if epoch.kind == TRAIN and epoch.stats.steps)

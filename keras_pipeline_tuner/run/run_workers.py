@@ -103,7 +103,7 @@ class RunWorkers:
                     host=worker_reports.this_host(),
                     chief=workers.identity.is_chief,
                     final=final,
-                    epochs=sum(1 for epoch in clock.epochs if epoch.kind == TRAIN),
+                    epochs=clock.ended_epochs(),
                     train=clock.stats(TRAIN),
                     cpu=cpu(),
                     notes=notes,

@@ -340,6 +340,23 @@ class StepClock:
         self._epoch_started.pop(kind, None)
         return breakdown
 
+    def ended_epochs(self, kind: str = TRAIN) -> int:
+        """Epochs of `kind` that ended having taken steps.
+
+        Example:
+
+        >>> import numpy as np
+        >>> clock = StepClock()
+        >>> clock.begin_epoch(0)
+        >>> clock.record("train", np.array([[0.0, 0.001, 0.002]]))
+        >>> _ = clock.end_epoch("train", 0)
+        >>> clock.begin_epoch(1)
+        >>> _ = clock.end_epoch("train", 1)  # no step: not counted
+        >>> clock.ended_epochs(), clock.ended_epochs("validation")
+        (1, 0)
+        """
+        return sum(1 for epoch in self.epochs if epoch.kind == kind and epoch.stats.steps)
+
     def stats(self, kind: str = TRAIN) -> StepStats:
         """Steady-state statistics of all steps of `kind` so far.
 

@@ -194,7 +194,8 @@ class ElementChecks:
         needed = 2 * LEAST_CUT_BATCHES + MIN_ROUNDS * 2 * (WARMUP_BATCHES + MIN_BATCHES)
         return (
             f"The first {batches} batches of the dataset took {elapsed_s:.2f} s ({batch_s:.2f} s "
-            f"a batch), over a third of budget_s={self.budget.budget_s:g}: the checks compare "
+            f"a batch), over {REFERENCE_GIVE_UP_SHARE:.0%} of budget_s={self.budget.budget_s:g}: "
+            "the checks compare "
             f"{LEAST_CUT_BATCHES} batches, read twice, and timing one rewrite takes "
             f"{MIN_ROUNDS * 2} passes of {WARMUP_BATCHES + MIN_BATCHES}, at least "
             f"{needed * batch_s:.0f} s at this speed. Pass budget_s={needed * batch_s:.0f} or "
