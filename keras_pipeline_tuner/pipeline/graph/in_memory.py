@@ -55,7 +55,16 @@ several times (more than 0 MB within 0 s)'
 
 
 class InMemoryDataTooLarge(ValueError):
-    """The dataset embeds more in-memory data than its graph should be read with."""
+    """The dataset embeds more in-memory data than its graph should be read with.
+
+    Attributes:
+        held_bytes: the bytes of in-memory tensors the dataset holds
+            (`in_memory_bytes`), as the read that refused it counted them.
+    """
+
+    def __init__(self, message: str, held_bytes: int = 0):
+        super().__init__(message)
+        self.held_bytes = held_bytes
 
 
 def in_memory_bytes(dataset) -> int:

@@ -101,7 +101,8 @@ def read_pipeline(dataset, max_in_memory_bytes: Optional[int] = None) -> Pipelin
                 "(from_tensor_slices / from_tensors), and its graph would copy all of "
                 "them (about 2 s and 4x the memory per 100 MB). Inspect the same "
                 "pipeline built on a slice of the data, e.g. x[:1000], or raise the "
-                "limit (max_in_memory_bytes=None reads it anyway)."
+                "limit (max_in_memory_bytes=None reads it anyway).",
+                held,
             )
     pipeline = pipeline_from_graph_def(graph_def_of(dataset))
     pipeline.cardinality = cardinality

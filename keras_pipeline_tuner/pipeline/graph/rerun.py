@@ -25,7 +25,6 @@ from typing import Optional
 
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
-from keras_pipeline_tuner.pipeline.graph.in_memory import in_memory_bytes
 
 # In-memory tensors above this are read as one-element stand-ins (as the lint
 # reads them): their graph would copy them, and they hold no state.
@@ -205,9 +204,9 @@ def dataset_rerun_hazard(dataset, allow_python: bool = False) -> Optional[str]:
 
     try:
         pipeline = read_pipeline(dataset, _READ_MAX_IN_MEMORY_BYTES)
-    except InMemoryDataTooLarge:
+    except InMemoryDataTooLarge as error:
         return (
-            f"its graph, which holds about {in_memory_bytes(dataset) / 2**20:.0f} MB of "
+            f"its graph, which holds about {error.held_bytes / 2**20:.0f} MB of "
             "in-memory arrays, would be copied to check what running it again changes"
         )
     return rerun_hazard(pipeline, allow_python)
