@@ -14,6 +14,7 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.pipeline.graph import kinds
+from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -109,6 +110,14 @@ class EarlyVerdict:
                 "fetch of a batch already in memory and the pipeline's contention with the "
                 "model."
             )
+            if throttled(report.cpu):
+                # The step clock misses the stops between steps, where many
+                # fall: said, since the final verdict may read another class.
+                line += (
+                    f" The CPU quota stopped the job in {report.cpu.throttling.share:.0%} of "
+                    "its periods so far, between steps too, where the step clock does not "
+                    "see them: the contention check after training compares wall time a step."
+                )
             self.line = line
             logger.info("%s", line)
             if self._verbose:

@@ -207,6 +207,13 @@ FIT = textwrap.dedent(
     # With its fixes timed, the fit runs the contention check as a user's does.
     tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=bool(measure_fixes),
                               measure_fixes=measure_fixes)
+    # The tuner's lines, the early verdict's among them, go to its logger.
+    import logging
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("keras_pipeline_tuner").addHandler(handler)
+    logging.getLogger("keras_pipeline_tuner").setLevel(logging.INFO)
     model.fit(ds, epochs=2, steps_per_epoch=100, callbacks=[tuner], verbose=0)
     report = tuner.report
     print(json.dumps({
@@ -218,6 +225,7 @@ FIT = textwrap.dedent(
         "compute_ms": report.train.compute.median_ms,
         "verdict": report.judgement.line,
         "input_free": report.input_free and report.input_free.statement,
+        "early": [line for line in lines if "early verdict" in line],
         "advice": {r.id: r.fix for r in report.recommendations},
         "evidence": {r.id: [e.detail for e in r.evidence] for r in report.recommendations},
         "text": report.cpu.describe(),
@@ -257,6 +265,9 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     # stops fell: the contention check compares wall time a step under it (a
     # comparison of the steps alone read "not input-bound" in 1 fit of 3).
     assert result["verdict"].startswith("highly input-bound"), result["verdict"]
+    # The early verdict, from the steps alone, says the quota's stops escape them.
+    (early,) = result["early"]
+    assert "The CPU quota stopped the job in" in early and "between steps too" in early, early
     # The input-free ceiling is by the same wall time: the verdict's figure, or
     # the replay's measured by wall time a step.
     assert "wall time a step" in result["input_free"] or result["input_free"].startswith(
@@ -289,6 +300,7 @@ def test_a_fit_on_one_cpu_of_its_mask_has_an_affinity_budget_and_no_throttling()
     assert "CPU budget 1 CPU: affinity 1 of" in result["markdown"]
     assert result["throttling"] is None or result["throttling"][0] == 0, result
     assert QUOTA_THREADS not in result["advice"] and THROTTLED not in result["advice"]
+    assert not any("CPU quota" in line for line in result["early"]), result["early"]
     # The step's 5 ms of compute, found on one CPU: its executor's one thread
     # once ran the compute before the fetch's timestamp (compute read 0.00 ms).
     assert result["compute_ms"] > 4.0, result["compute_ms"]
