@@ -113,6 +113,12 @@ def time_workers(
             f"it has fewer than {WARMUP_BATCHES + MIN_BATCHES} batches, too few for a timed pass"
         )
         return [timing]
+    _measure(timing, py_dataset, num_batches, budget_s)
+    return [timing]
+
+
+def _measure(timing: FixTiming, py_dataset, num_batches: int, budget_s: float) -> None:
+    """Runs the side-by-side passes in a copy of the process; records them in `timing`."""
     try:
         passes = forked_call(
             lambda: _side_by_side(py_dataset, num_batches, time.perf_counter() + budget_s),
@@ -120,10 +126,10 @@ def time_workers(
         )
     except ForkedCallError as error:
         timing.status, timing.reason = tune_results.FAILED, str(error)
-        return [timing]
+        return
     except Exception as error:  # noqa: BLE001 - the user's __getitem__ raised, in the copy.
         timing.status, timing.reason = tune_results.FAILED, f"{type(error).__name__}: {error}"
-        return [timing]
+        return
     rounds = min(len(passes[AS_WRITTEN]), len(passes[ADVISED]))
     if rounds < MIN_ROUNDS:
         timing.status = tune_results.NOT_MEASURED
@@ -131,11 +137,10 @@ def time_workers(
             f"{rounds} of {MIN_ROUNDS} side-by-side rounds fitted the {budget_s:g} s of "
             "measure_fixes"
         )
-        return [timing]
+        return
     timing.status, timing.rounds, timing.batches = tune_results.MEASURED, rounds, num_batches
     timing.batch_ms_before = statistics.median(passes[AS_WRITTEN]) / num_batches * 1e3
     timing.batch_ms_after = statistics.median(passes[ADVISED]) / num_batches * 1e3
-    return [timing]
 
 
 def _pass_batches(
