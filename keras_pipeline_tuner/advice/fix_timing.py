@@ -87,8 +87,6 @@ from keras_pipeline_tuner.pipeline.tune.rewrites import VECTORIZE
 from keras_pipeline_tuner.pipeline.tune.rewrites import Rewrite
 from keras_pipeline_tuner.pipeline.tune.rewrites import Skipped
 from keras_pipeline_tuner.pipeline.tune.tuning import time_rewrites
-from keras_pipeline_tuner.timing.cpu_budget import QUOTA
-from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
@@ -158,10 +156,6 @@ _ASYNCHRONOUS_OPS = frozenset(
         "ParallelBatchDataset",
     }
 )
-# Under a binding CPU quota, a timed pass spans this many of its periods (the
-# cgroup's own, else the kernel's default of 100 ms).
-_QUOTA_PERIODS_PER_PASS = 3
-_QUOTA_PERIOD_S = 0.1
 # Rewrites of which a pipeline has at most one, wherever the finding points.
 _ONE_PER_PIPELINE = (CACHE, PREFETCH, THREADPOOL)
 
@@ -319,7 +313,7 @@ def time_fixes(
             in it restarts as a file would, and is read again in a forked
             copy; otherwise only with `allow_unverified`.
         min_pass_s: the least a timed pass of a few batches should last, in
-            seconds, as estimated from the steps (`quota_pass_s` under a
+            seconds, as estimated from the steps (`timing.cpu_budget.quota_span_s` under a
             binding CPU quota).
 
     Returns:
@@ -780,28 +774,6 @@ def _plan(dataset, stats: StepStats, wanted, budget_s: float, min_pass_s: float)
         f"filling it takes a whole epoch, too long for the {budget_s:g} s of measure_fixes"
     )
     return 1, num_batches, cache_reason
-
-
-def quota_pass_s(budget: Optional[CpuBudget]) -> float:
-    """The least a timed pass should last under `budget`: several quota periods, or 0.
-
-    Under a binding quota the kernel stops the job for the rest of each period
-    once its quota is used: a pass of about one period (the cgroup's, 100 ms by
-    default in Kubernetes and Docker) holds one stop or two, and the same
-    pipeline timed 1.33x slower and 1.14x faster with AUTOTUNE's budget in
-    three fits. A pass of three periods holds three stops or four, a smaller
-    share of its time for one more.
-
-    Example:
-
-    >>> round(quota_pass_s(CpuBudget(8, 8, quota_cpus=2.0)), 3), quota_pass_s(CpuBudget(8, 8))
-    (0.3, 0.0)
-    >>> round(quota_pass_s(CpuBudget(8, 8, quota_cpus=2.0, period_s=0.25)), 3)
-    0.75
-    """
-    if budget is None or budget.binding != QUOTA:
-        return 0.0
-    return _QUOTA_PERIODS_PER_PASS * (budget.period_s or _QUOTA_PERIOD_S)
 
 
 def delivered_batch_s(stats: StepStats) -> float:

@@ -72,7 +72,7 @@ def time_workers(
         backend: the Keras backend (TensorFlow's prefetches a PyDataset read
             by one worker: see the module's docstring).
         min_pass_s: the least a timed pass should last, in seconds, as
-            estimated from the steps (`fix_timing.quota_pass_s` under a
+            estimated from the steps (`timing.cpu_budget.quota_span_s` under a
             binding CPU quota: several of its periods), within the batches
             the PyDataset has.
 

@@ -28,6 +28,7 @@ from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.run.replay_probe import ReplayProbe
 from keras_pipeline_tuner.timing import tuner_cost
+from keras_pipeline_tuner.timing.cpu_budget import quota_span_s
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -180,7 +181,7 @@ class AfterTraining:
                     report.reuse,
                     cpus=budget_cpus(report.cpu),
                     restarted=restarted,
-                    min_pass_s=fix_timing.quota_pass_s(report.cpu and report.cpu.budget),
+                    min_pass_s=quota_span_s(report.cpu and report.cpu.budget),
                 )
 
     def _py_dataset_timing(self, run, py_dataset) -> None:
@@ -204,7 +205,7 @@ class AfterTraining:
                     report.train,
                     budget_s,
                     backend=keras.backend.backend(),
-                    min_pass_s=fix_timing.quota_pass_s(report.cpu and report.cpu.budget),
+                    min_pass_s=quota_span_s(report.cpu and report.cpu.budget),
                 )
 
     def _fix_budget_s(self, run) -> float:

@@ -679,6 +679,7 @@ def test_under_a_quota_timed_passes_last_several_of_its_periods():
     # sized for the budget read at most 200 batches; under a binding quota,
     # 0.3 s of the fit's batches, three of its periods.
     from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    from keras_pipeline_tuner.timing.cpu_budget import quota_span_s
     from keras_pipeline_tuner.timing.step_stats import StepStats
 
     dataset = cached_source(2000).map(scaled).batch(1)
@@ -687,7 +688,7 @@ def test_under_a_quota_timed_passes_last_several_of_its_periods():
     )
     stats = StepStats.from_arrays(np.full(20, 0.0008), np.full(20, 0.0001), np.full(19, 0.0001))
     assert fix_timing.delivered_batch_s(stats) == pytest.approx(0.001)
-    quota = fix_timing.quota_pass_s(CpuBudget(2, 2, quota_cpus=1.0))
+    quota = quota_span_s(CpuBudget(2, 2, quota_cpus=1.0))
     timed = functools.partial(fix_timing.time_fixes, dataset, [advised], stats)
     # Under the quota, a budget for passes of 300 batches of a Python function
     # (about 0.4 s each).
