@@ -13,10 +13,10 @@ Three rules, each resting on the run's `CpuUsage` (its `CpuBudget` and its
   pipeline, under the same quota (`measure_fixes`); otherwise the fix says to
   keep tf.data's own, with the timing, or to time it first. Under a 1-CPU
   quota on two cores (`bench/cpu_quota.py`) a pool of one thread made a fit's
-  steps 1.14x slower quiet and 1.08x beside two busy loops (medians of three
+  steps 1.20x slower quiet and 1.09x beside two busy loops (medians of three
   rounds, wall time a step), where AUTOTUNE's budget alone left them within
-  the noise; on a host with many more CPUs than its quota, where tf.data's own
-  pool has a thread per CPU, it may not.
+  the rounds' spread; on a host with many more CPUs than its quota, where
+  tf.data's own pool has a thread per CPU, it may not.
 - A Keras `PyDataset` or a torch `DataLoader` with more worker processes than
   the budget has CPUs for runs them in turn, not in parallel: the advice sets
   `workers` / `num_workers` to the budget.
