@@ -222,7 +222,8 @@ def advise(
     stats = scale_out_advice.job_stats(stats, workers)
     if workers is not None or judgement is None:
         judgement = judge(stats, profile)
-    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, throttled(cpu))
+    quota_throttled = throttled(cpu)
+    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, quota_throttled)
     run.reuse = reuse
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
@@ -237,7 +238,7 @@ def advise(
     # A job its quota throttled is out of the CPU time the container gives it:
     # the same-host ways out (a larger limit, fewer threads) come before moving
     # the pipeline to other hosts.
-    offload_last = [offload] if offload is not None and throttled(cpu) else []
+    offload_last = [offload] if offload is not None and quota_throttled else []
     ranked = _ranked(run, findings, None if offload_last else offload, fix_timings)
     straggler = scale_out_advice.straggler_recommendation(workers)
     # Advice from the CPU budget comes after the pipeline's own: it has no

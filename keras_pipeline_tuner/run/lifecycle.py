@@ -435,7 +435,7 @@ class Run:
 
     def judgement(self) -> Judgement:
         """The run's verdict from the evidence so far (see `advice.verdict.judge`)."""
-        return run_report.judgement_of(self)
+        return run_report.judgement_of(self, self.cpu_usage())
 
     def report(self) -> Report:
         """The `Report` of what was measured so far."""

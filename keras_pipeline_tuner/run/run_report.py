@@ -31,19 +31,19 @@ if TYPE_CHECKING:
 NO_STEP = "No training step was measured"
 
 
-def judgement_of(run, cpu: Optional["CpuUsage"] = None) -> Judgement:
+def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
     """The run's verdict from the evidence so far (see `advice.verdict.judge`).
 
     Args:
         run: the `run.lifecycle.Run`.
-        cpu: the run's `CpuUsage` when already read (`run.cpu_usage()` by default).
+        cpu: the run's `CpuUsage` (`run.cpu_usage()`), read once by the caller
+            so that a report's verdict and figures share it; `None` where
+            the CPU meter is off.
 
     Returns:
         The `Judgement`.
     """
     clock = run.clock
-    if cpu is None:
-        cpu = run.cpu_usage()
     return judge(
         clock.stats(TRAIN),
         run.window.evidence,
