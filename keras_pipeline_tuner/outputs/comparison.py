@@ -4,9 +4,12 @@ Each run is compared in its steady state: its last training epoch when it ran
 two or more (the first may fill a cache or warm up, which is a one-off cost the
 verdict leaves out too), else all its steps. A difference between two runs
 means something only when it is larger than how much steps vary within each
-run. The spread of a timing here is its p90 minus its median (both over the
-steps compared): a difference of medians beyond the larger of the two runs'
-spreads is called out as real.
+run. The spread of a timing here is its interquartile range (p75 minus p25,
+over the steps compared): a difference of medians beyond the larger of the two
+runs' spreads is called out as real. Quartiles, not the p90: on a busy machine
+a few steps stall for tens of milliseconds, which moves a p90 of a few dozen
+steps but not the middle half of them. A report written before the quartiles
+were kept is spread by its p90 minus its median.
 """
 
 import dataclasses
@@ -32,7 +35,7 @@ class TimingComparison:
         ratio: `mean_b_ms / mean_a_ms` (below 1: B is faster); `None` when
             either is missing or A is zero.
         median_difference_ms: median of B minus median of A.
-        spread_ms: the larger of the two runs' p90-minus-median.
+        spread_ms: the larger of the two runs' interquartile ranges.
         beyond_spread: whether the medians differ by more than `spread_ms`;
             `None` when a figure is missing.
     """
@@ -180,8 +183,9 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
         "",
         "Steps compared: each run's steady state, its last training epoch when it ran two "
         "or more (a first epoch may fill a cache). The input share and verdict are the "
-        "runs' own. Spread: p90 minus median of each run's steps, the larger of the two; "
-        "a difference of medians beyond it is more than step-to-step noise.",
+        "runs' own. Spread: the interquartile range (p75 minus p25) of each run's steps, "
+        "the larger of the two; a difference of medians beyond it is more than "
+        "step-to-step noise.",
     ]
     return "\n".join(text) + "\n"
 
@@ -191,11 +195,21 @@ def _compare(name: str, a: Distribution, b: Distribution) -> TimingComparison:
     if a.mean_ms and b.mean_ms is not None:
         ratio = b.mean_ms / a.mean_ms
     difference = spread = beyond = None
-    if None not in (a.median_ms, b.median_ms, a.p90_ms, b.p90_ms):
+    spreads = (_spread(a), _spread(b))
+    if None not in (a.median_ms, b.median_ms, *spreads):
         difference = b.median_ms - a.median_ms
-        spread = max(a.p90_ms - a.median_ms, b.p90_ms - b.median_ms)
+        spread = max(spreads)
         beyond = abs(difference) > spread
     return TimingComparison(name, a.mean_ms, b.mean_ms, ratio, difference, spread, beyond)
+
+
+def _spread(timing: Distribution) -> Optional[float]:
+    """Interquartile range; p90 minus median for a report without quartiles."""
+    if timing.p25_ms is not None and timing.p75_ms is not None:
+        return timing.p75_ms - timing.p25_ms
+    if timing.median_ms is None or timing.p90_ms is None:
+        return None
+    return timing.p90_ms - timing.median_ms
 
 
 def _ms(value: Optional[float], signed: bool = False) -> str:

@@ -141,11 +141,16 @@ def step_seconds(wait_s: np.ndarray, compute_s: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Distribution:
-    """Mean, median and 90th percentile of one timing, in milliseconds."""
+    """Mean, median, quartiles and 90th percentile of one timing, in milliseconds.
+
+    The quartiles are `None` in reports written before they were kept.
+    """
 
     mean_ms: Optional[float] = None
     median_ms: Optional[float] = None
     p90_ms: Optional[float] = None
+    p25_ms: Optional[float] = None
+    p75_ms: Optional[float] = None
 
     @classmethod
     def of_seconds(cls, values: np.ndarray) -> "Distribution":
@@ -165,6 +170,8 @@ class Distribution:
             mean_ms=float(values.mean() * 1e3),
             median_ms=float(np.median(values) * 1e3),
             p90_ms=float(np.percentile(values, 90) * 1e3),
+            p25_ms=float(np.percentile(values, 25) * 1e3),
+            p75_ms=float(np.percentile(values, 75) * 1e3),
         )
 
 

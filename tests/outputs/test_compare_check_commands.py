@@ -1,5 +1,6 @@
 """`keras-pipeline-tuner compare` and `check` on the reports of real fits."""
 
+import json
 import re
 
 import numpy as np
@@ -9,15 +10,18 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner import cli
 from keras_pipeline_tuner.outputs.comparison import compare_reports
 from keras_pipeline_tuner.outputs.comparison import format_comparison
+from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
 from tests.outputs.test_cli import run
 
-INPUT_DELAY_S = 0.015
+# A sleep that dominates the step: a busy machine stalls a few steps by tens
+# of milliseconds, which must not reach the middle half of them.
+INPUT_DELAY_S = 0.03
 COMPUTE_DELAY_S = 0.015
-STEPS = 16
+STEPS = 20
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def test_compare_puts_two_runs_side_by_side(fits, capsys):
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
     for timing in comparison.timings:
         assert f"{timing.ratio:.2f}x" in lines[timing.name]
-    # 15 ms of wait against almost none: far beyond either run's spread.
+    # 30 ms of wait against almost none: far beyond either run's spread.
     wait = comparison.timings[1]
     assert wait.beyond_spread and lines["input wait"].rstrip().endswith("yes")
     assert report_a.verdict.value in lines["verdict"] and report_b.verdict.value in lines["verdict"]
@@ -189,3 +193,37 @@ def test_compare_reads_the_steady_state_not_the_cache_filling_epoch():
     assert step.ratio == pytest.approx(1.0 / 301.0, rel=0.05)
     assert step.beyond_spread is True
     assert "steps compared  epoch 3 of 3" in format_comparison(comparison, "naive", "tuned")
+
+
+def test_a_few_stalled_steps_do_not_hide_a_difference_every_step_shows():
+    # Every step of A waits 15 ms, every step of B 0.5 ms; a busy machine
+    # stalled three of A's 16 steps by 40 ms, which lifts its p90 by far more
+    # than the 14.5 ms between the medians.
+    wait_a = np.full(16, 0.015)
+    wait_a[[3, 9, 14]] += 0.040
+    a = kpt.Report(train=StepStats.from_arrays(wait_a, np.full(16, 0.001)))
+    b = kpt.Report(train=StepStats.from_arrays(np.full(16, 0.0005), np.full(16, 0.001)))
+    assert a.train.input_wait.p90_ms - a.train.input_wait.median_ms > 14.5
+    wait = compare_reports(a, b).timings[1]
+    assert wait.median_difference_ms == pytest.approx(-14.5)
+    assert wait.spread_ms == pytest.approx(0.0) and wait.beyond_spread is True
+
+
+def test_steps_that_vary_as_much_as_they_differ_are_called_noise():
+    steps = np.array([0.010, 0.020] * 8)
+    a = kpt.Report(train=StepStats.from_arrays(steps * 0, steps))
+    b = kpt.Report(train=StepStats.from_arrays(steps * 0, steps[::-1] + 0.002))
+    step = compare_reports(a, b).timings[0]
+    assert step.spread_ms == pytest.approx(10.0) and step.beyond_spread is False
+
+
+def test_a_report_without_quartiles_is_spread_by_its_p90():
+    # A report.json written before the quartiles were kept has no such keys.
+    old = Distribution(mean_ms=20.0, median_ms=18.0, p90_ms=30.0)
+    data = json.loads(kpt.Report(train=StepStats(steps=16, input_wait=old)).to_json())
+    del data["train"]["input_wait"]["p25_ms"], data["train"]["input_wait"]["p75_ms"]
+    a = kpt.Report.from_json(json.dumps(data))
+    new = Distribution.of_seconds(np.full(16, 0.005))
+    b = kpt.Report(train=StepStats(steps=16, input_wait=new))
+    wait = compare_reports(a, b).timings[1]
+    assert wait.spread_ms == pytest.approx(12.0) and wait.beyond_spread is True
