@@ -15,6 +15,7 @@ others run as if it had not.
 """
 
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -650,6 +651,11 @@ def ctrl_c():
     has it (a background job starts with SIGINT ignored).
     """
     results = {}
+    # A signal handled while the garbage collector runs a finalizer raises
+    # inside it, where Python prints and drops the KeyboardInterrupt: collected
+    # beforehand, the interrupt reaches the fit as a user's Ctrl-C does.
+    gc.collect()
+    gc.disable()
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for where, data, callbacks in (
@@ -671,6 +677,7 @@ def ctrl_c():
             }
     finally:
         signal.signal(signal.SIGINT, handler)
+        gc.enable()
     return results
 
 
