@@ -143,7 +143,19 @@ def step_seconds(wait_s: np.ndarray, compute_s: np.ndarray) -> np.ndarray:
 class Distribution:
     """Mean, median, quartiles and 90th percentile of one timing, in milliseconds.
 
-    The quartiles are `None` in reports written before they were kept.
+    Attributes:
+        mean_ms: the mean.
+        median_ms: the median.
+        p90_ms: the 90th percentile.
+        p25_ms: the first quartile; `None` in reports written before the
+            quartiles were kept.
+        p75_ms: the third quartile; `None` there too.
+
+    Example:
+
+    >>> timing = Distribution.of_seconds(np.array([0.010, 0.020, 0.030, 0.040]))
+    >>> round(timing.median_ms, 1), round(timing.p25_ms, 1), round(timing.p75_ms, 1)
+    (25.0, 17.5, 32.5)
     """
 
     mean_ms: Optional[float] = None
