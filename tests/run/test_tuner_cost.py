@@ -115,10 +115,12 @@ def test_auto_keeps_time_for_the_fixes_before_their_floor():
     assert tuner_cost.FIX_FLOOR not in report.tuner_cost.parts
 
 
-def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so():
+def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so(monkeypatch):
     # measure_fixes=0.01: the replay for the fixes' floor alone reads four
-    # batches of 8 ms of sleeping input from a fresh iterator, over that cap
-    # (and short steps, so that the replay fits its own cap of 0.5 s).
+    # batches of 8 ms of sleeping input from a fresh iterator, over that cap.
+    # The check's own cap is raised, so that a busy machine's slower set-up
+    # cannot end it before the floor is replayed.
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     dataset = replayable_source(48 * BATCH, 0.002).batch(BATCH)
     report = _fit(dataset, tiny_model(), measure_fixes=0.01)
     assert report.what_if is not None, report.notes
@@ -172,9 +174,10 @@ def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
     assert report.tuner_cost.budget_s == 0.0
 
 
-def test_the_report_states_what_the_check_cost():
-    # A budget a busy machine's slower set-up cannot exhaust, and steps short
-    # enough for the check's own cap: the check runs.
+def test_the_report_states_what_the_check_cost(monkeypatch):
+    # A budget and a cap a busy machine's slower set-up cannot exhaust: the
+    # check runs.
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.005), cost_budget_s=30)
     assert report.what_if is not None, report.notes
     cost = report.tuner_cost
@@ -231,9 +234,11 @@ class CountsTraces(keras.Sequential):
         return super().train_step(data)
 
 
-def test_the_check_reuses_the_step_fit_traced():
+def test_the_check_reuses_the_step_fit_traced(monkeypatch):
     # Tracing the step again took seconds on a busy machine, most of the
-    # check's set-up: the check runs fit's own timed function instead.
+    # check's set-up: the check runs fit's own timed function instead. (Its
+    # cap is raised, so that the rest of a busy machine's set-up cannot end it.)
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     model = CountsTraces(
         [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.005), keras.layers.Dense(1)]
     )
