@@ -178,12 +178,13 @@ class Distribution:
         values = values[~np.isnan(values)]
         if values.size == 0:
             return cls()
+        p25_s, p75_s, p90_s = np.percentile(values, [25, 75, 90])
         return cls(
             mean_ms=float(values.mean() * 1e3),
             median_ms=float(np.median(values) * 1e3),
-            p90_ms=float(np.percentile(values, 90) * 1e3),
-            p25_ms=float(np.percentile(values, 25) * 1e3),
-            p75_ms=float(np.percentile(values, 75) * 1e3),
+            p90_ms=float(p90_s * 1e3),
+            p25_ms=float(p25_s * 1e3),
+            p75_ms=float(p75_s * 1e3),
         )
 
 
