@@ -15,3 +15,16 @@ def _no_global_seed_leaks():
     import tensorflow as tf
 
     tf.random.set_seed(None)
+
+
+@pytest.fixture
+def contention_cap_raised(monkeypatch):
+    """The contention check's own cap raised to 5 s, what a fit of minutes gives it.
+
+    A fit of seconds gives the check half a second, which a busy machine's
+    slower set-up can use up: for the tests of what the check finds, changes
+    or costs, which need it to run (its cap is tested on its own).
+    """
+    from keras_pipeline_tuner.instrumentation import what_if_replay
+
+    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)

@@ -16,7 +16,6 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.instrumentation import what_if_replay
 from tests.helpers.training_data import Sleep
 
 FEATURES = 8
@@ -142,11 +141,12 @@ def _two_fits(with_tuner, **tuner_kwargs):
 @pytest.mark.parametrize(
     "tuner_kwargs", [{}, {"what_if": True}], ids=["contention-check", "what-if"]
 )
-def test_a_replay_after_fit_leaves_the_next_fits_shuffle_order_alone(tuner_kwargs, monkeypatch):
+def test_a_replay_after_fit_leaves_the_next_fits_shuffle_order_alone(
+    tuner_kwargs, contention_cap_raised
+):
     # The replay after fit passes over the training data: on the dataset itself
     # it would move the shuffle's seed on, and the next fit would train on
-    # another order. (The check's cap is raised: it must run to be tested.)
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
+    # another order.
     plain_history, plain_weights, _ = _two_fits(False)
     history, weights, replay = _two_fits(True, **tuner_kwargs)
     assert replay is not None, "no replay ran: the test checks nothing"
@@ -259,13 +259,12 @@ def _train_on_shuffled_arrays(with_tuner, large=False):
 
 @pytest.mark.parametrize("large", [False, True], ids=["arrays", "large-source"])
 def test_the_contention_check_on_shuffled_arrays_changes_nothing_of_the_training(
-    monkeypatch, large
+    contention_cap_raised, large
 ):
-    # The check's own cap raised to what a fit of minutes gives it: it runs
-    # whatever the load, and what it might change is what is checked. The
-    # large source (72 MB) is read over stand-ins, and the check's copy of
-    # the reshuffling pipeline is rebuilt over the real arrays, not copied.
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
+    # The check runs whatever the load, and what it might change is what is
+    # checked. The large source (72 MB) is read over stand-ins, and the
+    # check's copy of the reshuffling pipeline is rebuilt over the real
+    # arrays, not copied.
     (plain_iterations, plain_histories, plain_weights), plain_draws, _ = _train_on_shuffled_arrays(
         False, large
     )

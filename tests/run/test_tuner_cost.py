@@ -115,12 +115,9 @@ def test_auto_keeps_time_for_the_fixes_before_their_floor():
     assert tuner_cost.FIX_FLOOR not in report.tuner_cost.parts
 
 
-def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so(monkeypatch):
+def test_fixes_whose_floor_replay_used_their_cap_are_not_timed_and_say_so(contention_cap_raised):
     # measure_fixes=0.01: the replay for the fixes' floor alone reads four
     # batches of 8 ms of sleeping input from a fresh iterator, over that cap.
-    # The check's own cap is raised, so that a busy machine's slower set-up
-    # cannot end it before the floor is replayed.
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     dataset = replayable_source(48 * BATCH, 0.002).batch(BATCH)
     report = _fit(dataset, tiny_model(), measure_fixes=0.01)
     assert report.what_if is not None, report.notes
@@ -174,10 +171,8 @@ def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
     assert report.tuner_cost.budget_s == 0.0
 
 
-def test_the_report_states_what_the_check_cost(monkeypatch):
-    # A budget and a cap a busy machine's slower set-up cannot exhaust: the
-    # check runs.
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
+def test_the_report_states_what_the_check_cost(contention_cap_raised):
+    # A budget a busy machine's slower set-up cannot exhaust: the check runs.
     report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.005), cost_budget_s=30)
     assert report.what_if is not None, report.notes
     cost = report.tuner_cost
@@ -209,10 +204,9 @@ def test_the_cost_is_in_the_terminal_summary(capsys):
     assert f"its budget of {report.tuner_cost.budget_s:.1f} s" in shown
 
 
-def test_a_check_longer_than_a_second_is_announced_first(capsys, monkeypatch):
+def test_a_check_longer_than_a_second_is_announced_first(capsys, contention_cap_raised):
     # 30 ms steps and a 6 s budget: a check of a few seconds, said before it
-    # runs. (Its own cap is raised to the seconds a fit of minutes gives it.)
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
+    # runs.
     report = _fit(
         cached_source(16 * BATCH).batch(BATCH), tiny_model(0.03), verbose=1, cost_budget_s=6
     )
@@ -234,11 +228,9 @@ class CountsTraces(keras.Sequential):
         return super().train_step(data)
 
 
-def test_the_check_reuses_the_step_fit_traced(monkeypatch):
+def test_the_check_reuses_the_step_fit_traced(contention_cap_raised):
     # Tracing the step again took seconds on a busy machine, most of the
-    # check's set-up: the check runs fit's own timed function instead. (Its
-    # cap is raised, so that the rest of a busy machine's set-up cannot end it.)
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
+    # check's set-up: the check runs fit's own timed function instead.
     model = CountsTraces(
         [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.005), keras.layers.Dense(1)]
     )
@@ -250,11 +242,10 @@ def test_the_check_reuses_the_step_fit_traced(monkeypatch):
     assert CountsTraces.traces == 1
 
 
-def test_a_check_over_large_numpy_arrays_is_refused_at_once_and_says_why(monkeypatch):
+def test_a_check_over_large_numpy_arrays_is_refused_at_once_and_says_why(contention_cap_raised):
     # fit(x, y): Keras' dataset holds the arrays as one from_tensors element
     # (72 MB here), which no stand-in makes lighter. Its graph used to be read
     # in full for the check's set-up (2.9 s for 188 MB), for nothing.
-    monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
     x = np.zeros((96, 3 * 2**18 // 4), np.float32)
     y = np.zeros((96,), np.float32)
     model = keras.Sequential([keras.Input(x.shape[1:]), Sleep(0.02), keras.layers.Dense(1)])
