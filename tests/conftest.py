@@ -25,6 +25,6 @@ def contention_cap_raised(monkeypatch):
     slower set-up can use up: for the tests of what the check finds, changes
     or costs, which need it to run (its cap is tested on its own).
     """
-    from keras_pipeline_tuner.instrumentation import what_if_replay
+    from keras_pipeline_tuner.after_training import what_if_replay
 
     monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)

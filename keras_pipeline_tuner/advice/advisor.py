@@ -48,8 +48,8 @@ from typing import Optional
 from typing import Tuple
 
 from keras_pipeline_tuner.advice import cpu_limits
-from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
+from keras_pipeline_tuner.advice import timed_gains
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
@@ -71,6 +71,7 @@ from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.verdict import WALL_STATISTIC
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
@@ -89,7 +90,7 @@ from keras_pipeline_tuner.timing.step_stats import format_ms
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.advice.data_reuse import DataReuse
-    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
@@ -314,7 +315,7 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
         timing = next((item for item in timings if item.matches(recommendation)), None)
         if timing is None:
             continue
-        gain = fix_timing.measured_gain(timing, run.bound, run.reuse)
+        gain = timed_gains.measured_gain(timing, run.bound, run.reuse)
         if gain is None:
             if recommendation.expected_gain.basis == NOT_READ_BACK:
                 # Not timed for the reason its gain already states.
@@ -324,7 +325,7 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
                 statement=(
                     recommendation.expected_gain.statement
                     + " "
-                    + fix_timing.untimed_statement(timing)
+                    + timed_gains.untimed_statement(timing)
                 ).strip(),
             )
             continue

@@ -37,8 +37,6 @@ from typing import Iterable
 from typing import List
 from typing import Optional
 
-from keras_pipeline_tuner.advice.fix_timing import FixTiming
-from keras_pipeline_tuner.advice.fix_timing import pass_statement
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
@@ -47,6 +45,8 @@ from keras_pipeline_tuner.advice.recommendation import THROTTLED
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.advice.timed_gains import pass_statement
+from keras_pipeline_tuner.after_training.fix_timing import FixTiming
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.tune.planning import autotune_budget_short
 from keras_pipeline_tuner.pipeline.tune.results import DEFAULT_MIN_GAIN
@@ -77,7 +77,7 @@ def cpu_limit_recommendations(
         gain: the run's input-free ceiling (`ExpectedGain`), when the run is
             input-bound: the most a change to the input can bring.
         fix_timings: the advised fixes timed after training
-            (`advice.fix_timing`): a private thread pool of the budget's size
+            (`after_training.fix_timing`): a private thread pool of the budget's size
             joins the advice when its timing says it is faster; the timing is
             shown either way.
 

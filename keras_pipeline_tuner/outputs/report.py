@@ -14,7 +14,7 @@ from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
-from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME  # noqa: F401 - re-exported
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
 from keras_pipeline_tuner.pipeline.lint.findings import Finding

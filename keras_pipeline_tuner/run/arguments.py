@@ -11,8 +11,8 @@ from typing import Optional
 from typing import Tuple
 from typing import Union
 
-from keras_pipeline_tuner.advice import fix_timing
-from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.after_training import fix_timing
+from keras_pipeline_tuner.after_training import what_if_replay
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
@@ -38,7 +38,7 @@ class TunerArguments:
     tensorboard_workers: str = "chief"
     worker_timeout_s: float = worker_reports.DEFAULT_TIMEOUT_S
     check_contention: bool = True
-    # None: "auto" (see `advice.fix_timing.auto_budget`).
+    # None: "auto" (see `after_training.fix_timing.auto_budget`).
     measure_fixes_s: Optional[float] = None
     allow_unverified: bool = False
     cost_budget_s: Optional[float] = None

@@ -3,7 +3,7 @@
 The callback's hooks hand what they see to the run (`run.lifecycle`) and its
 timing source (`instrumentation.timing_source`): epochs, the steps through the
 batch hooks (`run.step_hooks`, chosen once per fit as Keras chooses its
-dispatch), and, once training ended, the probes (`run.probes`). Custom loops
+dispatch), and, once training ended, the probes (`after_training.probes`). Custom loops
 reach the same run through `instrument` and `iterate` (`instrumentation.
 loop_timing`).
 """
@@ -25,6 +25,8 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.running_fit import current_fit_callbacks
 from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
+from keras_pipeline_tuner.after_training.probes import AfterTraining
+from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
@@ -38,8 +40,6 @@ from keras_pipeline_tuner.run.arguments import TunerArguments
 from keras_pipeline_tuner.run.lifecycle import Run
 from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
-from keras_pipeline_tuner.run.probe_settings import ProbeSettings
-from keras_pipeline_tuner.run.probes import AfterTraining
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -112,18 +112,23 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             can make (parallel map or interleave, AUTOTUNE, cache, final
             prefetch, vectorised map) on its own against the pipeline as
             written, on the dataset alone, and predict the step gain from it
-            and the measured compute time (see `advice.fix_timing`): the
+            and the measured compute time (see `after_training.fix_timing`): the
             advice then shows that measured figure and is ranked by it.
             "auto" (the default): within the smaller of 10 s and 5 % of the
             fit's time, a cap of its own; True: about 5 s; or seconds; False:
             off. The model is not touched; a shuffle or random ops are timed
-            on rebuilds with seeds of their own; Python, a `tf.random.Generator`
-            or a PyDataset's `workers` in a forked copy of the process (Linux),
-            which leaves training's state as it was. A generator is not re-read.
-        allow_unverified: with `measure_fixes`, the pipeline's Python keeps no
-            state and its generator reads no feed: time the fixes in this
-            process, also from several threads (a parallel map of a
-            `tf.py_function`), and a generator's by copies read at once.
+            on rebuilds with seeds of their own. A pipeline that runs your
+            Python (a generator, a `tf.py_function`, a PyDataset) or keeps a
+            `tf.random.Generator` is not run again unless you pass
+            `allow_unverified=True` too: its fixes' gains are then predicted
+            from its calls timed during training. The tuner never copies
+            the process.
+        allow_unverified: with `measure_fixes=True` (or seconds), you vouch
+            that the pipeline's Python keeps no state and reads no queue or
+            feed: after training, time its fixes by running it again in this
+            process (also from several threads: a parallel map of a
+            `tf.py_function`, a generator's by copies read at once), a
+            PyDataset's advised `workers`, and a Grain pipeline's stages.
         cost_budget_s: seconds the tuner's own work after training may take:
             the contention check runs only when it fits, and the report states
             what the work took (`report.tuner_cost`). `None` (the default): the
@@ -513,5 +518,4 @@ def _probed_inputs(model) -> dict:
     return {
         "dataset": given.source if kind == fit_input.TF_DATASET else None,
         "py_dataset": given.source if kind == fit_input.PY_DATASET else None,
-        "new_iterator_each_epoch": given is not None and given.new_iterator_each_epoch,
     }

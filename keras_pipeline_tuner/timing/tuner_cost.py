@@ -5,7 +5,7 @@ conversion, its outputs) is wall time the user's job pays for. It is kept within
 a budget, by default the larger of `MIN_BUDGET_S` and `FIT_SHARE` of the fit's
 own time, and measured part by part, so the report can say what it cost. A
 probe that would not fit in what is left of the budget does not run, and says
-so (see `run.probes`).
+so (see `after_training.probes`).
 """
 
 import contextlib
@@ -20,7 +20,7 @@ FIT_SHARE = 0.02
 # Work expected to take longer than this says so first, in one line.
 ANNOUNCE_S = 1.0
 # The part `measure_fixes` times within a cap of its own (as asked, or "auto"'s:
-# `advice.fix_timing.auto_budget`), not within the budget.
+# `after_training.fix_timing.auto_budget`), not within the budget.
 FIX_TIMING = "fix timing"
 # The contention check run for the fix timing's sake (its replayed step is the
 # floor the fixes' figures are capped at): counted with the fix timing.

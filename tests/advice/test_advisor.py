@@ -352,7 +352,7 @@ def test_unmeasured_wait_gives_advice_without_a_number():
 
 def replayed(pipeline_ms: float, replay_ms: float):
     """A what-if replay that timed the real pipeline's step and the replayed one."""
-    from keras_pipeline_tuner.instrumentation.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
     from keras_pipeline_tuner.timing.step_stats import Distribution
 
     return WhatIfResult(

@@ -17,10 +17,10 @@ import textwrap
 import pytest
 
 from keras_pipeline_tuner.advice.cpu_limits import cpu_limit_recommendations
-from keras_pipeline_tuner.advice.fix_timing import FixTiming
 from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
 from keras_pipeline_tuner.advice.recommendation import QUOTA_WORKERS
 from keras_pipeline_tuner.advice.recommendation import THROTTLED
+from keras_pipeline_tuner.after_training.fix_timing import FixTiming
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline
 from keras_pipeline_tuner.pipeline.graph.model import Stage

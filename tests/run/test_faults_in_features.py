@@ -15,7 +15,7 @@ import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util import features
-from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.after_training import what_if_replay
 from keras_pipeline_tuner.outputs import markdown as report_markdown
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import terminal as terminal_summary

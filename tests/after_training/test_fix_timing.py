@@ -19,11 +19,12 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.advice import timed_gains
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.advice.recommendation import free_input_gain
+from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.outputs.terminal import print_summary
 from tests.helpers.training_data import FEATURES
@@ -187,8 +188,8 @@ def counting_python(calls, tagged=False):
     return counted
 
 
-def _top_gain_timed_in_a_copy(data, recommendation_id):
-    """Fits on `data` with every default but the fix timing's budget; the top's gain."""
+def _top_gain_predicted(data, recommendation_id):
+    """Fits on `data` with the fix timing asked for; the top recommendation's gain."""
     tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=MEASURE_S)
     tiny_model().fit(data, epochs=1, callbacks=[tuner], verbose=0)
     top = tuner.report.recommendations[0]
@@ -197,18 +198,19 @@ def _top_gain_timed_in_a_copy(data, recommendation_id):
         for item in tuner.report.recommendations
     ]
     gain = top.expected_gain
-    assert gain.basis == "measured", gain.statement
-    assert "in a copy of the process" in gain.statement
+    # The user's Python is not run again after training: no measurement.
+    assert gain.basis != "measured" and gain.likely_speedup is None, gain.statement
+    assert "timed during training" in gain.statement, gain.statement
     return gain
 
 
-def test_python_that_may_keep_state_is_timed_in_a_copy_of_the_process():
+def test_python_that_may_keep_state_is_not_run_again_and_its_gain_is_predicted():
     calls = []
     dataset = cached_source(ELEMENTS).map(counting_python(calls)).batch(BATCH)
-    # Timed without allow_unverified: in a forked copy, where the Python ran
-    # again (and from several threads) and its state moved in the copy only.
-    gain = _top_gain_timed_in_a_copy(dataset, "sequential-map")
-    assert gain.likely_speedup > 1.3
+    # Without allow_unverified the map's Python runs only as training reads it;
+    # its gain is predicted from those calls, timed as they ran.
+    gain = _top_gain_predicted(dataset, "sequential-map")
+    assert gain.predicted_speedup > 1.3, gain.statement
     assert len(calls) == ELEMENTS
 
 
@@ -278,20 +280,20 @@ def _timing(before, after, overlapped_before, overlapped_after):
 
 def test_without_overlap_a_step_is_compute_plus_batch():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
-    gain = fix_timing.measured_gain(_timing(20.0, 10.0, False, False), bound)
+    gain = timed_gains.measured_gain(_timing(20.0, 10.0, False, False), bound)
     assert gain.likely_speedup == pytest.approx(30.0 / 20.0)
 
 
 def test_a_prefetch_overlaps_batch_and_compute():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
-    gain = fix_timing.measured_gain(_timing(20.0, 20.0, False, True), bound)
+    gain = timed_gains.measured_gain(_timing(20.0, 20.0, False, True), bound)
     # 10 + 20 before, max(10, 20) after: the pipeline alone is no faster.
     assert gain.likely_speedup == pytest.approx(1.5)
 
 
 def test_the_gain_never_exceeds_the_measured_bound():
     bound = ExpectedGain(speedup=1.2, step_ms=12.0, step_ms_after=10.0)
-    gain = fix_timing.measured_gain(_timing(40.0, 1.0, True, True), bound)
+    gain = timed_gains.measured_gain(_timing(40.0, 1.0, True, True), bound)
     assert gain.likely_speedup == pytest.approx(1.2)
     assert "Capped at the measured bound" in gain.statement
 
@@ -301,11 +303,11 @@ def test_a_cache_timed_on_its_read_back_counts_the_fit_s_filling_pass():
     timing = dataclasses.replace(_timing(40.0, 0.0001, False, False), read_back_only=True)
     # 50 ms a step as written, 10 ms reading the cache back: 5x on those passes.
     # Four passes, the first filling the cache at today's speed: 200 / 80 ms.
-    gain = fix_timing.measured_gain(timing, bound, DataReuse(96, 24))
+    gain = timed_gains.measured_gain(timing, bound, DataReuse(96, 24))
     assert gain.likely_speedup == pytest.approx(200 / 80, rel=1e-3)
     assert "over the fit's 4.0 passes, the first at today's speed" in gain.statement
     # A fit of unknown length: the read-back figure, said to be that.
-    unknown = fix_timing.measured_gain(timing, bound, None)
+    unknown = timed_gains.measured_gain(timing, bound, None)
     assert unknown.likely_speedup == pytest.approx(5.0, rel=1e-3)
     assert "how many passes this fit makes is not known" in unknown.statement
 
@@ -315,7 +317,7 @@ def test_a_cache_read_back_frees_the_cpu_its_stages_took_beside_the_steps():
     # yet the fit's steps took 11.5 ms, its map's threads beside them.
     bound = ExpectedGain(speedup=11.5 / 10.8, step_ms=11.5, step_ms_after=10.8)
     cache = dataclasses.replace(_timing(10.3, 0.15, True, True), read_back_only=True)
-    gain = fix_timing.measured_gain(cache, bound, DataReuse(24 * 200, 24))
+    gain = timed_gains.measured_gain(cache, bound, DataReuse(24 * 200, 24))
     # The fit's measured step against the compute (with the share of the
     # 0.7 ms its 0.15 ms batches still take), its filling pass counted.
     read_back = 11.5 / (10.8 + 0.7 * 0.15 / 10.3)
@@ -325,19 +327,19 @@ def test_a_cache_read_back_frees_the_cpu_its_stages_took_beside_the_steps():
     assert describe_gain(gain).endswith("faster (measured: the change timed)")
     # A change that leaves the stages' work in place is judged on the timed
     # passes alone, whose noise a gain under 1.25x is within.
-    kept = fix_timing.measured_gain(_timing(10.3, 0.15, True, True), bound)
+    kept = timed_gains.measured_gain(_timing(10.3, 0.15, True, True), bound)
     assert kept.likely_speedup == pytest.approx(1.0) and not kept.reaches_compute
     assert describe_gain(kept).startswith("no clear gain")
     # A cache whose batches still take half the time (stages after it) frees
     # half the CPU: 11.5 ms now, 10.8 + 0.35 ms after.
     half = dataclasses.replace(cache, batch_ms_before=10.0, batch_ms_after=5.0)
-    assert fix_timing.measured_gain(half, bound).likely_speedup == pytest.approx(11.5 / 11.15)
+    assert timed_gains.measured_gain(half, bound).likely_speedup == pytest.approx(11.5 / 11.15)
 
 
 def test_an_untimed_fix_has_no_measured_gain():
     bound = ExpectedGain(speedup=3.0, step_ms=30.0, step_ms_after=10.0)
     untimed = fix_timing.FixTiming("sequential-map", "map(f)", None, "", "not measured", "x")
-    assert fix_timing.measured_gain(untimed, bound) is None
+    assert timed_gains.measured_gain(untimed, bound) is None
 
 
 def test_a_failure_while_timing_turns_the_timing_off_only(monkeypatch, caplog):
@@ -596,22 +598,39 @@ class CountedBatches(keras.utils.PyDataset):
         return self.x[rows], self.y[rows]
 
 
-def test_a_py_dataset_s_advised_workers_are_timed_in_a_copy_of_the_process():
+def test_a_py_dataset_s_advised_workers_are_predicted_from_its_calls_in_training():
     plain = CountedBatches()
     tiny_model().fit(plain, epochs=1, verbose=0)
     batches = CountedBatches()
-    gain = _top_gain_timed_in_a_copy(batches, "py-dataset-workers")
+    gain = _top_gain_predicted(batches, "py-dataset-workers")
     # Four threads load four 40 ms sleeps at once: clearly faster.
-    assert "workers=4" in gain.statement
-    assert gain.likely_speedup > 1.5
-    # The timing's loads happened in the copy: training's PyDataset loaded
-    # what a fit without the tuner loads, and is read by one worker still.
+    assert "workers=4" in gain.statement or "4 workers" in gain.statement, gain.statement
+    assert gain.predicted_speedup > 1.5, gain.statement
+    # Nothing loaded it after training: training's PyDataset loaded what a fit
+    # without the tuner loads, and is read by one worker still.
     assert batches.loads == plain.loads
     assert batches.workers == 1
 
 
+def test_a_vouched_for_py_dataset_s_workers_are_timed_in_this_process():
+    batches = CountedBatches()
+    tuner = kpt.PipelineTuner(
+        verbose=0, profile="off", measure_fixes=MEASURE_S, allow_unverified=True
+    )
+    tiny_model().fit(batches, epochs=1, callbacks=[tuner], verbose=0)
+    loads_in_training = tuner.report.train.steps
+    top = tuner.report.recommendations[0]
+    assert top.id == "py-dataset-workers"
+    gain = top.expected_gain
+    assert gain.basis == "measured" and gain.likely_speedup > 1.5, gain.statement
+    assert "running your Python again in this process" in gain.statement
+    # The timing read it again, here, and put its workers back.
+    assert batches.loads > loads_in_training
+    assert batches.workers == 1
+
+
 def test_a_py_dataset_s_passes_span_a_binding_quotas_periods():
-    from keras_pipeline_tuner.advice.py_dataset_timing import _pass_batches
+    from keras_pipeline_tuner.after_training.py_dataset_timing import _pass_batches
     from keras_pipeline_tuner.timing.step_stats import StepStats
 
     # Steps of 1 ms: 0.05 s of budget sizes passes of the fewest batches...

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.after_training import what_if_replay
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import replayable_source

@@ -10,26 +10,14 @@ its own against the pipeline as written, with `tune`'s machinery
 checked, timed side by side with the original in alternating rounds, GC off,
 within a budget of a few seconds.
 
-The pipeline is timed alone, so its throughput change is turned into a step
-time with the step clock's compute time (`c`) and the time per batch before
-(`b0`) and after (`b1`) the change:
-
-- when the last stage TensorFlow runs prepares batches ahead (a prefetch,
-  written or injected at run time, or a parallel stage such as the fused
-  map_and_batch), the next batch is prepared while a step computes, and a step
-  takes about `max(c, b)`;
-- otherwise the batch is prepared only after the step ends, and a step takes
-  about `c + b`.
-
-The likely speed-up is `step(b0) / step(b1)` (a final prefetch added by the
-change counts as overlap after it), never more than the run's measured bound
-(step time over compute time). Each timed pass starts a new iterator, as an
-epoch does, so the pipeline's start-up (opening files, filling buffers) is
-timed with it when passes are whole epochs. Passes of a few batches (an epoch
-too long for the budget) read `WARMUP_BATCHES` untimed batches first, as
-`kpt.tune`'s do: on a busy machine a parallel stage's threads and AUTOTUNE's
-first choices took most of a pass of a few batches, and a change that
-delivered 1.6x in the fit timed at 0.9x.
+The pipeline is timed alone: `advice.timed_gains` turns its throughput change
+into a step time with the compute the step clock measured. Each timed pass
+starts a new iterator, as an epoch does, so the pipeline's start-up (opening
+files, filling buffers) is timed with it when passes are whole epochs. Passes
+of a few batches (an epoch too long for the budget) read `WARMUP_BATCHES`
+untimed batches first, as `kpt.tune`'s do: on a busy machine a parallel
+stage's threads and AUTOTUNE's first choices took most of a pass of a few
+batches, and a change that delivered 1.6x in the fit timed at 0.9x.
 
 A fix only the user can write (a `from_generator` source that does its work
 in the generator, told to yield cheap items and do the work in a parallel
@@ -37,12 +25,15 @@ map) is timed by a replay: as many copies of the generator as the run has
 CPUs, read at once, against the one as written. That is the rate its work
 reaches spread over those threads, as it would in a parallel map; the
 copies' elements repeat, and only the rate is kept (`rewrites.GENERATOR_COPIES`).
-A generator is read again only when training read it to its end and started
-it over (in a forked copy), or the user vouches for it (`allow_unverified`).
+A pipeline that runs the user's Python (a generator, a `py_function`) or
+keeps state of its own (a `tf.random.Generator`) is never run again after
+training unless the user asks (`allow_unverified=True`): then in this process,
+where its Python runs again and may move state the next fit reads; the
+report says so beside the figures. Otherwise its fixes' figures are predicted
+from its calls timed during training (see `advice`).
 """
 
 import dataclasses
-import functools
 import logging
 import math
 from typing import Iterable
@@ -50,15 +41,9 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
-from keras_pipeline_tuner._util.forked_call import ForkedCallError
-from keras_pipeline_tuner._util.forked_call import fork_unavailable
-from keras_pipeline_tuner._util.forked_call import forked_call
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
-from keras_pipeline_tuner.advice.recommendation import LEAST_MEASURED_GAIN
-from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import QUOTA_THREADS
-from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph import rerun
@@ -107,13 +92,6 @@ AUTO_LEAST_S = 0.5
 # rebuilding the pipeline and its last round's check take the rest (up to a
 # fifth of the budget was seen beyond it).
 AUTO_PLANNED_SHARE = 0.75
-# A copy of the process that times the fixes (`_util.forked_call`) is killed
-# after this share of the budget and these seconds more: the timing itself
-# ends within the budget (up to a fifth beyond it was seen); later, the copy
-# has hung (on a lock another thread held when it was made, or on a queue
-# that a thread of training's process fills).
-_FORK_TIMEOUT_SHARE = 1.5
-_FORK_SLACK_S = 3.0
 # In-memory arrays a pipeline may hold to be rebuilt and timed: rebuilding
 # copies them (about 10 ms per MB here), after training, in the user's memory.
 MAX_IN_MEMORY_BYTES = 256 * 2**20
@@ -183,9 +161,9 @@ class FixTiming:
             batches ahead (a prefetch, written or injected, or a parallel
             stage), so a batch is prepared while a step computes.
         overlapped_after: the same with the change.
-        isolated: timed in a forked copy of the process, because the pipeline
-            keeps state (a Python function's, a random generator's) that a
-            run in training's process would move on.
+        reran_python: timed by running the pipeline's Python again in this
+            process, as the user asked (`allow_unverified=True`): its state
+            (a Python function's, a random generator's) may have moved on.
         read_back_only: a cache timed on passes that read it back, filled
             before them: the figures leave out the pass that fills it.
         replay: how what was timed stands in for a fix that cannot be made
@@ -213,7 +191,7 @@ class FixTiming:
     batches: int = 0
     overlapped_before: bool = False
     overlapped_after: bool = False
-    isolated: bool = False
+    reran_python: bool = False
     read_back_only: bool = False
     replay: str = ""
 
@@ -284,7 +262,6 @@ def time_fixes(
     allow_unverified: bool = False,
     reuse: Optional[DataReuse] = None,
     cpus: Optional[int] = None,
-    restarted: bool = False,
     min_pass_s: float = 0.0,
 ) -> List[FixTiming]:
     """Times the advised fixes that `kpt.tune`'s rewriter can make, each on its own.
@@ -297,21 +274,17 @@ def time_fixes(
         recommendations: the advice formed for the run.
         stats: the run's training `StepStats`, to size the timed passes.
         budget_s: about how long all the timing may take, in seconds.
-        allow_unverified: the pipeline's Python keeps no state between
-            calls: time the fixes in this process, also those that call it
-            from several threads. Otherwise a pipeline that keeps state (in
-            its Python, a `tf.random.Generator`) is timed in a forked copy
-            (`_util.forked_call`), where it moves in the copy only; without
-            `fork()` (not Linux), its fixes keep their bounds.
+        allow_unverified: the user vouches that the pipeline's Python can
+            run again (it keeps no state between calls, reads no queue or
+            feed): time its fixes in this process, also those that call it
+            from several threads. Otherwise a pipeline that runs Python or
+            keeps state (a `tf.random.Generator`) is not run again, and its
+            fixes are said not applicable.
         reuse: the fit's `DataReuse`: a cache in a fit that reads no element
             twice is not timed (it would never be read back).
         cpus: the CPUs the run may use (its `CpuBudget`): how many copies of
             a generator the replay of its fix reads at once; `None` reads the
             process's budget now.
-        restarted: training read the dataset to its end and started it over
-            (`fit` without `steps_per_epoch`, two epochs or more): a generator
-            in it restarts as a file would, and is read again in a forked
-            copy; otherwise only with `allow_unverified`.
         min_pass_s: the least a timed pass of a few batches should last, in
             seconds, as estimated from the steps (`timing.cpu_budget.quota_span_s` under a
             binding CPU quota).
@@ -329,8 +302,8 @@ def time_fixes(
         print(timing.change, timing.status, timing.batch_ms_before, timing.batch_ms_after)
     ```
     """
-    pipeline, candidates, skipped, untouchable, isolated = _candidates(
-        dataset, allow_unverified, budget_s, cpus or budget_cpus(None), restarted
+    pipeline, candidates, skipped, untouchable, reran_python = _candidates(
+        dataset, allow_unverified, budget_s, cpus or budget_cpus(None)
     )
     timings, wanted = _wanted(recommendations, candidates, skipped, untouchable, reuse)
     if not wanted:
@@ -339,25 +312,31 @@ def time_fixes(
     for timing, rewrite in wanted:
         timing.overlapped_before = overlapped
         timing.overlapped_after = overlapped or rewrite.kind == PREFETCH
-        timing.isolated = isolated
+        timing.reran_python = reran_python
     epochs, num_batches, cache_reason = _plan(dataset, stats, wanted, budget_s, min_pass_s)
     order = _timing_order(wanted, cache_reason)
     if not order:
         return timings
-    _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified, isolated)
+    _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified)
     return timings
 
 
-def _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified, isolated):
+def _time_in_order(dataset, order, budget_s, epochs, num_batches, allow_unverified):
     """Times each `(rewrite, its timings)` of `order` (`_time`); records the figures, or
     why there are none, on the timings."""
     rewrites = [rewrite for rewrite, _ in order]
     try:
-        timed = _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated)
-    except (ValueError, ForkedCallError) as limit:
-        # An epoch too long for the budget (an expected limit), or a copy of
-        # the process that did not answer: said per fix.
-        status = tune_results.NOT_MEASURED if isinstance(limit, ValueError) else tune_results.FAILED
+        timed = time_rewrites(
+            dataset,
+            rewrites,
+            budget_s,
+            epochs=epochs,
+            num_batches=num_batches,
+            allow_unverified=allow_unverified,
+        )
+    except ValueError as limit:
+        # An epoch too long for the budget (an expected limit): said per fix.
+        status = tune_results.NOT_MEASURED
         for _, found in order:
             for timing in found:
                 timing.status, timing.reason = status, _limit_reason(limit, budget_s)
@@ -403,37 +382,9 @@ def _timing_order(wanted, cache_reason: Optional[str]):
     return sorted(distinct.values(), key=lambda item: item[0].kind != CACHE)
 
 
-def _time(dataset, rewrites, budget_s, epochs, num_batches, allow_unverified, isolated):
-    """`time_rewrites`, in a forked copy of the process when `isolated`."""
-    timing_run = functools.partial(
-        time_rewrites,
-        dataset,
-        rewrites,
-        budget_s,
-        epochs=epochs,
-        num_batches=num_batches,
-        # In a copy of the process nothing the Python keeps reaches training.
-        allow_unverified=allow_unverified or isolated,
-    )
-    if not isolated:
-        return timing_run()
-    return forked_call(timing_run, copy_timeout_s(budget_s))
-
-
-def copy_timeout_s(budget_s: float) -> float:
-    """Seconds after which a copy of the process timing fixes within `budget_s` is killed.
-
-    Example:
-
-    >>> copy_timeout_s(10.0)
-    18.0
-    """
-    return _FORK_TIMEOUT_SHARE * budget_s + _FORK_SLACK_S
-
-
-def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int, restarted: bool):
+def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int):
     """`(pipeline, rewrites planned, rewrites skipped, why none can be timed or None,
-    whether to time them in a copy of the process)`."""
+    whether timing them runs the user's Python again)`."""
     # Rebuilding the pipeline from its graph copies the arrays it holds (a
     # source over `LIGHT_OVER_BYTES` is not copied: see `tune.rebuild`).
     cap_s = min(budget_s, MAX_IN_MEMORY_BYTES / COPY_BYTES_PER_S)
@@ -450,8 +401,8 @@ def _candidates(dataset, allow_unverified: bool, budget_s: float, cpus: int, res
     candidates, skipped = plan_rewrites(pipeline, allow_nondeterministic=True)
     replays, one_cpu = _generator_replays(pipeline, cpus)
     candidates, skipped = candidates + replays, skipped + one_cpu
-    untouchable, isolated = _rerun_plan(pipeline, allow_unverified, restarted)
-    return pipeline, candidates, skipped, untouchable, isolated
+    untouchable, reran_python = _rerun_plan(pipeline, allow_unverified)
+    return pipeline, candidates, skipped, untouchable, reran_python
 
 
 def _generator_replays(pipeline, cpus: int) -> Tuple[List[Rewrite], List[Skipped]]:
@@ -518,153 +469,31 @@ def _wanted(
     return timings, wanted
 
 
-def measured_gain(
-    timing: FixTiming, bound: Optional[ExpectedGain], reuse: Optional[DataReuse] = None
-) -> Optional[ExpectedGain]:
-    """The step gain a timed fix predicts, by the rule in this module's docstring.
-
-    Args:
-        timing: the `FixTiming`; `None` is returned unless it was measured.
-        bound: the run's bound (`free_input_gain`, or the what-if replay's):
-            its `step_ms` is the step time now, its `step_ms_after` the
-            compute time a step cannot go below.
-        reuse: the fit's `DataReuse`: a cache timed on its read-back passes
-            only (`read_back_only`) gains over the fit what those passes gain
-            after its first pass, which fills it at today's speed.
-
-    Returns:
-        An `ExpectedGain` with basis "measured" whose `likely_speedup` (and
-        `speedup`) is the predicted step gain, the bound said in its
-        statement; or `None`.
-
-    Example:
-
-    >>> bound = ExpectedGain(speedup=10.0, step_ms=41.0, step_ms_after=1.0)
-    >>> timing = FixTiming("sequential-map", "map(f)", "MapDataset/_3", "map(f, ...)",
-    ...                    "measured", batch_ms_before=40.0, batch_ms_after=10.0,
-    ...                    overlapped_before=True, overlapped_after=True)
-    >>> measured_gain(timing, bound).likely_speedup
-    4.0
-    """
-    if not timing.measured or bound is None or bound.step_ms is None:
-        return None
-    compute, before, after, freed = _step_model(timing, bound)
-    if before <= 0 or after <= 0:
-        return None
-    likely = before / after
-    capped = bound.speedup is not None and likely > bound.speedup
-    if capped:
-        likely = bound.speedup
-    statement = f"{pass_statement(timing)} {_rule(timing, compute, before, after)}"
-    if freed:
-        statement += (
-            " (now: the fit's measured step, as a cache read back also frees the CPU its "
-            "stages took beside the steps, all but the share its batches still take)"
-        )
-    if likely < 1.0:
-        statement += f": {1.0 / likely:.2f}x slower."
-    else:
-        statement += f": {likely:.2f}x faster."
-    if capped:
-        statement += (
-            f" Capped at the measured bound of {bound.speedup:.2f}x (steps no faster "
-            "than their compute)."
-        )
-    elif bound.speedup is not None:
-        statement += f" (The bound, steps as fast as their compute: {bound.speedup:.2f}x.)"
-    if timing.read_back_only:
-        likely, filling = _with_fill(likely, reuse)
-        statement += filling
-    if timing.replay:
-        statement += " " + timing.replay
-    return ExpectedGain(
-        speedup=likely,
-        step_ms=bound.step_ms,
-        step_ms_after=bound.step_ms / likely,
-        basis=MEASURED,
-        statement=statement,
-        likely_speedup=likely,
-        timed="a replay of the change" if timing.replay else ExpectedGain.timed,
-        # Batches well under the compute (by the timing's noise, a fifth):
-        # the figure is the fit's step over its compute, not the passes'.
-        reaches_compute=freed and timing.batch_ms_after * LEAST_MEASURED_GAIN <= compute,
-    )
-
-
-def pass_statement(timing: FixTiming) -> str:
-    """What a measured fix's timed passes read, in a sentence.
-
-    Example:
-
-    >>> pass_statement(FixTiming("sequential-map", "map(f)", None, "map(f, ...)", "measured",
-    ...                          batch_ms_before=4.0, batch_ms_after=1.0, rounds=3, batches=20))
-    'Timed after training on the pipeline alone (3 side-by-side rounds of 20 batches): a \
-batch every 4.00 ms as written, every 1.00 ms with map(f, ...).'
-    """
-    where = ", in a copy of the process that left training's state as it was"
-    return (
-        f"Timed after training on the pipeline alone{where if timing.isolated else ''} "
-        f"({timing.rounds} side-by-side rounds of {timing.batches} batches): a batch every "
-        f"{timing.batch_ms_before:.2f} ms as written, every {timing.batch_ms_after:.2f} ms "
-        f"with {timing.change}."
-    )
-
-
-def _with_fill(steady: float, reuse: Optional[DataReuse]) -> Tuple[float, str]:
-    """A cache's read-back gain over the fit, its first pass at today's speed, and the words."""
-    said = " That is the gain of the passes that read the cache back"
-    if reuse is None or reuse.repeats is None or reuse.passes is None:
-        return steady, said + "; how many passes this fit makes is not known."
-    likely = reuse.fit_speedup(steady)
-    return likely, (
-        f"{said}; over the fit's {reuse.passes:.1f} passes, the first at today's speed "
-        f"to fill it: {likely:.2f}x faster."
-    )
-
-
-def untimed_statement(timing: FixTiming) -> str:
-    """A sentence saying why a fix was not timed, for its gain's statement.
-
-    Example:
-
-    >>> untimed_statement(FixTiming("cache-missing", "map(f)", None, "", "not measured",
-    ...                             "the budget was spent"))
-    'The change was not timed (not measured: the budget was spent), so the figure stays a bound.'
-    """
-    return (
-        f"The change was not timed ({timing.status}: {timing.reason.rstrip('.')}), so the "
-        "figure stays a bound."
-    )
-
-
 # Helpers.
 
 
-def _rerun_plan(pipeline, allow_unverified: bool, restarted: bool) -> Tuple[Optional[str], bool]:
-    """`(why the pipeline cannot be timed after training or None, whether in a copy)`.
+def _rerun_plan(pipeline, allow_unverified: bool) -> Tuple[Optional[str], bool]:
+    """`(why the pipeline cannot be timed after training or None, whether its Python runs again)`.
 
     A shuffle or random ops are no reason: every timed pass reads a rebuild
     with seed generators of its own (`TuningSession.build`), so the dataset
-    itself shuffles and draws on as it would have. State the process keeps
-    (a Python function's, a `tf.random.Generator`'s) is left behind by timing
-    in a forked copy; a source another reader would take from is not, except
-    a generator that training itself read to its end and started over
-    (`restarted`): one that reads files or data, not a feed.
+    itself shuffles and draws on as it would have. The user's Python (a
+    generator, a `py_function`) and state the process keeps (a
+    `tf.random.Generator`) are: they run again only when the user vouches for
+    them (`allow_unverified`), and a source another reader takes from (a
+    queue) never.
     """
-    hazard = rerun.rerun_hazard(pipeline, allow_python=allow_unverified)
+    hazard = rerun.rerun_hazard(pipeline, allow_python=False)
     if hazard is None:
         return None, False
-    shared = rerun.shared_source(pipeline, allow_python=restarted)
-    no_fork = fork_unavailable()
-    if shared is None and no_fork is None:
+    if allow_unverified and rerun.rerun_hazard(pipeline, allow_python=True) is None:
         return None, True
     why = f"the pipeline is not run again after training: {hazard}"
-    if shared is None:
-        why += f" ({no_fork})"
-    elif rerun.shared_source(pipeline, allow_python=True) is None:
+    if rerun.shared_source(pipeline, allow_python=True) is None:
         why += (
-            "; pass allow_unverified=True to PipelineTuner if the generator can be read again "
-            "(it reads data or files, no queue or feed)"
+            "; pass measure_fixes=True and allow_unverified=True to PipelineTuner to time it "
+            "in this process, if its Python can run again (it reads data or files, no queue "
+            "or feed)"
         )
     return why, False
 
@@ -821,44 +650,3 @@ def _record(timing: FixTiming, rewrite, item, epochs: int) -> None:
     # Passes of a few batches read a cache filled before them: the fit's
     # first pass, which fills it, is counted in `measured_gain`.
     timing.read_back_only = rewrite.kind == CACHE and epochs == 1
-
-
-def _step_model(timing: FixTiming, bound: ExpectedGain) -> Tuple[float, float, float, bool]:
-    """`(compute, step now, step after, whether "now" is the fit's measured step)`, in ms."""
-    compute = bound.step_ms_after or 0.0
-    before = _step_ms(compute, timing.batch_ms_before, timing.overlapped_before)
-    after = _step_ms(compute, timing.batch_ms_after, timing.overlapped_after)
-    # A cache read back also frees the CPU its stages took beside the steps,
-    # which the pipeline timed alone does not show: the step now is the one
-    # the fit measured (a cache of an expensive map at 6-8 % input timed 1.00x
-    # by the rule alone, where following it delivered 1.11-1.25x). What its
-    # batches still take (the stages after it) keeps its share of that CPU.
-    freed = timing.read_back_only and bound.step_ms > before
-    if freed:
-        kept = timing.batch_ms_after / max(timing.batch_ms_before, timing.batch_ms_after)
-        before, after = bound.step_ms, after + (bound.step_ms - before) * kept
-    return compute, before, after, freed
-
-
-def _step_ms(compute: float, batch: float, overlapped: bool) -> float:
-    return max(compute, batch) if overlapped else compute + batch
-
-
-def _rule(timing: FixTiming, compute: float, before: float, after: float) -> str:
-    if timing.overlapped_before:
-        how = (
-            "The pipeline's last stage runs ahead of the consumer (a prefetch or a parallel "
-            "stage), so the next batch is prepared while a step computes: a step takes "
-            "about max(compute, batch)"
-        )
-    elif timing.overlapped_after:
-        how = (
-            "Without a prefetch a step takes about compute + batch, and with it about "
-            "max(compute, batch)"
-        )
-    else:
-        how = (
-            "Without a prefetch at the end the next batch is prepared only after a step "
-            "ends: a step takes about compute + batch"
-        )
-    return f"{how}; with {compute:.2f} ms of compute, {before:.2f} ms now and {after:.2f} ms after"

@@ -292,7 +292,7 @@ def replay_after_fit(
         traced_step: fit's timed training function, traced already
             (`FitTiming.traced_train_step()`), or `None` to trace one.
         batches: a `tf.data.Dataset` of a few of the pipeline's batches to
-            replay (`forked_batches.replayable`), or `None` for fit's data.
+            replay, or `None` for fit's data.
 
     Returns:
         A `WhatIfResult` whose real-pipeline figures are the training's.
@@ -342,13 +342,6 @@ CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
     "which the input pipeline shares), on the trained model, with its weights, "
     "optimizer, metric and random seed state restored afterwards"
-)
-
-FLOOR_METHOD = (
-    "replay after training, for the timed fixes' floor, on a few batches the pipeline "
-    "gave in a forked copy of the process (its Python ran there only), against the "
-    "training's steps; the trained model's weights, optimizer, metric and random seed "
-    "state restored afterwards"
 )
 
 

@@ -3,16 +3,18 @@
 - the what-if replay (`what_if=True`) or, on its own on the CPU, the contention
   check: the model's compiled step on replayed batches (TensorFlow backend,
   fit only: a custom loop does not hand the tuner its model's step; see
-  `run.replay_probe`);
-- Grain's stage timing, on a Grain dataset the run waited for;
+  `after_training.replay_probe`);
 - the timing of the advised fixes (`measure_fixes`), on the tf.data dataset fit
-  was given or the loop iterated through `tuner.iterate`, or a PyDataset's
-  advised workers; where the pipeline keeps state of its own (its Python, a
-  `tf.random.Generator`), in a forked copy of the process (`_util.forked_call`).
+  was given or the loop iterated through `tuner.iterate`, where its stages are
+  TensorFlow ops;
+- only when the user asks (`ProbeSettings.reruns_python`): the fixes of a
+  pipeline that runs Python, a PyDataset's advised workers and Grain's stage
+  timing, which run the user's Python again, in this process.
 
 Each probe that does not run says why in the report, where the user asked for it
-or would expect it. None reads from the iterator training used or moves state a
-later fit sees (see `pipeline.rerun` and `instrumentation.what_if_replay`).
+or would expect it. None reads from the iterator training used, copies the
+process, or moves state a later fit sees (see `pipeline.rerun` and
+`after_training.what_if_replay`).
 """
 
 import logging
@@ -21,12 +23,12 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
-from keras_pipeline_tuner.advice import fix_timing
-from keras_pipeline_tuner.advice import py_dataset_timing
+from keras_pipeline_tuner.after_training import fix_timing
+from keras_pipeline_tuner.after_training import py_dataset_timing
+from keras_pipeline_tuner.after_training.replay_probe import ReplayProbe
+from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
-from keras_pipeline_tuner.run.probe_settings import ProbeSettings
-from keras_pipeline_tuner.run.replay_probe import ReplayProbe
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_budget import quota_span_s
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
@@ -63,7 +65,6 @@ class AfterTraining:
         dataset=None,
         traced_step=None,
         py_dataset=None,
-        new_iterator_each_epoch: bool = False,
     ) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
 
@@ -77,15 +78,13 @@ class AfterTraining:
                 (`FitTiming.traced_train_step()`), which the replay reuses
                 rather than trace the step again; `None` traces its own.
             py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
-            new_iterator_each_epoch: fit started each epoch on a new iterator
-                of `dataset` (it was given no `steps_per_epoch`).
         """
         self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
         self._grain_stages(run)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
         else:
-            self._fix_timing(run, dataset, new_iterator_each_epoch and run.clock.ended_epochs() > 1)
+            self._fix_timing(run, dataset)
 
     # Grain.
 
@@ -96,6 +95,8 @@ class AfterTraining:
         on (see `profiling.grain_stages`), names the slowest stage and adds the
         finding about it. Only for a run the report judges input-bound:
         otherwise no stage limits training and the pass would cost for nothing.
+        It runs the user's transformations again: only when the user asks
+        (`ProbeSettings.reruns_python`); otherwise the report says so.
         """
         dataset, run.grain_dataset = run.grain_dataset, None
         if dataset is None or not self.guard.enabled(features.GRAIN_STAGES):
@@ -105,6 +106,13 @@ class AfterTraining:
             # would look for the stage that holds the wait.
             run.flush_rows()
             if not run.report().verdict.input_bound:
+                return
+            if not self.settings.reruns_python:
+                run.notes.append(
+                    "Grain's stage timing did not run: it reads the dataset again, which runs "
+                    "your transformations again; PipelineTuner(measure_fixes=True, "
+                    "allow_unverified=True) asks for it."
+                )
                 return
             # The user's Python in the pipeline may draw from the global
             # generators: their next draws stay as without the tuner.
@@ -140,11 +148,8 @@ class AfterTraining:
             return fix_timing.auto_budget(run.cost.cost().fit_s) >= fix_timing.AUTO_LEAST_S
         return True
 
-    def _fix_timing(self, run, dataset, restarted: bool) -> None:
-        """Times the advised fixes on the dataset training read (`measure_fixes`).
-
-        `restarted`: training read the dataset to its end and started it over.
-        """
+    def _fix_timing(self, run, dataset) -> None:
+        """Times the advised fixes on the dataset training read (`measure_fixes`)."""
         asked_s = self.settings.measure_fixes_s
         if asked_s == 0.0 or not self.guard.enabled(features.FIX_TIMING):
             return
@@ -177,15 +182,18 @@ class AfterTraining:
                     report.recommendations,
                     report.train,
                     budget_s,
-                    self.settings.allow_unverified,
+                    self.settings.reruns_python,
                     report.reuse,
                     cpus=budget_cpus(report.cpu),
-                    restarted=restarted,
                     min_pass_s=quota_span_s(report.cpu and report.cpu.budget),
                 )
 
     def _py_dataset_timing(self, run, py_dataset) -> None:
-        """Times a PyDataset's advised workers (`measure_fixes`), in a copy of the process."""
+        """Times a PyDataset's advised workers, when the user asked (`reruns_python`).
+
+        The passes call its `__getitem__` again, in this process; by default
+        the advice predicts the change from the calls timed in training.
+        """
         import keras
 
         asked_s = self.settings.measure_fixes_s
@@ -194,6 +202,14 @@ class AfterTraining:
         with self.guard(features.FIX_TIMING):
             report = run.built_report()
             if report is None or not report.verdict.input_bound:
+                return
+            if not self.settings.reruns_python:
+                if asked_s is not None:
+                    run.notes.append(
+                        "measure_fixes timed no PyDataset workers: that calls your "
+                        "__getitem__ again after training; pass allow_unverified=True too "
+                        "if it can run again (it reads data or files, no queue or feed)."
+                    )
                 return
             with run.cost.part(tuner_cost.FIX_TIMING):
                 budget_s = self._fix_timing_budget(run, asked_s)

@@ -9,9 +9,12 @@ adapter with the PyDataset as written and with the advised workers, in
 alternating rounds, medians.
 
 `__getitem__` is the user's Python, which may keep state (an index of its
-own, a NumPy generator, `on_epoch_end`'s shuffle): the passes run in a forked
-copy of the process (`_util.forked_call`), so none of it moves in training's.
-A pass reads its batches from index 0, as an epoch does.
+own, a NumPy generator, `on_epoch_end`'s shuffle): the passes run it again, in
+this process, so they run only when the user asks (`measure_fixes=True` with
+`allow_unverified=True`, see `after_training.probes`). Otherwise the advice
+predicts the change's gain from `__getitem__`'s calls timed during training.
+A pass reads its batches from index 0, as an epoch does; the PyDataset's
+`workers` is put back as it was after the passes.
 
 Keras' TensorFlow backend prefetches a PyDataset read by one worker (a
 `prefetch` after `from_generator`), so a batch is loaded while a step
@@ -26,13 +29,9 @@ from typing import Iterable
 from typing import List
 from typing import Optional
 
-from keras_pipeline_tuner._util.forked_call import ForkedCallError
-from keras_pipeline_tuner._util.forked_call import fork_unavailable
-from keras_pipeline_tuner._util.forked_call import forked_call
-from keras_pipeline_tuner.advice.fix_timing import FixTiming
-from keras_pipeline_tuner.advice.fix_timing import copy_timeout_s
-from keras_pipeline_tuner.advice.fix_timing import delivered_batch_s
 from keras_pipeline_tuner.advice.recommendation import Recommendation
+from keras_pipeline_tuner.after_training.fix_timing import FixTiming
+from keras_pipeline_tuner.after_training.fix_timing import delivered_batch_s
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
 from keras_pipeline_tuner.pipeline.lint.keras_inputs import ADVISED_WORKERS
 from keras_pipeline_tuner.pipeline.tune import results as tune_results
@@ -61,8 +60,9 @@ def time_workers(
 ) -> List[FixTiming]:
     """Times the advised `workers` of a PyDataset against it as written.
 
-    Runs the PyDataset's `__getitem__` for about `budget_s` seconds, in a
-    forked copy of the process; the model is not involved.
+    Runs the PyDataset's `__getitem__` again, in this process, for about
+    `budget_s` seconds; the model is not involved. Only for a user who asked
+    (`allow_unverified=True`): its Python may keep state.
 
     Args:
         py_dataset: the `keras.utils.PyDataset` fit was given.
@@ -99,13 +99,8 @@ def time_workers(
         "",
         overlapped_before=backend == "tensorflow",
         overlapped_after=True,
-        isolated=True,
+        reran_python=True,
     )
-    why_not = fork_unavailable()
-    if why_not is not None:
-        timing.status = tune_results.NOT_APPLICABLE
-        timing.reason = f"the PyDataset's Python is not run again after training: {why_not}"
-        return [timing]
     num_batches = _pass_batches(py_dataset, stats, budget_s, min_pass_s)
     if num_batches is None:
         timing.status = tune_results.NOT_APPLICABLE
@@ -118,16 +113,10 @@ def time_workers(
 
 
 def _measure(timing: FixTiming, py_dataset, num_batches: int, budget_s: float) -> None:
-    """Runs the side-by-side passes in a copy of the process; records them in `timing`."""
+    """Runs the side-by-side passes; records them in `timing`."""
     try:
-        passes = forked_call(
-            lambda: _side_by_side(py_dataset, num_batches, time.perf_counter() + budget_s),
-            copy_timeout_s(budget_s),
-        )
-    except ForkedCallError as error:
-        timing.status, timing.reason = tune_results.FAILED, str(error)
-        return
-    except Exception as error:  # noqa: BLE001 - the user's __getitem__ raised, in the copy.
+        passes = _side_by_side(py_dataset, num_batches, time.perf_counter() + budget_s)
+    except Exception as error:  # noqa: BLE001 - the user's __getitem__ raised.
         timing.status, timing.reason = tune_results.FAILED, f"{type(error).__name__}: {error}"
         return
     rounds = min(len(passes[AS_WRITTEN]), len(passes[ADVISED]))
@@ -163,17 +152,20 @@ def _pass_batches(
 
 
 def _side_by_side(py_dataset, num_batches: int, deadline: float) -> Dict[str, List[float]]:
-    """In the copy: passes as written and with the advised workers, alternated, to the deadline."""
+    """Passes as written and with the advised workers, alternated, to the deadline."""
     written = py_dataset.workers
     sides = {AS_WRITTEN: written, ADVISED: ADVISED_WORKERS}
     times: Dict[str, List[float]] = {AS_WRITTEN: [], ADVISED: []}
-    for round_index in range(_MAX_ROUNDS):
-        order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
-        for side in order:
-            if time.perf_counter() > deadline:
-                return times
-            py_dataset.workers = sides[side]
-            times[side].append(_timed_pass(py_dataset, num_batches))
+    try:
+        for round_index in range(_MAX_ROUNDS):
+            order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+            for side in order:
+                if time.perf_counter() > deadline:
+                    return times
+                py_dataset.workers = sides[side]
+                times[side].append(_timed_pass(py_dataset, num_batches))
+    finally:
+        py_dataset.workers = written
     return times
 
 

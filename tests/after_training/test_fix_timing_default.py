@@ -11,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops import testing
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.advice import fix_timing
+from keras_pipeline_tuner.after_training import fix_timing
 
 SLEEP_US = 2000
 

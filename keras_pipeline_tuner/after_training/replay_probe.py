@@ -1,12 +1,13 @@
 """The replay after training: `what_if=True`, or the contention check, which also floors the fixes.
 
 The model's compiled step replayed on a few cached batches times the step with
-input free (`instrumentation.what_if_replay`). Asked for (`what_if`), it is the
+input free (`after_training.what_if_replay`). Asked for (`what_if`), it is the
 what-if replay; on its own on the CPU, the contention check, which counts what
 the pipeline's threads take from the step and, before the advised fixes of an
 input-bound fit are timed, measures the floor their figures are capped at.
-Where the pipeline runs Python that may keep state, that floor is the step
-replayed on batches a forked copy of the process read (`forked_batches`).
+A pipeline that runs Python or keeps state is not run again for either
+(`pipeline.graph.rerun`): the wait decides, and the fixes' figures are capped
+at the compute measured in training.
 """
 
 import time
@@ -16,15 +17,13 @@ from typing import Tuple
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
-from keras_pipeline_tuner.advice import fix_timing
 from keras_pipeline_tuner.advice import verdict
-from keras_pipeline_tuner.instrumentation import forked_batches
-from keras_pipeline_tuner.instrumentation import what_if_replay
+from keras_pipeline_tuner.after_training import fix_timing
+from keras_pipeline_tuner.after_training import what_if_replay
+from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.pipeline.graph import rerun
-from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
 from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
 from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
-from keras_pipeline_tuner.run.probe_settings import ProbeSettings
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_usage import throttled
@@ -150,8 +149,9 @@ class ReplayProbe:
             if heavy is not None:
                 run.notes.append(f"{skipped}{heavy}. The wait decides.")
                 return
-            if fixes_due and rerun.dataset_rerun_hazard(dataset) is not None:
-                self._floor_in_a_copy(run, model, traced_step, dataset, plan, cap_s)
+            hazard = rerun.dataset_rerun_hazard(dataset)
+            if hazard is not None:
+                run.notes.append(f"{skipped}the pipeline is not run again: {hazard}.")
                 return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
@@ -189,45 +189,6 @@ class ReplayProbe:
             # is under a second): a floor with no timed fix bounds nothing.
             cap_s = max(min(cap_s, fix_s - fix_timing.AUTO_LEAST_S), 0.0)
         return cap_s, cap_s / what_if_replay.CONTENTION_BUDGET_SHARE
-
-    def _floor_in_a_copy(self, run, model, traced_step, dataset, plan, cap_s: float) -> None:
-        """The fixes' floor of a pipeline that runs Python: the step on batches read in a copy.
-
-        The contention check would run such a pipeline again here and move its
-        Python's state (`pipeline.graph.rerun`). The step alone, replayed on a
-        few batches a forked copy of the process read (`forked_batches`),
-        still measures the floor the fixes' figures are capped at, against
-        training's steps rather than the pipeline's run again.
-        """
-        began = time.monotonic()
-        if plan.estimate_s > tuner_cost.ANNOUNCE_S:
-            self.announce(f"replaying the step for the fixes' floor: up to {cap_s:.1f} s")
-        with self.guard(features.CONTENTION_CHECK), run.cost.part(tuner_cost.FIX_FLOOR):
-            try:
-                found = forked_batches.read_in_a_copy(
-                    dataset,
-                    what_if_replay.CONTENTION_CACHED_BATCHES,
-                    int(COPY_BYTES_PER_S * cap_s),
-                    cap_s,
-                )
-                # Both sides of the check's steps, as the step alone: within the
-                # cap, less what the copy took.
-                left_s = cap_s - (time.monotonic() - began)
-                steps = min(2 * plan.steps, int(left_s / plan.step_s) if plan.step_s else 0)
-                if steps < 2 * what_if_replay.CONTENTION_MIN_TIMED:
-                    raise forked_batches.BatchesUnavailable(
-                        f"Reading its batches in a copy of the process took "
-                        f"{time.monotonic() - began:.1f} s of its {cap_s:.1f} s cap."
-                    )
-                batches = forked_batches.replayable(found, dataset.element_spec)
-                floor = what_if_replay.replay_after_fit(
-                    model, steps, run.clock.stats(TRAIN), traced_step, batches
-                )
-            except (forked_batches.BatchesUnavailable, what_if_replay.ReplayUnsupported) as why:
-                run.notes.append(f"The replay for the fixes' floor did not run. {why}")
-                return
-            floor.method = what_if_replay.FLOOR_METHOD
-            run.what_if = floor
 
     def _replay_blocker(self, run, model) -> Optional[str]:
         if model is None:
