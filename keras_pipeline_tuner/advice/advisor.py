@@ -7,7 +7,11 @@ Three kinds of evidence reach it, each from its own module:
   input time;
 - the pipeline inspection's `Finding`s: where the pipeline departs from the
   tf.data performance guide, with the code to write instead;
-- optionally, a what-if replay's `WhatIfResult`: the step time with input free.
+- optionally, a what-if replay's `WhatIfResult`: the step time with input free;
+- the user's Python calls timed during training (`UserCallTiming`): what a
+  generator, a `py_function` or a PyDataset's `__getitem__` costs a step, which
+  names the slow stage where no profile did and predicts a change's gain
+  (`python_stages`).
 
 Every recommendation names the evidence it rests on, and states its expected
 gain from measurement. The step clock gives compute time, and if input were
@@ -23,7 +27,8 @@ Rules, in rank order:
    bottleneck", and apart from that only errors (findings that mean the model
    sees wrong data): no speed advice.
 2. Otherwise, a finding about the stage the profiler names as the bottleneck
-   ranks first; when no finding is about that stage, the bottleneck itself is
+   (or, without a profile, the Python stage that takes most of the wait, as
+   timed during training) ranks first; when no finding is about that stage, the bottleneck itself is
    recommended, with the change that usually speeds up a stage of its kind.
 3. Then errors, then the other findings: warnings before infos, larger gains first.
 4. An input-bound job whose bottleneck no profile named is also told how to
@@ -48,6 +53,7 @@ from typing import Optional
 from typing import Tuple
 
 from keras_pipeline_tuner.advice import cpu_limits
+from keras_pipeline_tuner.advice import python_stages
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice import timed_gains
 from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
@@ -63,6 +69,7 @@ from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
+from keras_pipeline_tuner.advice.recommendation import USER_CALLS
 from keras_pipeline_tuner.advice.recommendation import Evidence
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
@@ -81,6 +88,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
+from keras_pipeline_tuner.pipeline.lint.keras_inputs import ADVISED_WORKERS
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.cpu_usage import throttled
@@ -91,6 +99,7 @@ from keras_pipeline_tuner.timing.step_stats import format_ms
 if TYPE_CHECKING:
     from keras_pipeline_tuner.advice.data_reuse import DataReuse
     from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
+    from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
@@ -99,6 +108,9 @@ if TYPE_CHECKING:
 
 
 _SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+# A Python stage whose calls take this share of the steps' wait is what they
+# wait for (where no profile named a stage).
+PYTHON_BOTTLENECK_SHARE = 0.5
 _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
 # The changes whose gain the stage's profiled time predicts.
 PARALLEL = "parallel calls"
@@ -177,6 +189,7 @@ def advise(
     judgement: Optional[Judgement] = None,
     fix_timings: Iterable["fix_timing.FixTiming"] = (),
     reuse: Optional["DataReuse"] = None,
+    user_calls: Iterable["UserCallTiming"] = (),
 ) -> List[Recommendation]:
     """Ranks what to change, from the evidence gathered for one run.
 
@@ -207,6 +220,10 @@ def advise(
         reuse: the fit's `DataReuse` (see `advice.data_reuse`): a cache in a
             fit that reads no element twice gets no gain, and one that does
             counts its filling pass over the fit's passes.
+        user_calls: the user's Python calls timed during training
+            (`Report.user_calls`): a stage that takes most of the wait is
+            named the bottleneck where no profile named one, and a change to
+            it gets a gain predicted from them (`python_stages`).
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -226,6 +243,7 @@ def advise(
     quota_throttled = throttled(cpu)
     run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, quota_throttled)
     run.reuse = reuse
+    run.name_python_bottleneck(python_stages.stage_costs(user_calls, stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
     run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
@@ -250,8 +268,7 @@ def advise(
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:
     """The input-bound run's recommendations in rank order (see the module's rules)."""
-    profile = run.profile
-    bottleneck = profile.bottleneck if profile is not None else None
+    bottleneck = run.bottleneck
     at_bottleneck, errors, others = _by_place(run, findings)
     input_bound = run.verdict.input_bound
     ranked = sorted(at_bottleneck, key=lambda item: _bottleneck_key(item, run))
@@ -279,12 +296,10 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
 
 
 def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
-    """The findings' recommendations: at the profiled bottleneck, errors, the others."""
-    profile = run.profile
-    bottleneck = profile.bottleneck if profile is not None else None
+    """The findings' recommendations: at the bottleneck, errors, the others."""
     at_bottleneck, errors, others = [], [], []
     for finding in findings:
-        if bottleneck and _is_bottleneck(profile, finding.stage, _node(finding)):
+        if run.at_bottleneck(finding.stage, _node(finding)):
             at_bottleneck.append(_from_finding(run, finding))
         elif _severity(finding) == "error":
             errors.append(_from_finding(run, finding))
@@ -460,6 +475,34 @@ class _Run:
         self.judgement = judgement
         self.verdict = judgement.verdict
         self.bound = input_free_gain(stats, what_if, judgement, throttled)
+        self.python: List[python_stages.PythonStageCost] = []
+        # The stage the steps wait for: the profile's, else the user's Python's.
+        self.bottleneck = profile.bottleneck if profile is not None else None
+        self.bottleneck_node = profile.bottleneck_node if profile is not None else None
+        self.bottleneck_by = PROFILER if self.bottleneck else None
+
+    def name_python_bottleneck(self, costs: List[python_stages.PythonStageCost]) -> None:
+        """Keeps the Python stages' costs; names the bottleneck from them where no profile did.
+
+        The costliest stage is the bottleneck when its calls take at least
+        `PYTHON_BOTTLENECK_SHARE` of the step's wait: the steps wait for it.
+        """
+        self.python = costs
+        wait_ms = self.stats.input_wait.mean_ms
+        if self.bottleneck or not costs or not wait_ms:
+            return
+        if costs[0].step_ms >= PYTHON_BOTTLENECK_SHARE * wait_ms:
+            self.bottleneck, self.bottleneck_by = costs[0].stage, USER_CALLS
+
+    def at_bottleneck(self, stage: Optional[str], node: Optional[str] = None) -> bool:
+        """Whether `stage` (at graph `node`) is the stage the steps wait for."""
+        if not self.bottleneck:
+            return False
+        return _same(self.bottleneck, self.bottleneck_node, stage, node)
+
+    def python_cost(self, stage: Optional[str]):
+        """The `PythonStageCost` of `stage`, or `None`."""
+        return python_stages.cost_of(self.python, _same_stage, stage)
 
 
 def input_free_gain(
@@ -620,10 +663,10 @@ def _find_the_bottleneck(run: _Run) -> Recommendation:
 
 
 def _bottleneck_stage(run: _Run) -> Recommendation:
-    stage = run.profile.bottleneck
+    stage, node = run.bottleneck, run.bottleneck_node
     kind, function = _parse_stage(stage)
     reason, fix = _STAGE_FIXES.get(kind, _GENERIC_FIX)
-    written = _pipeline_stage(run, run.profile.bottleneck_node)
+    written = _pipeline_stage(run, node)
     if written is not None and written.made_by in _KERAS_DIRECTORY_UTILITIES:
         # Keras' own loader: the user's call is what can change, not its lambda.
         reason, fix = keras_made.cache_advice(run.pipeline, written)
@@ -639,22 +682,34 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
         change = PARALLEL
     elif "num_parallel_calls" in fix:
         change = SPREAD
-    gain = _stage_gain(run, stage, change, run.profile.bottleneck_node)
+    gain = _stage_gain(run, stage, change, node)
     if change == CACHE:
         # A cache gains only where the fit reads its elements again.
         gain = _cache_gain(run, gain)
+    named_by = (
+        "the profiler names it" if run.bottleneck_by == PROFILER
+        else "your Python in it takes most of the steps' wait, timed during training, so it is"
+    )
     return Recommendation(
         id=BOTTLENECK_STAGE,
-        title=f"Speed up {stage}: the profiler names it the input pipeline's bottleneck",
+        title=f"Speed up {stage}: {named_by} the input pipeline's bottleneck",
         severity="warning",
-        evidence=_profile_evidence(run.profile, stage, run.profile.bottleneck_node)
-        + run.clock_evidence,
+        evidence=_stage_evidence(run, stage, node) + run.clock_evidence,
         fix=fix.format(function=function or "fn", stage=stage),
         expected_gain=gain,
         stage=stage,
         reason=reason,
-        stage_node=run.profile.bottleneck_node,
+        stage_node=node,
     )
+
+
+def _stage_evidence(run: _Run, stage, node=None) -> List[Evidence]:
+    """What the profile and the user's Python timed in training say of `stage`."""
+    evidence = _profile_evidence(run.profile, stage, node) if run.profile is not None else []
+    cost = run.python_cost(stage)
+    if cost is not None:
+        evidence.append(Evidence(USER_CALLS, cost.sentence()))
+    return evidence
 
 
 def _pipeline_stage(run: _Run, node: Optional[str]):
@@ -696,8 +751,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
     gain = None
     # An error is about what the model sees: no speed is claimed for fixing it.
     if _severity(finding) != "error":
-        if run.profile is not None:
-            evidence += _profile_evidence(run.profile, finding.stage, _node(finding))
+        evidence += _stage_evidence(run, finding.stage, _node(finding))
         evidence += run.clock_evidence
         cached_after = _cache_after(run.pipeline, _node(finding))
         if cached_after is not None:
@@ -732,6 +786,11 @@ def _stage_gain(
     `change` is PARALLEL for AUTOTUNE parallel calls of a sequential map, CACHE
     for a cache after the stage, `None` for any other change (no prediction).
     """
+    cost = run.python_cost(stage)
+    if cost is not None and change is not None and run.bound is not None:
+        # Its own calls, timed in training, say what it costs a step: a
+        # prediction from them, whatever a profile's share would bound.
+        return _python_gain(run, cost, change, _within_cores if change == PARALLEL else None)
     gain, stage_ms = _stage_share_gain(run, stage, node)
     if change == PARALLEL:
         gain = _within_cores(run, gain)
@@ -748,6 +807,58 @@ def _stage_gain(
             f"{gain.statement} Predicted from the profiled stage ({stage_ms:.2f} ms a step"
             + (f" over {run.cpu_count} cores" if change != CACHE else ", served by the cache")
             + f"): a step of {after:.2f} ms, {predicted:.2f}x faster."
+        ),
+    )
+
+
+def _python_gain(run: _Run, cost, change: str, within=None) -> Optional[ExpectedGain]:
+    """The gain of `change` to a Python stage, predicted from its calls timed in training.
+
+    The ceiling is the stage's cost given back in full (never past the step
+    with input free); the prediction spreads it over the threads the change
+    runs it on (`python_stages.predicted_step_ms`): the cores for AUTOTUNE
+    parallel calls, `ADVISED_WORKERS` for a PyDataset's workers, none for a
+    cache read back.
+    """
+    bound = run.bound
+    step_ms, compute_ms = bound.step_ms, bound.step_ms_after or 0.0
+    if not step_ms:
+        return bound
+    ceiling_ms = max(compute_ms, step_ms - cost.step_ms)
+    gain = ExpectedGain(
+        step_ms / ceiling_ms,
+        step_ms,
+        ceiling_ms,
+        BOUND,
+        f"{cost.sentence()} Removing that time from the step would make it "
+        f"{ceiling_ms:.2f} ms instead of {step_ms:.2f} ms: at most "
+        f"{step_ms / ceiling_ms:.2f}x faster.",
+    )
+    if within is not None:
+        gain = within(run, gain)
+    threads = {PARALLEL: run.cpu_count, SPREAD: run.cpu_count, CACHE: python_stages.CACHED}
+    workers = threads.get(change)
+    if change == SPREAD and _parse_stage(cost.stage)[0] == kinds.PY_DATASET:
+        workers = ADVISED_WORKERS
+    if workers is None:
+        return gain
+    ahead = fix_timing.ends_ahead(run.pipeline) if run.pipeline is not None else False
+    after = python_stages.predicted_step_ms(step_ms, compute_ms, cost, workers, ahead)
+    if after is None:
+        return gain
+    predicted = min(step_ms / after, gain.speedup or math.inf)
+    spread = (
+        "served by a cache read back" if workers == python_stages.CACHED
+        else f"spread over {workers} threads, its {cost.cpu_share * 100:.0f} % in Python "
+        "computing still serial under the GIL"
+    )
+    return dataclasses.replace(
+        gain,
+        predicted_speedup=predicted,
+        statement=(
+            f"{gain.statement} Predicted from those calls timed during training, {spread}: "
+            f"a step of {after:.2f} ms, {predicted:.2f}x faster (a prediction: your Python "
+            "is not run again to measure it)."
         ),
     )
 

@@ -17,6 +17,8 @@ LINT = "pipeline inspection"
 REPLAY = "what-if replay"
 # The advised change itself, timed on the pipeline (`measure_fixes`).
 FIX_TIMING = "fix timing"
+# The user's own Python calls, timed where training made them.
+USER_CALLS = "your Python, timed during training"
 
 # The advisor's own recommendation ids (the others are findings' ids).
 NOT_THE_BOTTLENECK = "input-not-bottleneck"
@@ -53,7 +55,8 @@ class Evidence:
 
     Attributes:
         source: where it comes from: "step clock", "profiler",
-            "pipeline inspection", "what-if replay" or "fix timing".
+            "pipeline inspection", "what-if replay", "fix timing" or "your Python,
+            timed during training".
         detail: the fact, in one sentence with its numbers.
     """
 

@@ -5,11 +5,12 @@ for three whole epochs on a slow, input-bound source that, for every element it
 gives, appends a line to `LOG_FILE` and prints a line to standard output (left in
 Python's buffer: with stdout a pipe, as under nohup, Kubernetes or Slurm, a copy
 of the process would write it again). SOURCE is "generator" (a
-`tf.data.Dataset.from_generator`) or "py_dataset" (a `keras.utils.PyDataset`
-read by two threads). MODE is "plain" (an empty callback), "defaults"
-(`PipelineTuner()`), "measure_fixes" (`measure_fixes=True`) or "lock" (the
-defaults, with a background thread that takes the source's lock at the end of
-fit and holds it for `LOCK_HELD_S`).
+`tf.data.Dataset.from_generator`), "py_dataset" (a `keras.utils.PyDataset` with
+one worker, which the advice tells to take more) or "py_dataset_threads" (the
+same read by two threads). MODE is "plain" (an empty callback), "defaults"
+(`PipelineTuner()`), "measure_fixes" (`measure_fixes=True`) or "lock"
+(`measure_fixes=True`, and a background thread that takes the source's lock at
+the end of fit and holds it for `LOCK_HELD_S`).
 
 Before the fit it registers an `os.register_at_fork` hook; at the end it prints
 `FORKS <n>` (copies of the process made), `ELEMENTS <n>` (the source's calls),
@@ -64,8 +65,8 @@ def generator_source(log_file: str) -> tf.data.Dataset:
 
 
 class Batches(keras.utils.PyDataset):
-    def __init__(self, log_file: str):
-        super().__init__(workers=2, use_multiprocessing=False)
+    def __init__(self, log_file: str, workers: int):
+        super().__init__(workers=workers, use_multiprocessing=False)
         self.log_file = log_file
 
     def __len__(self):
@@ -106,7 +107,10 @@ def main(argv) -> int:
         [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)]
     )
     model.compile(optimizer="sgd", loss="mse")
-    data = generator_source(log_file) if source == "generator" else Batches(log_file)
+    if source == "generator":
+        data = generator_source(log_file)
+    else:
+        data = Batches(log_file, workers=2 if source == "py_dataset_threads" else 1)
     callbacks = [Trained()] if ready_signal else []
     if mode == "lock":
         callbacks.append(HoldTheLock())
@@ -114,7 +118,7 @@ def main(argv) -> int:
     if mode == "plain":
         callbacks.append(keras.callbacks.Callback())
     else:
-        kwargs = {"measure_fixes": True} if mode == "measure_fixes" else {}
+        kwargs = {"measure_fixes": True} if mode in ("measure_fixes", "lock") else {}
         tuner = kpt.PipelineTuner(verbose=0, **kwargs)
         callbacks.append(tuner)
     model.fit(data, epochs=EPOCHS, callbacks=callbacks, verbose=0)
