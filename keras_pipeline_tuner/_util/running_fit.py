@@ -6,7 +6,8 @@ the fit iterates. The tuner needs both: the other callbacks in two cases (a
 tuner's; a second `PipelineTuner`: refused), and the epoch iterator that holds
 the data adapter (what fit was given; on torch, the loader to stamp). Both are
 found among the calling frames, read only: Keras' `CallbackList`, and the local
-variables of `fit`'s own frame.
+variables of `fit`'s own frame. Whether that fit still runs is asked later of
+the live stack of its thread (`running_call`), without keeping its frame.
 """
 
 import inspect
