@@ -92,6 +92,20 @@ def find_fit_input(model) -> Optional[FitInput]:
     return found
 
 
+def data_adapter(model) -> Any:
+    """Keras' data adapter of the running `fit` of `model`, or `None` outside one.
+
+    Call it from a callback hook that `fit` calls (e.g. `on_train_begin`).
+
+    Example:
+
+    >>> data_adapter(object()) is None
+    True
+    """
+    epoch_iterator = running_call_local(model, "fit", "epoch_iterator")
+    return getattr(epoch_iterator, "data_adapter", None)
+
+
 def inspect_fit_input(model) -> Findings:
     """Lints the training data of the running `fit` of `model`.
 

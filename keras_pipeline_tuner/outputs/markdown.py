@@ -71,6 +71,8 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
         lines += _recommendation(rank, recommendation)
     if report.profile is not None:
         lines += _profile(report)
+    if report.user_calls:
+        lines += _user_calls(report)
     if report.notes:
         lines += ["", "### Notes", ""]
         lines += [f"- {escape(note)}" for note in report.notes]
@@ -184,6 +186,33 @@ def _profile(report: Report) -> List[str]:
         lines.append(escape(profile.trigger) + ".")
     else:
         lines.append("The full capture is in TensorBoard's Profile tab.")
+    return lines
+
+
+def _user_calls(report: Report) -> List[str]:
+    lines = [
+        "",
+        "### Your Python, timed during training",
+        "",
+        "| stage | function | timed | calls | ms per call (mean / median) | CPU ms per call "
+        "| threads | calls per batch |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for timing in report.user_calls:
+        per_batch = "-" if timing.per_batch_calls is None else f"{timing.per_batch_calls:.2f}"
+        if not timing.per_element:
+            per_batch = "once per pass"
+        lines.append(
+            f"| {_code_span(timing.stage)} | {_code_span(timing.function)} | "
+            f"{escape(timing.source)} | {timing.calls} | {timing.wall_ms:.2f} / "
+            f"{timing.wall_ms_median:.2f} | {timing.cpu_ms:.2f} | {timing.threads} | "
+            f"{per_batch} |"
+        )
+    lines += [
+        "",
+        "Each call was timed during training, as the fit made it, on the thread that ran "
+        "it; nothing was called again to time it.",
+    ]
     return lines
 
 

@@ -15,6 +15,7 @@ from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
 from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME  # noqa: F401 - re-exported
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
 from keras_pipeline_tuner.pipeline.lint.findings import Finding
@@ -83,6 +84,12 @@ class Report:
         reuse: how much of its dataset the fit read, and whether that reads an
             element twice (`advice.data_reuse.DataReuse`): whether a cache
             would be read back; `None` when the dataset's length was not read.
+        user_calls: the user's Python functions that fed training (a
+            `from_generator` generator, a `tf.py_function` / `numpy_function`
+            in a map, a `PyDataset.__getitem__`, a Python generator given to
+            fit), each timed during training, call by call, where the fit made
+            the call (`instrumentation.user_calls.UserCallTiming`); nothing was
+            called again to time it.
 
     Example:
 
@@ -113,6 +120,7 @@ class Report:
     tuner_cost: Optional[TunerCost] = None
     input_free: Optional[ExpectedGain] = None
     reuse: Optional[DataReuse] = None
+    user_calls: List[UserCallTiming] = dataclasses.field(default_factory=list)
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

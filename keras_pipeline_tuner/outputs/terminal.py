@@ -28,6 +28,8 @@ _VERDICT_STYLE = {
     Verdict.NOT_INPUT_BOUND: "bold green",
     Verdict.UNKNOWN: "bold",
 }
+# The share of the median step the user's Python must take a batch to be named.
+PYTHON_SHARE = 0.2
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": ""}
 # Control characters other than tab and newline: escape sequences in a report
 # read from disk would restyle, retitle or clear the user's terminal.
@@ -122,6 +124,9 @@ def print_summary(
     if report.profile is not None:
         # Text, not markup: stage names may hold brackets.
         console.print(Text(report.profile.summary()))
+    python = user_calls_line(report)
+    if python is not None:
+        console.print(Text(python))
     if details:
         _print_recommendations(report, console)
     else:
@@ -132,6 +137,32 @@ def print_summary(
     runs = describe_runs(report.runs, report.run)
     if details and runs is not None:
         console.print(Text(runs))
+
+
+def user_calls_line(report: Report) -> Optional[str]:
+    """One line on the user's Python that took a large share of the step, or `None`.
+
+    The function timed during training with the most wall time per training
+    batch, when that is at least `PYTHON_SHARE` of the median training step.
+
+    Args:
+        report: the `Report`.
+
+    Returns:
+        The line, without markup, or `None`.
+    """
+    step = report.train.step.median_ms if report.train.steps else None
+    timed = [t for t in report.user_calls if t.per_batch_ms is not None]
+    if not step or not timed:
+        return None
+    top = max(timed, key=lambda timing: timing.per_batch_ms)
+    if top.per_batch_ms < PYTHON_SHARE * step:
+        return None
+    return (
+        f"Your Python, timed during training: {top.function} in {top.stage} took "
+        f"{top.per_batch_ms:.1f} ms a batch ({top.per_batch_calls:.1f} calls of "
+        f"{top.wall_ms:.1f} ms), against a median step of {step:.1f} ms."
+    )
 
 
 def visible(value: Any) -> Any:

@@ -7,8 +7,9 @@ speaks the same verbs (`begin_epoch`, `add_rows`, `end_epoch`, `step_failed`,
 `fall_back`), the first call of each kind is kept apart here only, and rows
 are kept back in one buffer and recorded together about once a second. Along
 the way the run keeps what the evidence modules found (findings, the profiler
-window, the replay, the CPU meter, the other workers' summaries), builds the
-`Report` from them (`run_report`), and writes the outputs (its report files,
+window, the replay, the CPU meter, the user's Python calls timed during
+training, the other workers' summaries), builds the `Report` from them
+(`run_report`), and writes the outputs (its report files,
 TensorBoard, the step trace, the terminal summary) at a cadence: every epoch,
 every few seconds within one, when a step fails, and at the end.
 """
@@ -137,6 +138,11 @@ class Run:
         self.stage_timing = None
         # The advised fixes timed after training (`measure_fixes`).
         self.fix_timings = []
+        # The user's Python calls timed during training
+        # (`instrumentation.user_calls`): final once training ended; until
+        # then `user_calls_so_far` (when set) gives the figures so far.
+        self.user_calls = []
+        self.user_calls_so_far: Optional[Callable[[], list]] = None
         self.steps_per_execution = 1
         self.finished = False
         self.kind = kind

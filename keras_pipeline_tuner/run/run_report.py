@@ -18,6 +18,7 @@ from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.data_reuse import reuse_of
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.instrumentation.user_calls import with_batches
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.timing.cpu_usage import throttled
@@ -101,6 +102,7 @@ def build_report(run) -> Report:
         judgement=judgement,
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
+        user_calls=_user_calls(run, train),
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
@@ -124,12 +126,28 @@ def build_report(run) -> Report:
     return report
 
 
+def _batches_read(run, train) -> int:
+    """The training batches the run measured, its first step included."""
+    return train.steps + (1 if TRAIN in run.clock.first_steps else 0)
+
+
+def _user_calls(run, train) -> list:
+    """The user's Python calls timed during training, per training batch where known."""
+    timings = run.user_calls
+    so_far = run.user_calls_so_far
+    if not timings and so_far is not None and run.guard.enabled(features.USER_CALLS):
+        # Training still runs: the figures so far.
+        with run.guard(features.USER_CALLS):
+            timings = so_far()
+    return with_batches(timings, _batches_read(run, train))
+
+
 def _reuse(run, train) -> Optional[DataReuse]:
     """How much of its dataset the fit read (see `advice.data_reuse`)."""
     pipeline = getattr(run.findings, "pipeline", None)
     if pipeline is None:
         return None
-    read = train.steps + (1 if TRAIN in run.clock.first_steps else 0)
+    read = _batches_read(run, train)
     repeated = any(stage.kind == kinds.REPEAT for stage in pipeline.stages)
     return reuse_of(pipeline.cardinality, read, repeated)
 

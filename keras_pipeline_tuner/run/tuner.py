@@ -24,6 +24,7 @@ import keras
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.running_fit import current_fit_callbacks
+from keras_pipeline_tuner._util.running_fit import running_call
 from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.after_training.probes import AfterTraining
 from keras_pipeline_tuner.after_training.settings import ProbeSettings
@@ -32,6 +33,7 @@ from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
+from keras_pipeline_tuner.instrumentation.user_calls import UserCallTimer
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.window import EPOCH_ENDED
@@ -185,6 +187,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._timing: Optional[FitTiming] = None
         self._steps = None
         self._loop: Optional[LoopTimer] = None
+        # The user's Python calls of the running fit, timed where fit makes them.
+        self._user_calls: Optional[UserCallTimer] = None
         self._validating_epoch = 0
         self._in_fit = False
         # The thread running the tuner's fit, while one runs.
@@ -214,6 +218,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             )
         self._in_fit, self._fit_thread = True, threading.get_ident()
         model = self.model
+        # A fit that raised past the tuner's hooks keeps its figures.
+        self._end_user_calls()
         run = self._new_run(flush_source=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         identity = None
@@ -231,6 +237,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 self._timing.begin(TRAIN)
         self._steps = self._step_hooks(run)
         self._inspect_fit_input(run, model)
+        self._begin_user_calls(run, model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._run.begin_epoch(TRAIN, epoch)
@@ -289,6 +296,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._steps.call_ended()
+        # Before anything of the tuner's own runs: only training's calls are timed.
+        self._end_user_calls()
         timing = self._timing
         traced_step = timing.traced_train_step() if timing is not None else None
         self._end_timing()
@@ -391,6 +400,41 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         if keras_input is not None:
             self._window.name_keras_input(keras_input)
 
+    def _begin_user_calls(self, run: Run, model) -> None:
+        # Once per fit, after the fit input is found and before the first step.
+        if not self.guard.enabled(features.USER_CALLS):
+            return
+        with self.guard(features.USER_CALLS):
+            timer = UserCallTimer(on_failure=self._user_calls_failed)
+            # Kept before `begin`: what a failed `begin` replaced is put back.
+            self._user_calls = timer
+            given = fit_input.find_fit_input(model)
+            reads_tf_data = given is not None and given.kind == fit_input.TF_DATASET
+            timer.begin(
+                dataset=given.source if reads_tf_data else None,
+                adapter=fit_input.data_adapter(model),
+                fit=running_call(model, "fit"),
+            )
+            run.notes.extend(timer.notes)
+            run.user_calls_so_far = timer.so_far
+
+    def _end_user_calls(self) -> None:
+        timer, self._user_calls = self._user_calls, None
+        if timer is None:
+            return
+        run = self._run
+        if run is not None:
+            run.user_calls_so_far = None
+        # Put back even when the feature failed meanwhile: `end` restores first.
+        with self.guard(features.USER_CALLS):
+            timings = timer.end()
+            if run is not None and self.guard.enabled(features.USER_CALLS):
+                run.user_calls = timings
+
+    def _user_calls_failed(self, reason: str) -> None:
+        # Maybe on a tf.data or Keras worker thread: the guard only logs and records.
+        self.guard.disable(features.USER_CALLS, reason)
+
     def _step_hooks(self, run: Run):
         if not self.async_safe:
             return SyncSteps(run, self._timing, self._steps_left)
@@ -444,6 +488,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         if error is not None:
             # fit ends here, without on_train_end.
             self._in_fit = False
+        self._end_user_calls()
         self._end_timing()
         self._run.step_failed(error)
 
