@@ -847,9 +847,10 @@ def _python_gain(run: _Run, cost, change: str, within=None) -> Optional[Expected
     if after is None:
         return gain
     predicted = min(step_ms / after, gain.speedup or math.inf)
+    over = "PyDataset workers" if workers == ADVISED_WORKERS and change == SPREAD else "threads"
     spread = (
         "served by a cache read back" if workers == python_stages.CACHED
-        else f"spread over {workers} threads, its {cost.cpu_share * 100:.0f} % in Python "
+        else f"spread over {workers} {over}, its {cost.cpu_share * 100:.0f} % in Python "
         "computing still serial under the GIL"
     )
     return dataclasses.replace(

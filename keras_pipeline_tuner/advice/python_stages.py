@@ -78,7 +78,8 @@ def stage_costs(user_calls: Iterable, steps: int) -> List[PythonStageCost]:
         user_calls: the run's `UserCallTiming`s (`Report.user_calls`); calls
             made once per pass over the data (a generator's start) are left
             out: they are set-up, not a step's work.
-        steps: the training steps the calls fed.
+        steps: the training steps the calls fed, for timings that do not
+            say their calls a batch (`per_batch_calls`).
 
     Returns:
         A `PythonStageCost` per stage with timed per-element calls.
@@ -104,11 +105,14 @@ def stage_costs(user_calls: Iterable, steps: int) -> List[PythonStageCost]:
         wall_ms = sum(item.wall_ms * item.calls for item in timings)
         cpu_ms = sum(item.cpu_ms * item.calls for item in timings)
         calls = sum(item.calls for item in timings)
+        step_ms = sum(
+            item.wall_ms * (item.per_batch_calls or item.calls / steps) for item in timings
+        )
         functions = ", ".join(dict.fromkeys(item.function for item in timings))
         costs.append(PythonStageCost(
             stage=stage,
             function=functions,
-            step_ms=wall_ms / steps,
+            step_ms=step_ms,
             cpu_share=min(cpu_ms / wall_ms, 1.0) if wall_ms > 0 else 0.0,
             calls=calls,
             call_ms=wall_ms / calls,

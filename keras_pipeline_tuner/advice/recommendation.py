@@ -130,6 +130,9 @@ class ExpectedGain:
         if self.likely_speedup is not None:
             least = LEAST_SHOWN_GAIN if self.reaches_compute else LEAST_MEASURED_GAIN
             return self.likely_speedup >= least
+        if self.predicted_speedup is not None:
+            # The change's own predicted figure, not the ceiling above it.
+            return self.predicted_speedup >= LEAST_SHOWN_GAIN
         if self.basis in (FIRST_EPOCH_ONLY, NOT_READ_BACK):
             return False
         if self.speedup is None:
@@ -238,9 +241,11 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     Returns:
         The phrase.
 
-    A gain the change itself was timed for (`likely_speedup`) is shown as
-    that figure; below `LEAST_MEASURED_GAIN` (1.25x) it is no clear gain
-    (see `ExpectedGain.speeds_up`).
+    One figure, the change's own: what timing the change measured
+    (`likely_speedup`; below `LEAST_MEASURED_GAIN`, 1.25x, no clear gain),
+    else what the evidence predicts it brings (`predicted_speedup`), else
+    the bound (see `ExpectedGain.speeds_up`); the others stay in the
+    statement.
 
     Example:
 
@@ -261,15 +266,14 @@ def describe_gain(gain: Optional[ExpectedGain]) -> str:
     'no clear gain (bound: up to 1.02x)'
     >>> describe_gain(ExpectedGain(speedup=1.0, basis="never read back"))
     'no gain: this fit never reads a cache back'
-    >>> describe_gain(ExpectedGain(speedup=2.0, basis="bound", predicted_speedup=1.9))
-    'up to 2.00x faster (bound; predicted 1.90x)'
+    >>> describe_gain(ExpectedGain(speedup=40.0, basis="bound", predicted_speedup=1.9))
+    '1.90x faster (predicted)'
+    >>> describe_gain(ExpectedGain(speedup=3.0, basis="bound", predicted_speedup=1.01))
+    'no clear gain (predicted: 1.01x)'
     """
     if gain is None:
         return "correctness, not speed"
-    described = _described(gain)
-    if gain.predicted_speedup is not None and described.endswith(")"):
-        return f"{described[:-1]}; predicted {gain.predicted_speedup:.2f}x)"
-    return described
+    return _described(gain)
 
 
 def _described(gain: ExpectedGain) -> str:
@@ -277,6 +281,10 @@ def _described(gain: ExpectedGain) -> str:
         if not gain.speeds_up:
             return f"no clear gain (measured: {gain.timed}, {gain.likely_speedup:.2f}x)"
         return f"{gain.likely_speedup:.2f}x faster (measured: {gain.timed})"
+    if gain.predicted_speedup is not None and gain.basis not in (FIRST_EPOCH_ONLY, NOT_READ_BACK):
+        if not gain.speeds_up:
+            return f"no clear gain (predicted: {gain.predicted_speedup:.2f}x)"
+        return f"{gain.predicted_speedup:.2f}x faster (predicted)"
     if gain.speedup is None:
         if gain.step_ms is None:
             return "gain not measured"

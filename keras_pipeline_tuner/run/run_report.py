@@ -122,6 +122,7 @@ def build_report(run) -> Report:
                 judgement=judgement,
                 fix_timings=run.fix_timings,
                 reuse=report.reuse,
+                user_calls=report.user_calls,
             )
     return report
 
