@@ -285,12 +285,44 @@ def identical():
         )
         results.append((model.get_weights(), history.history, callbacks))
     (plain_weights, plain_history, _), (weights, history, (tuner,)) = results
+    plain_next, tuned_next = _next_fit_after(tuned=False), _next_fit_after(tuned=True)
     return {
         "weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, weights)),
         "history": plain_history == history,
         "validation_steps": tuner.report.validation.steps if tuner.report.validation else 0,
         "train_steps": tuner.report.train.steps,
+        "next_fit": _same_training(plain_next, tuned_next),
+        "next_fit_verdict": tuned_next[3],
     }
+
+
+def _next_fit_after(tuned: bool):
+    """A fit, with or without the tuner, on a Python generator that draws from a NumPy
+    generator, then a plain fit on the same draws: what the second one trains on and gets.
+
+    The tuner asks for its fixes to be timed (`measure_fixes=True`) on a slow,
+    input-bound source: it must not draw from the user's generator after training.
+    """
+    rng = np.random.default_rng(5)
+
+    def batches(count):
+        for _ in range(count):
+            time.sleep(0.02)
+            x = rng.normal(size=(BATCH, FEATURES)).astype(np.float32)
+            yield x, (x.sum(axis=1, keepdims=True) > 0).astype(np.float32)
+
+    model = tiny_model()
+    callbacks = [kpt.PipelineTuner(verbose=0, measure_fixes=True)] if tuned else []
+    model.fit(batches(12), steps_per_epoch=6, epochs=2, callbacks=callbacks, verbose=0)
+    verdict = callbacks[0].report.verdict.value if tuned else None
+    history = model.fit(batches(6), steps_per_epoch=6, epochs=1, verbose=0)
+    return model.get_weights(), history.history, float(rng.random()), verdict
+
+
+def _same_training(a, b) -> bool:
+    return (
+        all(np.array_equal(x, y) for x, y in zip(a[0], b[0])) and a[1] == b[1] and a[2] == b[2]
+    )
 
 
 class _ThreadProbe(keras.callbacks.Callback):

@@ -199,6 +199,11 @@ def test_training_is_identical_with_and_without_the_tuner(backend, measured):
     # the training rows hold the training steps only (2 x 8, less the first).
     assert measured["validation_steps"] == 3
     assert measured["train_steps"] == 15
+    # A later plain fit after a tuned, input-bound fit on a generator that
+    # draws from a NumPy generator trains as after a plain fit: the tuner drew
+    # nothing of the user's after training.
+    assert measured["next_fit_verdict"] == "highly input-bound", measured
+    assert measured["next_fit"], measured
 
 
 @on("dispatch", "jax", "torch")
