@@ -13,18 +13,17 @@ USAGE = 2  # argparse's own
 NO_REPORT = 3
 UNREADABLE = 4
 NOTHING_MEASURED = 5
-OUT_OF_RANGE = 6
 EXIT_STATUSES = (
-    (OK, "done; for check, the input share is within the limit"),
-    (CHECK_FAILED, "check: the input share of step time is above --max-input-fraction"),
+    (OK, "done; for check, every run's input share is within the limit"),
+    (CHECK_FAILED, "check: a run's input share of step time is above --max-input-fraction"),
     (USAGE, "the command line is wrong (argparse's message says how)"),
-    (NO_REPORT, "no report.json where the path points"),
+    (NO_REPORT, "no report.json where the path points, nor in the folders below it"),
     (
         UNREADABLE,
-        "a report.json that is not a report this version reads (the field at fault is named)",
+        "a report.json that is not a report this version reads, or holds a value no run "
+        "writes (a negative duration, a share outside 0-1): the field at fault is named",
     ),
     (NOTHING_MEASURED, "the report holds no measured training step, or no input share to judge"),
-    (OUT_OF_RANGE, "check: the report's figures are out of range (an edited or corrupt file)"),
 )
 
 
@@ -76,9 +75,10 @@ def _parser() -> argparse.ArgumentParser:
         "check",
         help="exit 1 when a run waits for input more than allowed (a CI gate)",
         description=(
-            "Reads LOGDIR/report.json and exits with status 1 when the share of training "
-            "step time spent waiting for input exceeds --max-input-fraction, 0 when it does "
-            "not; 3-6 when there is no report to judge (see keras-pipeline-tuner --help)."
+            "Reads LOGDIR/report.json (for a folder of runs, each run's report below it, as "
+            "`report` does) and exits with status 1 when a run's share of training step time "
+            "spent waiting for input exceeds --max-input-fraction, 0 when none does; 3-5 "
+            "when there is no report to judge (see keras-pipeline-tuner --help)."
         ),
     )
     check.add_argument("log_dir", metavar="LOGDIR", help="a log dir or report.json")
@@ -186,24 +186,48 @@ def _failed(error: Exception, status: int = NO_REPORT) -> int:
     return getattr(error, "status", status)
 
 
-def _report(log_dir: str) -> int:
+def _reports_at(log_dir: str) -> Optional[List[str]]:
+    """The reports a path holds: itself (a log dir or a report file), or each run below it.
+
+    `None` for a folder with no report in it or below it.
+    """
     from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 
     if not os.path.isdir(log_dir) or os.path.isfile(os.path.join(log_dir, REPORT_FILENAME)):
-        return _print_report(log_dir)
-    runs = _runs_below(log_dir, REPORT_FILENAME)
-    if not runs:
+        return [log_dir]
+    return _runs_below(log_dir, REPORT_FILENAME) or None
+
+
+def _each_report(log_dir: str, read) -> int:
+    """`read(path, name)` for each report at `log_dir` (`_reports_at`); the worst status.
+
+    A folder of runs (e.g. the demo's naive/ and tuned/) is read run by run,
+    each named by its folder, so that one command reads what the other does.
+    """
+    from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
+
+    runs = _reports_at(log_dir)
+    if runs is None:
         return _failed(
             f"no report in {log_dir!r} or the folders below it (expected {REPORT_FILENAME}). "
             "Pass the log_dir given to PipelineTuner(log_dir=...) after a fit has ended."
         )
-    # A folder of runs (e.g. the demo's naive/ and tuned/): each one in turn.
+    if runs == [log_dir]:
+        return read(log_dir, None)
     status = OK
     for run in runs:
-        sys.stdout.write(f"\n== {os.path.relpath(os.path.dirname(run), log_dir)} ==\n")
-        sys.stdout.flush()
-        status = max(status, _print_report(run))
+        status = max(status, read(run, os.path.relpath(os.path.dirname(run), log_dir)))
     return status
+
+
+def _report(log_dir: str) -> int:
+    def read(path: str, name: Optional[str]) -> int:
+        if name is not None:
+            sys.stdout.write(f"\n== {name} ==\n")
+            sys.stdout.flush()
+        return _print_report(path)
+
+    return _each_report(log_dir, read)
 
 
 def _runs_below(log_dir: str, filename: str, depth: int = 3) -> List[str]:
@@ -254,32 +278,34 @@ def _compare(run_a: str, run_b: str) -> int:
 
 
 def _check(log_dir: str, max_fraction: float) -> int:
+    def read(path: str, name: Optional[str]) -> int:
+        return _check_one(path, name, max_fraction)
+
+    return _each_report(log_dir, read)
+
+
+def _check_one(path: str, name: Optional[str], max_fraction: float) -> int:
+    """One run's line of `check`, and its status."""
     try:
-        report = _load_report(log_dir)
+        report = _load_report(path)
     except _NoReport as error:
         return _failed(error)
     fraction = report.input_fraction
     if fraction is None:
         return _failed(
-            f"the report in {log_dir!r} has no input fraction: the input wait was not "
+            f"the report in {path!r} has no input fraction: the input wait was not "
             f"measured ({report.measurement}). See its notes with "
-            f"`keras-pipeline-tuner report {log_dir}`.",
+            f"`keras-pipeline-tuner report {path}`.",
             NOTHING_MEASURED,
-        )
-    if not 0.0 <= fraction <= 1.0:
-        return _failed(
-            f"the report in {log_dir!r} gives an input share of {fraction!r}, outside 0-1: "
-            "no fit writes that; the file was edited or is corrupt. Train again to write "
-            "a new one.",
-            OUT_OF_RANGE,
         )
     # The verdict's figure: the wait, or the input's measured cost where the
     # replay found the pipeline slowing the step beyond its wait.
-    shown = f"input {fraction * 100:.1f} % of training step time ({report.verdict.value})"
+    run = f"{name}: " if name is not None else ""
+    shown = f"{run}input {fraction * 100:.1f} % of training step time ({report.verdict.value})"
     if fraction > max_fraction:
         sys.stdout.write(
             f"FAIL: {shown}, more than the allowed {max_fraction * 100:.1f} %. "
-            f"See what to change with `keras-pipeline-tuner report {log_dir}`.\n"
+            f"See what to change with `keras-pipeline-tuner report {path}`.\n"
         )
         return CHECK_FAILED
     sys.stdout.write(f"OK: {shown}, within the allowed {max_fraction * 100:.1f} %.\n")

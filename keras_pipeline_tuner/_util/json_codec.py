@@ -85,9 +85,42 @@ def from_dict(cls, data: Any, where: str):
             number = math.inf
         if not math.isfinite(number):
             raise ValueError(f"Bad report: {where} should be a finite number.")
-        return number
+        return _possible(number, where)
     if cls in (int, str, bool):
         if not isinstance(data, cls) or (cls is int and isinstance(data, bool)):
             raise ValueError(f"Bad report: {where} should be of type {cls.__name__}.")
-        return data
+        return _possible(data, where) if cls is int else data
     return data
+
+
+# Values no run writes: a share outside 0-1, a negative duration or count. A
+# report holding one was edited or is corrupt, and every figure shown from it
+# would be as wrong: it is refused where it is read, naming the field.
+_SHARES = frozenset(
+    {"input_fraction", "wait_fraction", "self_share", "input_fraction_a", "input_fraction_b"}
+)
+_NOT_NEGATIVE_SUFFIXES = ("_ms", "_s", "_bytes")
+_COUNTS = frozenset({"steps", "calls", "batches", "rounds", "epochs", "threads"})
+
+
+def _possible(number, where: str):
+    """`number`, or a `ValueError` naming `where` when no run could have written it.
+
+    Example:
+
+    >>> _possible(0.25, "report.input_fraction")
+    0.25
+    >>> _possible(-0.5, "report.input_fraction")
+    Traceback (most recent call last):
+    ...
+    ValueError: Bad report: report.input_fraction is -0.5, a share must be between 0 and 1.
+    """
+    name = where.rsplit(".", 1)[-1].split("[", 1)[0]
+    if name in _SHARES and not 0.0 <= number <= 1.0:
+        raise ValueError(f"Bad report: {where} is {number!r}, a share must be between 0 and 1.")
+    if number < 0 and (name.endswith(_NOT_NEGATIVE_SUFFIXES) or name in _COUNTS):
+        raise ValueError(
+            f"Bad report: {where} is {number!r}, and no run measures a negative "
+            f"{'count' if name in _COUNTS else 'duration or size'}."
+        )
+    return number

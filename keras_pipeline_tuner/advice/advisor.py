@@ -850,8 +850,8 @@ def _python_gain(run: _Run, cost, change: str, within=None) -> Optional[Expected
     over = "PyDataset workers" if workers == ADVISED_WORKERS and change == SPREAD else "threads"
     spread = (
         "served by a cache read back" if workers == python_stages.CACHED
-        else f"spread over {workers} {over}, its {cost.cpu_share * 100:.0f} % in Python "
-        "computing still serial under the GIL"
+        else f"spread over {workers} {over}, the {cost.serial_share * 100:.0f} % of its time "
+        "that computes in Python or waits for the GIL staying serial"
     )
     return dataclasses.replace(
         gain,

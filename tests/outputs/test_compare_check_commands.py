@@ -12,6 +12,7 @@ from keras_pipeline_tuner.outputs.comparison import compare_reports
 from keras_pipeline_tuner.outputs.comparison import format_comparison
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
@@ -133,12 +134,49 @@ def test_check_of_a_run_whose_wait_was_not_measured(tmp_path, capsys):
     assert "no input fraction" in err and "whole-step" in err
 
 
-@pytest.mark.parametrize("fraction", [-0.5, 7.0])
-def test_check_refuses_a_report_whose_input_share_is_out_of_range(tmp_path, capsys, fraction):
-    (tmp_path / "report.json").write_text(kpt.Report(input_fraction=fraction).to_json())
+@pytest.mark.parametrize("command", ["check", "report", "compare"])
+@pytest.mark.parametrize(
+    "field, value, said",
+    [
+        ("input_fraction", -0.5, "report.input_fraction is -0.5, a share"),
+        ("input_fraction", 7.0, "report.input_fraction is 7.0, a share"),
+        ("tuner_cost.after_training_s", -3.0, "report.tuner_cost.after_training_s is -3.0"),
+        ("train.steps", -2, "report.train.steps is -2"),
+    ],
+)
+def test_every_command_refuses_a_report_with_an_impossible_value(
+    tmp_path, capsys, command, field, value, said
+):
+    data = json.loads(kpt.Report(input_fraction=0.1).to_json())
+    data["tuner_cost"] = {"after_training_s": 1.0, "budget_s": 2.0}
+    where = data
+    *parents, name = field.split(".")
+    for parent in parents:
+        where = where[parent]
+    where[name] = value
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    paths = [str(tmp_path)] * (2 if command == "compare" else 1)
+    status, out, err = main(capsys, command, *paths)
+    assert status == cli.UNREADABLE and out == "", (out, err)
+    assert said in err, err
+
+
+def test_check_reads_every_run_of_a_folder_as_report_does(tmp_path, capsys):
+    for name, fraction in (("naive", 0.5), ("tuned", 0.01)):
+        (tmp_path / name).mkdir()
+        report = kpt.Report(input_fraction=fraction, verdict=verdict_for(fraction))
+        (tmp_path / name / "report.json").write_text(report.to_json())
     status, out, err = main(capsys, "check", str(tmp_path))
-    assert status == cli.OUT_OF_RANGE and out == ""
-    assert "outside 0-1" in err
+    assert status == cli.CHECK_FAILED, err
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].startswith("FAIL: naive: input 50.0 %") and lines[1].startswith(
+        "OK: tuned: input 1.0 %"
+    ), out
+    status, out, _ = main(capsys, "check", str(tmp_path), "--max-input-fraction", "0.6")
+    assert status == cli.OK and out.count("OK: ") == 2, out
+    status, out, _ = main(capsys, "report", str(tmp_path))
+    assert status == cli.NOTHING_MEASURED and "== naive ==" in out and "== tuned ==" in out
 
 
 def test_every_exit_status_is_distinct_and_listed_in_help(capsys):
