@@ -279,8 +279,8 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
     if input_bound and not bottleneck:
         # Findings say what departs from the guide, not what the steps wait for.
         ranked.append(_find_the_bottleneck(run))
-    if _apply_timings(run, ranked, fix_timings):
-        _sort_by_timing(ranked)
+    _apply_timings(run, ranked, fix_timings)
+    _sort_by_figure(ranked)
     # What cannot make steps faster (a cache never read back, a fix timed at
     # no gain) comes after every speed fix, so that a stage's first
     # recommendation is the change that can help.
@@ -308,16 +308,18 @@ def _by_place(run: "_Run", findings) -> Tuple[List[Recommendation], ...]:
     return at_bottleneck, errors, others
 
 
-def _sort_by_timing(ranked: List[Recommendation]) -> None:
-    """Ranks timed fixes first, fastest first; then the untimed; then those timed at no gain.
+def _sort_by_figure(ranked: List[Recommendation]) -> None:
+    """Ranks by each change's own figure: measured or predicted first, largest first;
+    then those with a bound only; then those measured or predicted at no gain.
 
     Stable: within a tier the rules' order stands, so that one stage's
-    recommendation is its fix timed fastest, or else its first untimed. A bound
-    never outranks a measured gain: an untimed cache of the bottleneck stage,
-    which leads its stage among untimed fixes (`_bottleneck_key`), follows a
-    fix timed faster, and its ceiling is shown beside it.
+    recommendation is its fix with the largest figure, or else its first with
+    a bound. A bound never outranks a measured or predicted gain: an untimed
+    cache of the bottleneck stage with no prediction follows a fix timed
+    faster, and its ceiling is in its statement; one the evidence predicts
+    larger than the timed fix leads it.
     """
-    ranked.sort(key=_timed_key)
+    ranked.sort(key=_figure_key)
 
 
 def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
@@ -351,17 +353,24 @@ def _apply_timings(run, ranked: List[Recommendation], timings) -> bool:
     return applied
 
 
-def _measured_tier(recommendation: Recommendation) -> int:
-    """0: the change was timed faster; 1: not timed; 2: timed at no gain."""
+def _own_figure(gain: Optional[ExpectedGain]) -> Optional[float]:
+    """The change's own figure: what timing it measured, else what is predicted, else `None`."""
+    if gain is None:
+        return None
+    return gain.likely_speedup if gain.likely_speedup is not None else gain.predicted_speedup
+
+
+def _figure_tier(recommendation: Recommendation) -> int:
+    """0: measured or predicted faster; 1: a bound only; 2: measured or predicted at no gain."""
     gain = recommendation.expected_gain
-    if gain is None or gain.likely_speedup is None:
+    if _own_figure(gain) is None:
         return 1
     return 0 if gain.speeds_up else 2
 
 
-def _timed_key(recommendation: Recommendation):
-    tier = _measured_tier(recommendation)
-    return (tier, -recommendation.expected_gain.likely_speedup if tier == 0 else 0.0)
+def _figure_key(recommendation: Recommendation):
+    tier = _figure_tier(recommendation)
+    return (tier, -_own_figure(recommendation.expected_gain) if tier == 0 else 0.0)
 
 
 def _bottleneck_key(recommendation: Recommendation, run: "_Run"):
@@ -395,7 +404,7 @@ def _cannot_help(recommendation: Recommendation) -> bool:
         and gain.basis == BOUND
         and gain.likely_speedup is None
         and gain.speedup is not None
-        and gain.speedup < LEAST_SHOWN_GAIN
+        and (gain.predicted_speedup or gain.speedup) < LEAST_SHOWN_GAIN
     )
 
 
@@ -1220,10 +1229,9 @@ def _rank_key(recommendation: Recommendation, run: Optional["_Run"] = None):
     gain = recommendation.expected_gain or ExpectedGain()
     return (
         _SEVERITY_RANK.get(recommendation.severity, len(_SEVERITY_RANK)),
-        _measured_tier(recommendation),
+        _figure_tier(recommendation),
         _looseness(gain, run),
-        -(gain.likely_speedup or 0.0),
-        -(gain.predicted_speedup or gain.speedup or 0.0),
+        -(_own_figure(gain) or gain.speedup or 0.0),
     )
 
 

@@ -433,7 +433,7 @@ def test_a_cache_whose_epoch_outlasts_the_budget_is_timed_on_the_elements_its_pa
 # Ranking with timed fixes, on hand-built evidence.
 
 
-def _ranked(cache_after_ms=None):
+def _ranked(cache_after_ms=None, profiled=True):
     import numpy as np
 
     from keras_pipeline_tuner.advice import advisor
@@ -493,21 +493,33 @@ def _ranked(cache_after_ms=None):
         timing("cache-missing", cache_after_ms, "measured" if cache_after_ms else "not measured"),
     ]
     stats = StepStats.from_arrays(np.full(20, 0.036), np.full(20, 0.004))
-    return advisor.advise(stats, profile, findings, fix_timings=timings)
+    return advisor.advise(stats, profile if profiled else None, findings, fix_timings=timings)
 
 
 def test_a_bound_never_outranks_a_measured_gain():
-    # The untimed cache leads the bottleneck stage among untimed fixes; a fix
-    # timed faster at that stage comes first all the same, and the cache shows
-    # its own predicted figure, not a measurement.
-    top = _ranked()[0]
+    # No profile: the untimed cache has a bound only; the fix timed faster at
+    # its stage comes first, and the cache's figure stays a bound.
+    top = _ranked(profiled=False)[0]
     assert top.id == "sequential-map"
     assert top.expected_gain.basis == "measured"
     assert top.expected_gain.likely_speedup == pytest.approx(2.0)
     assert top.also == ["cache-missing"]
     folded = [e.detail for e in top.evidence if e.detail.startswith("Also at this stage: Cache")]
-    assert folded and "x faster (predicted)" in folded[0], folded
-    assert "so the figure stays a bound" in folded[0]
+    assert folded and "(bound" in folded[0], folded
+
+
+def test_a_change_predicted_larger_than_a_timed_fix_leads_it():
+    # The profile puts 90 % of the input in the stage: a cache read back is
+    # predicted to remove it (5.26x), more than the parallel map timed at 2x.
+    # Each shows its own figure; ranking is by that figure.
+    top = _ranked()[0]
+    assert top.id == "cache-missing", top
+    assert top.expected_gain.predicted_speedup == pytest.approx(5.26, abs=0.01)
+    assert describe_gain(top.expected_gain) == "5.26x faster (predicted)"
+    assert "so the figure stays a bound" in top.expected_gain.statement
+    assert top.also == ["sequential-map"]
+    folded = [e.detail for e in top.evidence if e.detail.startswith("Also at this stage:")]
+    assert folded and "Timed: 2.00x faster (measured: the change timed)" in folded[0], folded
 
 
 def test_fixes_timed_at_one_stage_lead_by_their_figures():
