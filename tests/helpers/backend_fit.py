@@ -589,7 +589,18 @@ class CountingPyDataset(SlowPyDataset):
         return super().__getitem__(index)
 
 
-def _user_fit(data, with_tuner, epochs=1):
+class _TrainingBegins(keras.callbacks.Callback):
+    """Sets `state["training"]` when fit begins, before the tuner's hook runs."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_train_begin(self, logs=None):
+        self.state["training"] = True
+
+
+def _user_fit(data, with_tuner, epochs=1, callbacks=()):
     """One fit of a tiny model on `data`; what the tuner timed of the user's Python."""
     tuner = (
         kpt.PipelineTuner(verbose=0, profile="off", what_if=False, check_contention=False)
@@ -597,7 +608,8 @@ def _user_fit(data, with_tuner, epochs=1):
         else None
     )
     model = tiny_model()
-    history = model.fit(data, epochs=epochs, callbacks=[tuner] if tuner else [], verbose=0)
+    callbacks = list(callbacks) + ([tuner] if tuner else [])
+    history = model.fit(data, epochs=epochs, callbacks=callbacks, verbose=0)
     timed = [dataclasses.asdict(t) for t in tuner.report.user_calls] if tuner else None
     notes = tuner.report.notes if tuner else None
     return history.history, model.get_weights(), timed, notes
@@ -632,10 +644,13 @@ def user_calls():
     def py_function_fit(with_tuner):
         import tensorflow as tf
 
-        counted = {"calls": 0}
+        # Counted from the start of training: before it, on JAX and torch,
+        # Keras reads a batch to build the model and drops that iterator, whose
+        # read-ahead (one element or two, by the machine's load) tf.data makes.
+        counted = {"calls": 0, "training": False}
 
         def slow_identity(value):
-            counted["calls"] += 1
+            counted["calls"] += counted["training"]
             time.sleep(LOAD_DELAY_S)
             return value
 
@@ -645,7 +660,8 @@ def user_calls():
             return features, label
 
         dataset = tf.data.Dataset.from_tensor_slices(arrays(4, batch=4)).map(load).batch(4)
-        return _user_fit(dataset, with_tuner) + (counted["calls"],)
+        fit = _user_fit(dataset, with_tuner, callbacks=[_TrainingBegins(counted)])
+        return fit + (counted["calls"],)
 
     for name, fit in (
         ("generator", generator_fit),
