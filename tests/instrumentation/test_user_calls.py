@@ -284,6 +284,35 @@ def test_the_timer_leaves_other_datasets_calls_alone_and_costs_microseconds():
     assert tally.timing().calls == 20_000
 
 
+def test_a_large_in_memory_source_is_not_copied_to_find_the_python_calls(monkeypatch):
+    # 4 MB of arrays: the graph is read over a one-element stand-in, whose
+    # map holds the same function, so the same token.
+    from keras_pipeline_tuner.pipeline.graph import reader
+
+    copied = []
+    graph_def_of = reader.graph_def_of
+    monkeypatch.setattr(
+        reader, "graph_def_of", lambda ds, *a, **k: copied.append(ds) or graph_def_of(ds, *a, **k)
+    )
+    counted = {"calls": 0}
+    x = np.zeros((2**17, FEATURES), np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, 0])).map(_load(counted)).take(8)
+    timer = UserCallTimer()
+    timer.begin(dataset=dataset)
+    list(dataset.as_numpy_iterator())
+    (timing,) = timer.end()
+    assert (timing.stage, timing.function, timing.calls) == ("map(load)", "f", 8)
+    (read,) = copied
+    assert read is not dataset
+    # A pipeline the lint read and found no Python in is not read again.
+    plain = tf.data.Dataset.from_tensor_slices(x).batch(4)
+    linted = reader.read_pipeline(plain, 2**20)
+    before = len(copied)
+    timer = UserCallTimer()
+    timer.begin(dataset=plain, pipeline=linted)
+    assert timer.end() == [] and len(copied) == before
+
+
 def test_the_report_keeps_the_timings_through_json_and_shows_them():
     timing = UserCallTiming(
         stage="map(load)", function="decode_jpeg", source=user_calls.PY_FUNCTION,
