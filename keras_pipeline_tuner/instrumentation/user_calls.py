@@ -51,8 +51,11 @@ GET_ITEM = "PyDataset.__getitem__"
 MAX_SAMPLES = 4096
 # How often a timed call checks that the fits being timed still run.
 _SWEEP_S = 1.0
-# In-memory sources above this are read as stand-ins when the graph is read
-# (as the lint does, `lint.keras_inputs.MAX_IN_MEMORY_BYTES`).
+# The graph is read over stand-ins of in-memory sources above this (the
+# tokens are in the functions, not the data) ...
+_STAND_IN_BYTES = 2**20
+# ... and, where they cannot stand in, copied up to this (as the lint reads
+# it, `lint.keras_inputs.MAX_IN_MEMORY_BYTES`; about 10 ms per MB).
 _MAX_IN_MEMORY_BYTES = 16 * 2**20
 
 _perf_counter = time.perf_counter
@@ -221,6 +224,10 @@ class UserCallTimer:
     wall and thread CPU clocks, and a lock); a `py_function` of a dataset that
     is not timed pays one dictionary look-up (under 0.1 µs).
 
+    A `py_function` is known by its token, that is by the traced function of
+    the dataset the fit was given: a validation pass over that same dataset
+    object makes calls that are counted with training's.
+
     Args:
         on_failure: called once with the reason if recording a call fails
             (the tuner's feature guard); the calls go on untimed.
@@ -257,7 +264,7 @@ class UserCallTimer:
 
     # Lifecycle.
 
-    def begin(self, dataset=None, adapter=None, fit=None) -> None:
+    def begin(self, dataset=None, adapter=None, fit=None, pipeline=None) -> None:
         """Starts timing the Python calls of the fit's data.
 
         Args:
@@ -270,12 +277,14 @@ class UserCallTimer:
             fit: the fit's `running_fit.RunningCall`, or `None`: when that
                 fit has ended without `end` (it raised where no tuner hook
                 runs), the timer ends itself.
+            pipeline: the lint's `Pipeline` of `dataset`, when it was read: a
+                pipeline with no Python calls in it is not read again.
         """
         _sweep_ended_fits()
         self._fit = fit
         with _LIVE_LOCK:
             _LIVE.add(self)
-        if dataset is not None:
+        if dataset is not None and _may_call_python(pipeline):
             self._time_dataset(dataset)
         if adapter is not None:
             self._time_adapter(adapter)
@@ -349,9 +358,11 @@ class UserCallTimer:
         # Reading the graph builds datasets of its own: the user's random
         # state stays as it was.
         with preserved_random_state():
-            light = dataset
-            if in_memory_bytes(dataset) > _MAX_IN_MEMORY_BYTES:
-                light = without_large_sources(dataset, _MAX_IN_MEMORY_BYTES)
+            light, held = dataset, in_memory_bytes(dataset)
+            if held > _STAND_IN_BYTES:
+                light = without_large_sources(dataset, _STAND_IN_BYTES)
+                if light is None and held <= _MAX_IN_MEMORY_BYTES:
+                    light = dataset
             if light is None:
                 self.notes.append(
                     "The pipeline's Python functions were not timed: its graph holds large "
@@ -467,6 +478,14 @@ class UserCallTimer:
             self._on_failure(reason)
         else:
             logger.warning("keras-pipeline-tuner: timing the user's calls failed: %s", reason)
+
+
+def _may_call_python(pipeline) -> bool:
+    """Whether a stage of the lint's pipeline calls Python (`True` when it was not read)."""
+    stages = getattr(pipeline, "stages", None)
+    if stages is None:
+        return True
+    return any(stage.function is not None and stage.function.py_function_ops for stage in stages)
 
 
 class _PutBack:

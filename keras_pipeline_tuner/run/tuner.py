@@ -414,6 +414,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 dataset=given.source if reads_tf_data else None,
                 adapter=fit_input.data_adapter(model),
                 fit=running_call(model, "fit"),
+                pipeline=getattr(run.findings, "pipeline", None),
             )
             run.notes.extend(timer.notes)
             run.user_calls_so_far = timer.so_far

@@ -601,6 +601,124 @@ def source_rows():
     return {"fit": _rows_handed_over(fit), "loop": _rows_handed_over(loop)}
 
 
+# The user's Python timed during training: a 20 ms generator, a 15 ms PyDataset.
+USER_GENERATOR_S = 0.02
+USER_GET_ITEM_S = 0.015
+USER_BATCHES = 8
+
+
+class CountingPyDataset(SlowPyDataset):
+    """A `SlowPyDataset` that counts the calls of its `__getitem__`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __getitem__(self, index):
+        with self._lock:
+            self.calls += 1
+        return super().__getitem__(index)
+
+
+class _TrainingBegins(keras.callbacks.Callback):
+    """Sets `state["training"]` when fit begins, before the tuner's hook runs."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def on_train_begin(self, logs=None):
+        self.state["training"] = True
+
+
+def _user_fit(data, with_tuner, epochs=1, callbacks=()):
+    """One fit of a tiny model on `data`; what the tuner timed of the user's Python."""
+    tuner = (
+        kpt.PipelineTuner(verbose=0, profile="off", what_if=False, check_contention=False)
+        if with_tuner
+        else None
+    )
+    model = tiny_model()
+    callbacks = list(callbacks) + ([tuner] if tuner else [])
+    history = model.fit(data, epochs=epochs, callbacks=callbacks, verbose=0)
+    timed = [dataclasses.asdict(t) for t in tuner.report.user_calls] if tuner else None
+    notes = tuner.report.notes if tuner else None
+    return history.history, model.get_weights(), timed, notes
+
+
+def user_calls():
+    """The user's Python, timed where fit calls it, with the calls counted by the user's code.
+
+    A Python generator given to fit (Keras iterates it in Python on JAX and
+    torch, inside `from_generator` on TensorFlow), a `PyDataset` on two worker
+    threads, and a tf.data map of a `tf.py_function`: each fit once without
+    the tuner and once with it.
+    """
+    results = {}
+    x, y = arrays(USER_BATCHES)
+
+    def generator_fit(with_tuner):
+        counted = {"calls": 0}
+
+        def batches():
+            for i in range(USER_BATCHES):
+                counted["calls"] += 1
+                time.sleep(USER_GENERATOR_S)
+                yield x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]
+
+        return _user_fit(batches(), with_tuner) + (counted["calls"],)
+
+    def py_dataset_fit(with_tuner):
+        data = CountingPyDataset(USER_BATCHES // 2, USER_GET_ITEM_S, workers=2)
+        return _user_fit(data, with_tuner, epochs=2) + (data.calls,)
+
+    def py_function_fit(with_tuner):
+        import tensorflow as tf
+
+        # Counted from the start of training: before it, on JAX and torch,
+        # Keras reads a batch to build the model and drops that iterator, whose
+        # read-ahead (one element or two, by the machine's load) tf.data makes.
+        counted = {"calls": 0, "training": False}
+
+        def slow_identity(value):
+            counted["calls"] += counted["training"]
+            time.sleep(LOAD_DELAY_S)
+            return value
+
+        def load(features, label):
+            features = tf.py_function(slow_identity, [features], tf.float32)
+            features.set_shape((FEATURES,))
+            return features, label
+
+        dataset = tf.data.Dataset.from_tensor_slices(arrays(4, batch=4)).map(load).batch(4)
+        fit = _user_fit(dataset, with_tuner, callbacks=[_TrainingBegins(counted)])
+        return fit + (counted["calls"],)
+
+    for name, fit in (
+        ("generator", generator_fit),
+        ("PyDataset", py_dataset_fit),
+        ("py_function", py_function_fit),
+    ):
+        plain_history, plain_weights, _, _, plain_calls = fit(False)
+        history, weights, timed, notes, calls = fit(True)
+        results[name] = {
+            "calls": calls,
+            "plain_calls": plain_calls,
+            "history": history == plain_history,
+            "weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, weights)),
+            "timed": timed,
+            "notes": notes,
+        }
+    from tensorflow.python.ops import script_ops
+
+    registry = script_ops.FuncRegistry.__dict__["__call__"]
+    results["registry_restored"] = registry.__qualname__ == "FuncRegistry.__call__" and (
+        registry.__module__ == script_ops.__name__
+    )
+    return results
+
+
 class FailingPyDataset(SlowPyDataset):
     """Raises ValueError when batch `fail_at` is loaded."""
 
@@ -947,6 +1065,7 @@ SCENARIOS = {
     "grain_failing": grain_failing,
     "grain_loop": grain_loop,
     "source_rows": source_rows,
+    "user_calls": user_calls,
 }
 
 

@@ -37,7 +37,9 @@ LOOP_SOURCE_MS = 50.0
 # given, the verdict both ways, the first step, identical training, outputs.
 # The others (loaders' advice, custom loops, the profiler window, Grain,
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
-CORE = ("inputs", "slow", "fast", "first_step", "identical", "outputs", "source_rows")
+CORE = (
+    "inputs", "slow", "fast", "first_step", "identical", "outputs", "source_rows", "user_calls"
+)
 
 
 def on(scenario, *backends):
@@ -166,6 +168,42 @@ def test_every_timing_source_hands_the_run_the_same_rows(backend, driver, measur
     assert 0.9 * SLOW_MS <= rows["median_wait_ms"] < 2 * SLOW_MS, rows
     # A call's wall time covers its rows (from its fetch to its last step's end).
     assert rows["wall_covers_rows"], rows
+
+
+@on("user_calls")
+@pytest.mark.parametrize("given", ["generator", "PyDataset", "py_function"])
+def test_the_users_python_is_timed_during_training_and_never_called_again(
+    backend, given, measured
+):
+    """A generator given to fit, a thread-backed PyDataset, a py_function map."""
+    fit = measured[given]
+    # The user's function ran as often as in the same fit without the tuner
+    # (the py_function counted from the start of training), and training was
+    # the same.
+    assert fit["calls"] == fit["plain_calls"], fit
+    assert fit["history"] and fit["weights"], fit
+    (timed,) = fit["timed"]
+    if given == "generator":
+        # Keras reads two batches to learn their shapes before fit begins; the
+        # six batches training reads after them are each one timed `next()`.
+        assert timed["stage"] == "generator()" and timed["function"] == "batches", timed
+        assert timed["source"] == "generator next" and timed["calls"] == 6, timed
+        expected_ms = 20
+    elif given == "PyDataset":
+        assert timed["function"] == "CountingPyDataset.__getitem__", timed
+        # Two epochs of four batches, on Keras' worker threads.
+        assert timed["calls"] == 8 and timed["per_batch_calls"] == 1.0, timed
+        expected_ms = 15
+    else:
+        assert timed["stage"] == "map(load)" and timed["function"] == "slow_identity", timed
+        assert timed["source"] == "tf.py_function" and timed["calls"] == 16, timed
+        assert fit["calls"] == 16, fit
+        assert timed["per_batch_calls"] == 4.0, timed
+        expected_ms = 10
+    assert 0.9 * expected_ms <= timed["wall_ms_median"] <= 3 * expected_ms, timed
+    # Sleeping takes no CPU: the figure is the thread's own, not the process's.
+    assert timed["cpu_ms"] < timed["wall_ms"] / 2, timed
+    assert measured["registry_restored"]
 
 
 @on("first_step")

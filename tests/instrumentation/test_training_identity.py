@@ -279,3 +279,56 @@ def test_the_contention_check_on_shuffled_arrays_changes_nothing_of_the_training
     for plain, tuned in zip(plain_weights, weights):
         np.testing.assert_array_equal(plain, tuned)
     assert draws == plain_draws
+
+
+def _train_timing_python(with_tuner):
+    """A fit whose input is the user's Python: a generator and a py_function map."""
+    counted = {"generator": 0, "map": 0}
+
+    def elements():
+        for x, y in _elements():
+            counted["generator"] += 1
+            yield x, y
+
+    def scale(x):
+        counted["map"] += 1
+        return x * np.float32(0.5)
+
+    def load(x, y):
+        x = tf.py_function(scale, [x], tf.float32)
+        x.set_shape((FEATURES,))
+        return x, y
+
+    dataset = tf.data.Dataset.from_generator(
+        elements,
+        output_signature=(
+            tf.TensorSpec((FEATURES,), tf.float32),
+            tf.TensorSpec((), tf.float32),
+        ),
+    ).map(load).batch(4)
+    keras.utils.set_random_seed(11)
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=_adam(), loss="mse")
+    tuner = kpt.PipelineTuner(verbose=0, profile="off") if with_tuner else None
+    history = model.fit(dataset, epochs=2, callbacks=[tuner] if tuner else [], verbose=0)
+    state = (int(model.optimizer.iterations.numpy()), history.history, model.get_weights())
+    return state, counted, tuner
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+def test_timing_the_users_python_changes_nothing_of_the_training():
+    (plain_iterations, plain_history, plain_weights), plain_counted, _ = _train_timing_python(
+        False
+    )
+    (iterations, history, weights), counted, tuner = _train_timing_python(True)
+    # The calls were timed (or the test would prove nothing) ...
+    timed = {t.source: t.calls for t in tuner.report.user_calls if t.per_element}
+    assert timed == {"generator next": 2 * ELEMENTS, "tf.py_function": 2 * ELEMENTS}
+    # ... each made once, as without the tuner, and training is the same.
+    assert counted == plain_counted
+    assert iterations == plain_iterations
+    assert history == plain_history
+    for plain, tuned in zip(plain_weights, weights):
+        np.testing.assert_array_equal(plain, tuned)

@@ -16,6 +16,7 @@ import pytest
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.after_training import what_if_replay
+from keras_pipeline_tuner.instrumentation.user_calls import UserCallTimer
 from keras_pipeline_tuner.outputs import markdown as report_markdown
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs import terminal as terminal_summary
@@ -61,6 +62,8 @@ FAULTS = {
     tensorboard_sink.TIMELINE: (timeline_image, "timeline_png"),
     tensorboard_sink.DASHBOARD: (dashboard_summaries, "write_step_block"),
     features.CPU_USAGE: (CpuMeter, "usage"),
+    # At the start of fit, before anything is timed.
+    features.USER_CALLS: (UserCallTimer, "begin"),
 }
 
 
