@@ -72,15 +72,9 @@ def running_call_local(model, method: str, name: str) -> Any:
     >>> running_call_local(object(), "fit", "epoch_iterator") is None
     True
     """
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+    frame = _call_frame(sys._getframe(1), model, method)  # pylint: disable=protected-access
     try:
-        for _ in range(_MAX_LOOP_FRAMES):
-            if frame is None:
-                return None
-            if frame.f_code.co_name == method and frame.f_locals.get("self") is model:
-                return frame.f_locals.get(name)
-            frame = frame.f_back
-        return None
+        return frame.f_locals.get(name) if frame is not None else None
     finally:
         del frame
 
@@ -133,14 +127,21 @@ def running_call(model, method: str) -> Optional[RunningCall]:
     >>> running_call(object(), "fit") is None
     True
     """
-    frame = sys._getframe(1)  # pylint: disable=protected-access
+    frame = _call_frame(sys._getframe(1), model, method)  # pylint: disable=protected-access
     try:
-        for _ in range(_MAX_LOOP_FRAMES):
-            if frame is None:
-                return None
-            if frame.f_code.co_name == method and frame.f_locals.get("self") is model:
-                return RunningCall(threading.get_ident(), id(frame), frame.f_code)
-            frame = frame.f_back
-        return None
+        if frame is None:
+            return None
+        return RunningCall(threading.get_ident(), id(frame), frame.f_code)
     finally:
         del frame
+
+
+def _call_frame(frame, model, method: str):
+    """The frame of `model.<method>` at or above `frame`, within `_MAX_LOOP_FRAMES`, or `None`."""
+    for _ in range(_MAX_LOOP_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == method and frame.f_locals.get("self") is model:
+            return frame
+        frame = frame.f_back
+    return None
