@@ -40,17 +40,19 @@ VISIBLE_ESCAPES = "\\x1b]0;retitled\\x07\\x1b[2J\\x1b[31mred"
 
 
 def hostile_report() -> kpt.Report:
+    # Hostile strings, and the largest figures a report can hold (a share
+    # outside 0-1 is refused where the report is read: see test_cli).
     text = " | ".join(HOSTILE)
     stats = StepStats(
         steps=10**300,
         input_wait=Distribution(mean_ms=1e308, median_ms=1e308, p90_ms=1e308),
         step=Distribution(mean_ms=1e308, median_ms=1e308, p90_ms=1e308),
-        input_fraction=1e308,
+        input_fraction=1.0,
     )
     stage = "map(`x` | " + text + ")"
     return kpt.Report(
         verdict=kpt.Verdict.HIGHLY_INPUT_BOUND,
-        input_fraction=1e308,
+        input_fraction=1.0,
         train=stats,
         notes=list(HOSTILE) + ["x" * 1_000_000],
         recommendations=[
