@@ -3,7 +3,8 @@
     keras-pipeline-tuner demo --log-dir logs/demo      # from the repository's root
     python docs/diagrams/demo_assets.py logs/demo
 
-It copies the naive run's report to docs/demo-report.json, prints its terminal
+It copies the naive run's report to docs/demo-report.json and its timeline
+image to docs/timeline.png, prints its terminal
 summary (paste it into README.md and docs/reading-the-report.md, between the
 `terminal-summary` comments; tests/docs/test_readme.py checks that they match),
 and takes docs/dashboard.png: TensorBoard serving the log dir, its Input
@@ -39,6 +40,7 @@ TUNED = "tuned/pipeline_tuner"
 def main(log_dir: pathlib.Path) -> None:
     report_file = ROOT / "docs" / "demo-report.json"
     shutil.copy(log_dir / "naive" / "report.json", report_file)
+    shutil.copy(log_dir / NAIVE / "timeline.png", ROOT / "docs" / "timeline.png")
     text = io.StringIO()
     print_summary(Report.from_json(report_file.read_text()), file=text)
     print(text.getvalue())
