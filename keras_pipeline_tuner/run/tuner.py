@@ -64,8 +64,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     function that timestamps the batch fetch and the step, so every step's
     input wait and compute are measured, with no measurable cost. The
     replacement is on the model only while a step runs: however fit is
-    interrupted, Keras' own functions are left in place (see the README's
-    "What the probes re-run" for the one exception, legacy random ops). At the end of fit it
+    interrupted, Keras' own functions are left in place (see the documentation's
+    "What it runs, and never runs" for the one exception, legacy random ops). At the end of fit it
     prints a verdict and writes `report.json` to `log_dir`; the file is also
     written every epoch, every few seconds within an epoch, when a step fails and
     at interpreter exit, so an interrupted run keeps what was measured. A failure
