@@ -16,6 +16,7 @@ from rich.text import Text
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.log_dir_runs import describe_runs
+from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -122,6 +123,8 @@ def print_summary(
     if report.profile is not None:
         # Text, not markup: stage names may hold brackets.
         console.print(Text(report.profile.summary()))
+    elif report.profile_pending:
+        console.print(Text(PROFILE_PENDING))
     if details:
         _print_recommendations(report, console)
     else:
