@@ -2,6 +2,7 @@
 
 import dataclasses
 import enum
+import logging
 import re
 from typing import IO
 from typing import Any
@@ -22,6 +23,8 @@ from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
 from keras_pipeline_tuner.workers.exchange import worker_rows
+
+logger = logging.getLogger("keras_pipeline_tuner")
 
 _VERDICT_STYLE = {
     Verdict.HIGHLY_INPUT_BOUND: "bold red",
@@ -52,6 +55,20 @@ def verdict_line(report: Report) -> str:
         f"{report.verdict.value}: {report.input_fraction * 100:.1f} % of step time "
         "waits for input"
     )
+
+
+def announce(line: str, verbose: int) -> None:
+    """Says one line before the tuner's own work that may take over a second.
+
+    Logged at INFO, and printed (`print_line`) when the tuner is verbose.
+
+    Args:
+        line: what the work is, e.g. "converting the profile (xprof) ...".
+        verbose: the tuner's `verbose`.
+    """
+    logger.info("keras-pipeline-tuner: %s", line)
+    if verbose:
+        print_line(f"keras-pipeline-tuner: {line}")
 
 
 def print_line(line: str, file: Optional[IO[str]] = None) -> None:

@@ -25,8 +25,10 @@ user's main script again in the child (a training script without an
 a process whose TensorFlow threads may hold locks. The child is
 `python -m keras_pipeline_tuner.profiling.conversion <dir>`: it imports xprof
 and the tuner's reading of its output, not TensorFlow (about half a second),
-reads its request from `<dir>`, writes its result there and exits. The parent
-only asks whether it has exited, so no thread waits for it.
+reads its request from `<dir>`, writes its result there and exits. During fit
+the parent only asks whether it has exited; a conversion still running at the
+end of fit is waited for by a thread blocked in `Popen.wait()`, which holds no
+GIL (see `run.late_profile`).
 """
 
 import dataclasses
@@ -83,8 +85,8 @@ class Conversion:
 
     The process starts at once; `done()` asks, without waiting, whether it has
     ended, `result()` waits for it. However the run ends (an exception, Ctrl-C,
-    a new fit, the interpreter exiting), `cancel()` or the object's collection
-    stops the process and removes its files.
+    the interpreter exiting), `cancel()` or the object's collection stops the
+    process and removes its files.
 
     Args:
         xplane_path: the `.xplane.pb` capture. One on a remote file system
@@ -136,7 +138,8 @@ class Conversion:
             raise
         self._process = process
         self._directory = directory
-        # Also run at interpreter exit: no conversion outlives the process that asked.
+        # Also run at interpreter exit (after `run.late_profile`'s bounded wait
+        # for it): no conversion outlives the process that asked.
         self._stop = weakref.finalize(self, _stop_process, process, directory)
 
     def done(self) -> bool:
