@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -256,7 +257,7 @@ def test_a_wait_takes_seconds_or_none(timeout_s):
 
 
 # A training script that fits with a window whose conversion lasts `delay_s`
-# more, says what runs, then exits.
+# more, says what runs, then exits ("exit") or waits to be killed ("killed").
 _SCRIPT = r"""
 import json, os, sys, time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -278,6 +279,8 @@ conversions = [
 ]
 state = {"pending": tuner.report.profile_pending, "conversions": conversions}
 print("STATE " + json.dumps(state), flush=True)
+if mode == "killed":
+    time.sleep(600)
 """
 
 
@@ -303,6 +306,26 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
+def test_the_conversion_ends_with_a_killed_training_process(tmp_path, signal_number):
+    script = start_script(tmp_path, "killed", delay_s=600)
+    try:
+        state = script_state(iter(script.stdout.readline, ""), tmp_path)
+        assert state["pending"] and len(state["conversions"]) == 1, state
+        conversion = psutil.Process(state["conversions"][0])
+        directory = conversion.cmdline()[-2]
+        assert os.path.isdir(directory)
+        script.send_signal(signal_number)
+        assert script.wait(30) == -signal_number
+    finally:
+        script.kill()
+        script.wait()
+    # A conversion left running would sleep for ten minutes, then convert.
+    assert eventually(lambda: gone(conversion.pid), timeout_s=10)
+    assert not os.path.exists(directory)
 
 
 @pytest.mark.multiprocess
