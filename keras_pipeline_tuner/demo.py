@@ -265,9 +265,11 @@ def _train(dataset, log_dir: str, epochs: int, console: Optional[Console] = None
     keras.utils.set_random_seed(0)
     # shuffle=False: the pipeline shuffles its files itself (Keras only warns).
     history = small_cnn().fit(dataset, epochs=epochs, callbacks=[tuner], verbose=2, shuffle=False)
-    # Fit does not wait for the profiler window's conversion; the demo shows its evidence.
+    # Fit does not wait for the profiler window's conversion: when the summary
+    # above could not show it, the evidence is shown once it has joined.
+    pending = tuner.report.profile_pending
     report = tuner.wait_for_profile()
-    if report.profile is not None and console is not None:
+    if pending and report.profile is not None and console is not None:
         console.print(Text(report.profile.summary()))
     return history, report
 
