@@ -464,7 +464,13 @@ class Run:
             profile.take()
         report = self._write_final_outputs(summary)
         if profile is not None and profile.pending and self._late is None:
-            self._late = LateProfile(profile, self._profile_joined, self._announce)
+            if self.guard.enabled(features.PROFILER_WINDOW):
+                with self.guard(features.PROFILER_WINDOW):
+                    self._late = LateProfile(profile, self._profile_joined, self._announce)
+            if self._late is None:
+                # The window's feature is off (e.g. no thread could start): the
+                # conversion is stopped, not waited for.
+                profile.take()
         return report
 
     def _write_final_outputs(self, summary: bool, late: bool = False) -> Report:

@@ -27,6 +27,11 @@ from tensorboard.backend.event_processing import event_accumulator
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
+from keras_pipeline_tuner.profiling import window as profiler_window
+from keras_pipeline_tuner.run import lifecycle
+from tests.helpers.fault_injection import raise_injected
+from tests.helpers.fault_injection import tuner_warnings
+from tests.helpers.fault_injection import turned_off
 from tests.helpers.late_profile import CONVERSION_DELAY_S
 from tests.helpers.late_profile import slow_conversions  # noqa: F401 - a fixture
 from tests.helpers.paths import REPO_ROOT
@@ -248,6 +253,24 @@ def test_a_custom_loops_close_waits_for_the_profile_and_says_so(tmp_path, caplog
     said = [r for r in caplog.records if "converting the profile (xprof)" in r.getMessage()]
     assert len(said) == 1
     assert not read_report(tmp_path)["profile_pending"]
+
+
+@pytest.mark.usefixtures("slow_conversions")
+def test_a_late_profile_that_cannot_start_turns_the_window_off_only(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(lifecycle, "LateProfile", raise_injected)
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
+    with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
+        short_fit(tuner)
+    assert turned_off(tuner_warnings(caplog)) == [profiler_window.FEATURE]
+    report = tuner.report
+    assert report.train.steps == 9 and not report.profile_pending and report.profile is None
+    turned_off_note = f"{profiler_window.FEATURE} was turned off"
+    assert any(note.startswith(turned_off_note) for note in report.notes)
+    # The conversion was stopped, not left running.
+    assert eventually(lambda: not [
+        child for child in psutil.Process().children()
+        if "keras_pipeline_tuner.profiling.conversion" in " ".join(child.cmdline())
+    ], timeout_s=10)
 
 
 @pytest.mark.parametrize("timeout_s", [-1, "10", True, float("nan")])
