@@ -336,13 +336,13 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         needed right after fit. A wait that may last over a second is said
         first, in one line. A custom loop's `close()` waits by itself.
 
-        Args:
-            timeout_s: the longest to wait, in seconds; `None` waits until
-                the conversion has ended.
-
         Also waits for the profile of an earlier run of this tuner still
         converting (a fit followed by `evaluate()`, whose run is the latest):
         its files are final when this returns.
+
+        Args:
+            timeout_s: the longest to wait, in seconds; `None` waits until
+                the conversion has ended.
 
         Returns:
             The latest run's `Report`: with the profile evidence, or with
