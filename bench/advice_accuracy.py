@@ -425,7 +425,8 @@ def advised(case, log_dir, defaults: bool = False, epochs: int = 2):
         case.build(), epochs=epochs, callbacks=[tuner], verbose=0, shuffle=False,
         **case.fit_kwargs,
     )
-    return tuner.report
+    # With the profiler window's evidence, which may join after fit.
+    return tuner.wait_for_profile()
 
 
 def cache_line(report):

@@ -59,7 +59,8 @@ def one_round(model, dataset, log_dir):
         )
     finally:
         gc.enable()
-    evidence = tuner.report.profile
+    # The conversion may still run when fit returns.
+    evidence = tuner.wait_for_profile().profile
     steps = tuner.clock.steps("train")
     step_s = steps["wait"] + steps["compute"]
     # The clock keeps the first step apart: retained row i is training step i + 1.

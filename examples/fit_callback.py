@@ -54,7 +54,8 @@ model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
 tuner = kpt.PipelineTuner(log_dir="logs/fit_callback")
 model.fit(dataset, epochs=EPOCHS, callbacks=[tuner], verbose=2)
 
-report = tuner.report
+# The profiler window's evidence may still be converting when fit returns.
+report = tuner.wait_for_profile()
 print(f"Verdict: {report.verdict.value} ({report.input_fraction:.0%} of step time is input wait)")
 for recommendation in report.recommendations[:3]:
     print(f"- {recommendation.title}")

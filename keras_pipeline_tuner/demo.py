@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 from rich.console import Console
+from rich.text import Text
 
 IMAGE_SIZE = 64
 SOURCE_SIZE = 192
@@ -209,7 +210,7 @@ def run_demo(
 
     console.rule("1/3  Training on the pipeline as first written")
     naive = naive_pipeline(pattern, batch_size)
-    naive_history, naive_report = _train(naive, os.path.join(log_dir, "naive"), epochs)
+    naive_history, naive_report = _train(naive, os.path.join(log_dir, "naive"), epochs, console)
 
     console.rule("2/3  kpt.tune: rewriting the pipeline and timing each rewrite")
     compute_s = (naive_report.train.compute.median_ms or 0.0) / 1e3
@@ -232,7 +233,7 @@ def run_demo(
         return DemoResult(log_dir, naive_report, None, tune_result, None, accuracy)
 
     console.rule("3/3  Training on the tuned pipeline")
-    tuned_history, tuned_report = _train(tuned, os.path.join(log_dir, "tuned"), epochs)
+    tuned_history, tuned_report = _train(tuned, os.path.join(log_dir, "tuned"), epochs, console)
     # Beside the tuned run, for the Input pipeline tab.
     write_tune_result(os.path.join(log_dir, "tuned"), tune_result)
 
@@ -254,8 +255,8 @@ def run_demo(
     return DemoResult(log_dir, naive_report, tuned_report, tune_result, speedup, accuracy)
 
 
-def _train(dataset, log_dir: str, epochs: int):
-    """Fits a fresh model on `dataset` with a tuner: `(history, report)`."""
+def _train(dataset, log_dir: str, epochs: int, console: Optional[Console] = None):
+    """Fits a fresh model on `dataset` with a tuner: `(history, report)`, its profile joined."""
     import keras
 
     from keras_pipeline_tuner.run.tuner import PipelineTuner
@@ -264,7 +265,13 @@ def _train(dataset, log_dir: str, epochs: int):
     keras.utils.set_random_seed(0)
     # shuffle=False: the pipeline shuffles its files itself (Keras only warns).
     history = small_cnn().fit(dataset, epochs=epochs, callbacks=[tuner], verbose=2, shuffle=False)
-    return history, tuner.report
+    # Fit does not wait for the profiler window's conversion: when the summary
+    # above could not show it, the evidence is shown once it has joined.
+    pending = tuner.report.profile_pending
+    report = tuner.wait_for_profile()
+    if pending and report.profile is not None and console is not None:
+        console.print(Text(report.profile.summary()))
+    return history, report
 
 
 def _tune(naive, compute_s: float, budget_s: float, batches: int, console: Console):

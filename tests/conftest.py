@@ -17,6 +17,20 @@ def _no_global_seed_leaks():
     tf.random.set_seed(None)
 
 
+@pytest.fixture(autouse=True)
+def _no_late_profile_outlives_its_test():
+    """A profile still converting after a test's fit joins its run before the next test.
+
+    Its outputs are written again on a thread of the tuner's: in the next test,
+    that thread would meet that test's patched collaborators and log into its
+    captured warnings.
+    """
+    yield
+    from keras_pipeline_tuner.run import late_profile
+
+    assert late_profile.wait_for_all(timeout_s=120), "a profile conversion did not end"
+
+
 @pytest.fixture
 def contention_cap_raised(monkeypatch):
     """The contention check's own cap raised to 5 s, what a fit of minutes gives it.

@@ -14,6 +14,7 @@ from typing import Optional
 
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
+from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import format_ms
@@ -71,6 +72,8 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
         lines += _recommendation(rank, recommendation)
     if report.profile is not None:
         lines += _profile(report)
+    elif report.profile_pending:
+        lines += ["", "### Profiler window", "", escape(PROFILE_PENDING)]
     if report.user_calls:
         lines += _user_calls(report)
     if report.notes:

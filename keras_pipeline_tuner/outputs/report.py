@@ -30,6 +30,8 @@ from keras_pipeline_tuner.timing.tuner_cost import TunerCost
 from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 SCHEMA_VERSION = 1
+# What the outputs say of a profile still converting (`Report.profile_pending`).
+PROFILE_PENDING = "Profile: converting (xprof), joins the report when ready."
 
 
 @dataclasses.dataclass
@@ -57,6 +59,9 @@ class Report:
         environment: versions of the libraries the run used.
         profile: `ProfileEvidence` of the TF Profiler window, if one was
             captured and converted.
+        profile_pending: a window was captured and its conversion still runs:
+            its evidence joins the report (and `report.json`, TensorBoard)
+            when ready; `PipelineTuner.wait_for_profile()` waits for it.
         findings: `Finding`s of the pipeline inspection (`kpt.inspect`) of the
             data fit iterated.
         what_if: `WhatIfResult` of the what-if replay (`PipelineTuner(
@@ -121,6 +126,7 @@ class Report:
     input_free: Optional[ExpectedGain] = None
     reuse: Optional[DataReuse] = None
     user_calls: List[UserCallTiming] = dataclasses.field(default_factory=list)
+    profile_pending: bool = False
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -2,6 +2,7 @@
 
 import dataclasses
 import enum
+import logging
 import re
 from typing import IO
 from typing import Any
@@ -16,11 +17,14 @@ from rich.text import Text
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.log_dir_runs import describe_runs
+from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
 from keras_pipeline_tuner.workers.exchange import worker_rows
+
+logger = logging.getLogger("keras_pipeline_tuner")
 
 _VERDICT_STYLE = {
     Verdict.HIGHLY_INPUT_BOUND: "bold red",
@@ -53,6 +57,20 @@ def verdict_line(report: Report) -> str:
         f"{report.verdict.value}: {report.input_fraction * 100:.1f} % of step time "
         "waits for input"
     )
+
+
+def announce(line: str, verbose: int) -> None:
+    """Says one line before the tuner's own work that may take over a second.
+
+    Logged at INFO, and printed (`print_line`) when the tuner is verbose.
+
+    Args:
+        line: what the work is, e.g. "converting the profile (xprof) ...".
+        verbose: the tuner's `verbose`.
+    """
+    logger.info("keras-pipeline-tuner: %s", line)
+    if verbose:
+        print_line(f"keras-pipeline-tuner: {line}")
 
 
 def print_line(line: str, file: Optional[IO[str]] = None) -> None:
@@ -124,6 +142,8 @@ def print_summary(
     if report.profile is not None:
         # Text, not markup: stage names may hold brackets.
         console.print(Text(report.profile.summary()))
+    elif report.profile_pending:
+        console.print(Text(PROFILE_PENDING))
     python = user_calls_line(report)
     if python is not None:
         console.print(Text(python))

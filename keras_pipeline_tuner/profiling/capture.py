@@ -10,7 +10,6 @@ runs in a process of its own while training goes on (`ConvertingCapture`, see
 
 import glob
 import itertools
-import logging
 import os
 import shutil
 import tempfile
@@ -25,11 +24,6 @@ from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling import stage_names
 from keras_pipeline_tuner.profiling.conversion import Conversion
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-
-logger = logging.getLogger("keras_pipeline_tuner")
-
-# The end of fit says it is waiting for the conversion once it has waited this long.
-WAIT_SAID_AFTER_S = 1.0
 
 # The TensorBoard run, under log_dir, that holds the captures:
 # <log_dir>/pipeline_tuner/plugins/profile/<run>/<host>.xplane.pb.
@@ -258,27 +252,25 @@ class ConvertingCapture:
         """Whether the conversion has ended (without waiting)."""
         return self.conversion.done()
 
-    def join(self) -> ProfileEvidence:
-        """Waits for the conversion and fills in the evidence.
+    def join(self, waited_s: float = 0.0) -> ProfileEvidence:
+        """Fills in the evidence from the conversion's result (waiting for it if it runs).
 
-        A wait of more than `WAIT_SAID_AFTER_S` is said in one INFO line; the
+        Called once the conversion has ended (`done()`), or by a caller that
+        waited for it and said so (see `fit_profile.FitProfile.wait`). The
         conversion's process is gone when this returns or raises (Ctrl-C too).
 
+        Args:
+            waited_s: how long the training thread waited for the conversion
+                (`cost.conversion_wait_s`).
+
         Returns:
-            The evidence, its cost with the conversion's times and this wait.
+            The evidence, its cost with the conversion's times and that wait.
 
         Raises:
             ConversionFailed: xprof could not convert the capture.
         """
         conversion = self.conversion
-        began = time.perf_counter()
         try:
-            if not conversion.wait(WAIT_SAID_AFTER_S):
-                logger.info(
-                    "keras-pipeline-tuner: converting the profile (xprof), started %.0f s "
-                    "ago; the end of fit waits for it.",
-                    time.time() - conversion.began_at,
-                )
             result = conversion.result()
         finally:
             conversion.cancel()
@@ -288,7 +280,7 @@ class ConvertingCapture:
         cost = evidence.cost
         cost.conversion_began_at, cost.conversion_ended_at = result.began_at, result.ended_at
         cost.conversion_s = result.ended_at - result.began_at
-        cost.conversion_wait_s = time.perf_counter() - began
+        cost.conversion_wait_s = waited_s
         evidence.notes += analysed.notes
         profile_evidence.keep_first_steps(evidence.xplane_path, result.first_steps)
         return evidence

@@ -23,10 +23,19 @@ Not `multiprocessing` (nor `ProcessPoolExecutor`): its "spawn" start runs the
 user's main script again in the child (a training script without an
 `if __name__ == "__main__":` guard would train again there), and "fork" copies
 a process whose TensorFlow threads may hold locks. The child is
-`python -m keras_pipeline_tuner.profiling.conversion <dir>`: it imports xprof
-and the tuner's reading of its output, not TensorFlow (about half a second),
-reads its request from `<dir>`, writes its result there and exits. The parent
-only asks whether it has exited, so no thread waits for it.
+`python -m keras_pipeline_tuner.profiling.conversion <dir> <parent pid>`: it
+imports xprof and the tuner's reading of its output, not TensorFlow (about half
+a second), reads its request from `<dir>`, writes its result there and exits.
+During fit the parent only asks whether it has exited; a conversion still running
+at the end of fit is waited for by a thread blocked in `Popen.wait()`, which
+holds no GIL (see `run.late_profile`).
+
+The process ends with the one that started it: a training process killed by
+SIGTERM or SIGKILL runs none of its clean-up, and the conversion would run on,
+orphaned. Not through `preexec_fn` (`PR_SET_PDEATHSIG`): that runs Python in a
+forked copy of the user's process between `fork` and `exec`, with its
+`os.register_at_fork` hooks, and the tuner never forks the user's process. The
+child watches its parent instead (`_exit_with_parent`).
 """
 
 import dataclasses
@@ -36,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from typing import Dict
@@ -53,6 +63,11 @@ _STDERR = "stderr.txt"
 # keeps busy, the conversion mostly takes what is left, so that it slows the
 # steps (and the pipeline whose wait the step clock measures meanwhile) little.
 NICENESS = 10
+# How often the child looks whether the process that started it is still its
+# parent: it ends within about this long of that process's death.
+PARENT_CHECK_S = 0.25
+# The child's exit code when it ended because its parent was gone.
+PARENT_GONE = 3
 
 
 class ConversionFailed(RuntimeError):
@@ -83,8 +98,9 @@ class Conversion:
 
     The process starts at once; `done()` asks, without waiting, whether it has
     ended, `result()` waits for it. However the run ends (an exception, Ctrl-C,
-    a new fit, the interpreter exiting), `cancel()` or the object's collection
-    stops the process and removes its files.
+    the interpreter exiting), `cancel()` or the object's collection stops the
+    process and removes its files; if the training process is killed, the
+    process ends by itself (see `_exit_with_parent`).
 
     Args:
         xplane_path: the `.xplane.pb` capture. One on a remote file system
@@ -125,7 +141,7 @@ class Conversion:
                 pickle.dump(request, file)
             with open(os.path.join(directory, _STDERR), "wb") as stderr:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", __name__, directory],
+                    [sys.executable, "-m", __name__, directory, str(os.getpid())],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
@@ -136,7 +152,8 @@ class Conversion:
             raise
         self._process = process
         self._directory = directory
-        # Also run at interpreter exit: no conversion outlives the process that asked.
+        # Also run at interpreter exit (after `run.late_profile`'s bounded wait
+        # for it): no conversion outlives the process that asked.
         self._stop = weakref.finalize(self, _stop_process, process, directory)
 
     def done(self) -> bool:
@@ -197,7 +214,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The conversion's process: reads the request in a directory, writes the result there.
 
     Args:
-        argv: `[directory]`; the command line's arguments by default.
+        argv: `[directory]` or `[directory, parent_pid]`; the command line's
+            arguments by default. With `parent_pid`, the process ends as soon
+            as that process is no longer its parent (see `_exit_with_parent`).
 
     Returns:
         The exit code: 0 once the result (or the conversion's error) is written.
@@ -205,10 +224,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     Example:
 
     ```
-    python -m keras_pipeline_tuner.profiling.conversion /tmp/keras_pipeline_tuner_conversion_x
+    python -m keras_pipeline_tuner.profiling.conversion /tmp/keras_pipeline_tuner_conversion_x 4242
     ```
     """
-    directory = (sys.argv[1:] if argv is None else argv)[0]
+    arguments = sys.argv[1:] if argv is None else argv
+    directory = arguments[0]
+    if len(arguments) > 1:
+        # First: the parent may be gone already.
+        _exit_with_parent(int(arguments[1]), directory)
     if hasattr(os, "nice"):
         os.nice(NICENESS)
     with open(os.path.join(directory, _REQUEST), "rb") as file:
@@ -224,6 +247,30 @@ def main(argv: Optional[List[str]] = None) -> int:
     with open(os.path.join(directory, _RESULT), "wb") as file:
         pickle.dump(answer, file)
     return 0
+
+
+def _exit_with_parent(parent: int, directory: str, every_s: float = PARENT_CHECK_S) -> None:
+    """Ends this process, from a daemon thread, once `parent` is no longer its parent.
+
+    A process whose parent dies is re-parented (to init, or to a subreaper), so
+    `os.getppid()` then differs from the id the parent passed: also when it died
+    before this process got here. Nothing would read the result: the request's
+    directory is removed, and the process exits at once (`os._exit`), whatever
+    its main thread is doing. The check costs microseconds a few times a second.
+
+    Args:
+        parent: the id of the process that started this one.
+        directory: the request's directory.
+        every_s: seconds between checks.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        shutil.rmtree(directory, ignore_errors=True)
+        os._exit(PARENT_GONE)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def _local_capture(xplane_path: str, directory: str) -> str:

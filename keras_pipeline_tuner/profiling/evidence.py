@@ -134,9 +134,10 @@ class CaptureCost:
             while training went on: from starting that process to its result.
         conversion_began_at: when that process was started (`time.time()`).
         conversion_ended_at: when it had the result (`time.time()`).
-        conversion_wait_s: time the training thread waited for the result at
-            the end of fit (0 when it was ready before); the tuner's only cost
-            of the conversion on that thread.
+        conversion_wait_s: time the training thread waited for the result:
+            0 at the end of fit, which does not wait (the result joins the
+            report when it arrives); a custom loop's `close()` waits for it.
+            The tuner's only cost of the conversion on that thread.
     """
 
     steps: int = 0

@@ -8,8 +8,10 @@ xprof's input-pipeline analyzer finds no steps. The capture is written to a
 fresh run folder where TensorBoard's Profile tab finds it, and converted with
 xprof in a process of its own, started when the window closes, while training
 goes on (see `conversion`). Its evidence joins the run at the first epoch end
-after it is done, and at the latest at the end of fit, which waits for it;
-until then the run reads none (never half of it).
+after it is done; a conversion still running at the end of fit is handed to the
+run with the fit's profile (`end_fit`, see `fit_profile`), which does not wait
+for it there (see `run.late_profile`). Until then the run reads none (never
+half of it).
 """
 
 import contextlib
@@ -29,6 +31,7 @@ from keras_pipeline_tuner.profiling.capture import Capture
 from keras_pipeline_tuner.profiling.capture import ConvertingCapture
 from keras_pipeline_tuner.profiling.capture import ProfilerBusy
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_stats import beyond_fetch_bound
 from keras_pipeline_tuner.timing.step_stats import verdict_for
@@ -141,6 +144,11 @@ class ProfilerWindow:
     def capturing(self) -> bool:
         """Whether a window is open now (its steps are being captured)."""
         return self._capture is not None
+
+    @property
+    def converting(self) -> bool:
+        """Whether a closed window's evidence is still to come (its conversion runs)."""
+        return self._converting is not None or self._pending is not None
 
     @property
     def consults_clock(self) -> bool:
@@ -285,12 +293,22 @@ class ProfilerWindow:
     def end_epoch(self) -> None:
         """Closes an open window; takes its conversion's evidence if it is done (no wait)."""
         self.close(EPOCH_ENDED)
-        self._join_conversion(wait=False)
+        self._join_conversion()
 
-    def end_fit(self) -> None:
-        """Closes the window, waits for its conversion, and notes a window not reached."""
+    def end_fit(self) -> FitProfile:
+        """Closes the window, starts its conversion, and hands the fit's profile over.
+
+        Nothing waits for the conversion here: a conversion that has ended
+        joins the evidence now, one still running goes with the `FitProfile`,
+        and the window keeps no part of it (the next fit's `begin_fit` cannot
+        stop it). A window the fit did not reach is noted.
+
+        Returns:
+            The fit's `FitProfile`: the evidence, the notes, and the
+            conversion if it still runs.
+        """
         self.close(FIT_ENDED)
-        self._join_conversion(wait=True)
+        self._join_conversion()
         if (
             isinstance(self.profile, tuple)
             and not self._taken
@@ -301,6 +319,8 @@ class ProfilerWindow:
                 f"No profiler window: profile={self.profile} starts after the last "
                 f"step of this fit ({self._steps_done} steps). Pick steps inside the fit."
             )
+        converting, self._converting = self._converting, None
+        return FitProfile(self.evidence, list(self.notes), converting, self._guard)
 
     def fit_failed(self) -> None:
         """The fit ends by an exception, after `close(FIT_ENDED)`: nothing of it goes on.
@@ -312,7 +332,7 @@ class ProfilerWindow:
         """
         if self._guard.enabled(FEATURE):
             with self._guard(FEATURE):
-                self._take_evidence(wait=False)
+                self._take_evidence()
         self._abandon()
 
     # Internals.
@@ -435,18 +455,18 @@ class ProfilerWindow:
             self.evidence = evidence
             raise
 
-    def _join_conversion(self, wait: bool) -> None:
+    def _join_conversion(self) -> None:
         # Starts converting the user's capture (written by now); takes the
-        # evidence of a conversion that has ended, or waits for it.
+        # evidence of a conversion that has ended (no wait).
         if not self._usable():
             return
         with self._guard(FEATURE):
             self._start_conversion()
-            self._take_evidence(wait)
+            self._take_evidence()
 
-    def _take_evidence(self, wait: bool) -> None:
+    def _take_evidence(self) -> None:
         converting = self._converting
-        if converting is None or not (wait or converting.done()):
+        if converting is None or not converting.done():
             return
         self._converting = None
         try:

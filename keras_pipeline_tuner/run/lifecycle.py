@@ -11,12 +11,15 @@ window, the replay, the CPU meter, the user's Python calls timed during
 training, the other workers' summaries), builds the `Report` from them
 (`run_report`), and writes the outputs (its report files,
 TensorBoard, the step trace, the terminal summary) at a cadence: every epoch,
-every few seconds within one, when a step fails, and at the end.
+every few seconds within one, when a step fails, and at the end; and once more
+when a profile still converting at the end joins the run (`run.late_profile`).
 """
 
 import atexit
+import contextlib
 import dataclasses
 import logging
+import threading
 import time
 import weakref
 from typing import Callable
@@ -34,11 +37,14 @@ from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run import run_report
 from keras_pipeline_tuner.run.early_verdict import EarlyVerdict
 from keras_pipeline_tuner.run.early_verdict import filling_a_cache
+from keras_pipeline_tuner.run.late_profile import LateProfile
 from keras_pipeline_tuner.run.run_files import RunFiles
 from keras_pipeline_tuner.run.run_workers import RunWorkers
 from keras_pipeline_tuner.timing import measurement as measured_by
@@ -160,6 +166,13 @@ class Run:
         self._cpu: Optional[CpuMeter] = None
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._workers: Optional[RunWorkers] = None
+        # The profiler window's evidence of this run, once its training ended
+        # (`end_window`), and the wait for a conversion still running then.
+        self.profile: Optional[FitProfile] = None
+        self._late: Optional[LateProfile] = None
+        # The final outputs are written again when a late profile joins, on
+        # another thread: one writer at a time.
+        self._final_writes = threading.RLock()
 
     # Lifecycle.
 
@@ -297,6 +310,53 @@ class Run:
 
     # Evidence.
 
+    def end_window(self) -> None:
+        """Training ended: closes the profiler window and takes this run's profile (no wait).
+
+        A conversion still running goes on in its process; its evidence joins
+        the report when it ends (see `finish` and `run.late_profile`).
+        """
+        self.profile = self.window.end_fit()
+
+    def profile_evidence(self) -> Optional[ProfileEvidence]:
+        """The profiler window's evidence, once converted; `None` before."""
+        profile = self.profile
+        return profile.evidence if profile is not None else self.window.evidence
+
+    def profile_notes(self) -> List[str]:
+        """The profiler window's notes (windows skipped or not reached)."""
+        profile = self.profile
+        return profile.notes if profile is not None else self.window.notes
+
+    @property
+    def profile_pending(self) -> bool:
+        """Whether a captured window's evidence is still to come (its conversion runs)."""
+        profile = self.profile
+        if profile is not None:
+            return profile.pending
+        return not self.finished and self.window.converting
+
+    def wait_for_profile(self, timeout_s: Optional[float] = None) -> bool:
+        """Waits for a profile still converting after training to join the run.
+
+        Before `finish`, on this thread: the evidence joins, and `finish`
+        writes it. After, until the outputs have been written with it. A wait
+        that may last over a second is said first, in one line.
+
+        Args:
+            timeout_s: the longest to wait; `None` waits until then.
+
+        Returns:
+            Whether nothing is pending any more.
+        """
+        late = self._late
+        if late is not None:
+            return late.wait(timeout_s)
+        profile = self.profile
+        if profile is None or not profile.pending:
+            return True
+        return profile.wait(self._announce, timeout_s)
+
     def inspect(self, find: Callable[[], list]) -> None:
         """Runs the pipeline inspection once, before the first step; keeps its findings.
 
@@ -383,7 +443,10 @@ class Run:
     def finish(self, summary: bool = True) -> Report:
         """Builds the final report and writes every output.
 
-        The driver closes the profiler window first (`window.end_fit()`).
+        The driver ends the profiler window first (`end_window()`). A profile
+        still converting is not waited for: the report says it is pending
+        (`Report.profile_pending`), and the outputs are written again, on a
+        thread of the tuner's, when its evidence joins (`run.late_profile`).
 
         Args:
             summary: print the terminal summary (when `verbose`); an
@@ -401,32 +464,74 @@ class Run:
             with self.guard(features.CPU_USAGE):
                 self._cpu.stop()
         self._exchange_worker_summaries(final=True)
-        report = self.built_report()
-        if report is None:
-            return Report(notes=self.failure_notes())
-        failures = len(self.guard.failures)
-        with self.cost.part("outputs"):
-            if self.tensorboard is not None:
-                self.tensorboard.finish(self.clock, report)
-                if self.guard.enabled(features.STEP_TRACE):
-                    with self.guard(features.STEP_TRACE):
-                        write_trace(self.clock, self.files.folder())
-        # What the tuner's work after training cost, up to this last write.
-        self.cost.stopped()
-        report.tuner_cost = self.cost.cost()
-        if len(self.guard.failures) != failures:
-            # An output failed: the file says so too.
-            report.notes = report.notes + self.failure_notes()[failures:]
-        self.files.write(report, final=True)
-        if summary and self.settings.verbose and self.guard.enabled(features.SUMMARY):
-            written = len(self.guard.failures)
-            with self.guard(features.SUMMARY):
-                terminal_summary.print_summary(report)
-            if len(self.guard.failures) != written:
-                # The summary failed after the file was written: the file says so too.
-                report.notes = report.notes + self.failure_notes()[written:]
-                self.files.write(report, final=True)
+        profile = self.profile
+        if profile is not None and profile.pending and profile.done():
+            # Ended meanwhile (during the probes): it joins now, at once.
+            profile.take()
+        report = self._write_final_outputs(summary)
+        if profile is not None and profile.pending and self._late is None:
+            if self.guard.enabled(features.PROFILER_WINDOW):
+                with self.guard(features.PROFILER_WINDOW):
+                    self._late = LateProfile(profile, self._profile_joined, self._announce)
+            if self._late is None:
+                # The window's feature is off (e.g. no thread could start): the
+                # conversion is stopped, not waited for.
+                profile.take()
         return report
+
+    def _write_final_outputs(self, summary: bool, late: bool = False) -> Report:
+        """The final report, and every output written with it.
+
+        Args:
+            summary: print the terminal summary (when `verbose`).
+            late: written again because a profile joined after `finish`: the
+                tuner's cost stays what it was, the step trace (which holds no
+                profile) is not written again, and the log dir's own report
+                only while no later training run has begun there.
+
+        Returns:
+            The final `Report`.
+        """
+        with self._final_writes:
+            report = self.built_report()
+            if report is None:
+                return Report(notes=self.failure_notes())
+            failures = len(self.guard.failures)
+            with contextlib.nullcontext() if late else self.cost.part("outputs"):
+                if self.tensorboard is not None:
+                    self.tensorboard.finish(self.clock, report)
+                    if not late and self.guard.enabled(features.STEP_TRACE):
+                        with self.guard(features.STEP_TRACE):
+                            write_trace(self.clock, self.files.folder())
+            # What the tuner's work after training cost, up to this last write.
+            self.cost.stopped()
+            report.tuner_cost = self.cost.cost()
+            if len(self.guard.failures) != failures:
+                # An output failed: the file says so too.
+                report.notes = report.notes + self.failure_notes()[failures:]
+            self.files.write(report, final=True, late=late)
+            if summary and self.settings.verbose and self.guard.enabled(features.SUMMARY):
+                written = len(self.guard.failures)
+                with self.guard(features.SUMMARY):
+                    terminal_summary.print_summary(report)
+                if len(self.guard.failures) != written:
+                    # The summary failed after the file was written: the file says so too.
+                    report.notes = report.notes + self.failure_notes()[written:]
+                    self.files.write(report, final=True, late=late)
+            return report
+
+    def _profile_joined(self) -> None:
+        # On the late profile's thread: the final outputs, again, with it.
+        report = self._write_final_outputs(summary=False, late=True)
+        if report.profile is not None:
+            logger.info(
+                "keras-pipeline-tuner: the profile joined the report of %s: %s",
+                report.run or "the run",
+                report.profile.summary(),
+            )
+
+    def _announce(self, line: str) -> None:
+        terminal_summary.announce(line, self.settings.verbose)
 
     # The report.
 

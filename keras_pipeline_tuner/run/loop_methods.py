@@ -85,6 +85,12 @@ class CustomLoopMethods:
     def close(self) -> Report:
         """Ends a custom loop's run: the probes that apply, the report, the summary.
 
+        The loop has ended when `close()` is called (or `with tuner:` exits),
+        so it waits for a profiler window still converting, as a summary
+        writer's `close()` flushes: the report it returns is final, with the
+        profile (a wait of over a second is said first, in one line). The end
+        of `model.fit` does not wait (see `PipelineTuner.wait_for_profile`).
+
         Returns:
             The final `Report` (that of the latest run when no loop was going).
         """

@@ -10,6 +10,7 @@ training.
 
 import dataclasses
 import os
+import threading
 from typing import List
 from typing import Optional
 
@@ -20,6 +21,11 @@ from keras_pipeline_tuner.outputs import log_dir_runs
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
+
+# The log dir's own report is written by each training run of the log dir, and
+# by a run whose profile joins after it ended (on a thread of the tuner's): one
+# write at a time in a process, so that a later run's write is the last.
+_WRITES = threading.Lock()
 
 
 class RunFiles:
@@ -78,7 +84,7 @@ class RunFiles:
             return self.output_dir
         return log_dir_runs.run_folder(self.output_dir, self.entry.run)
 
-    def write(self, report: Report, final: bool = False) -> None:
+    def write(self, report: Report, final: bool = False, late: bool = False) -> None:
         """Writes the report into the run's folder and, for training, the log dir.
 
         An `evaluate()` leaves the log dir's report, training's, as it is; at
@@ -87,14 +93,19 @@ class RunFiles:
         Args:
             report: the run's report.
             final: the run has ended.
+            late: written after the run ended (a profile joined): the log
+                dir's report only while this run is still its latest training
+                run, so that it never replaces a later run's.
         """
         if not self._enabled():
             return
-        with self._guard(features.REPORT_FILE):
+        with self._guard(features.REPORT_FILE), _WRITES:
             entry = self.entry
             if entry is not None:
                 write_report(report, log_dir_runs.run_folder(self.output_dir, entry.run))
             if entry is None or self.training:
+                if late and not self._still_latest_training():
+                    return
                 listed = dataclasses.replace(report, runs=list(self._runs))
                 write_report(listed, self.output_dir)
             elif final:
@@ -107,6 +118,18 @@ class RunFiles:
         with self._guard(features.REPORT_FILE):
             log_dir_runs.finish_run(self.output_dir, self.entry)
             self._runs = log_dir_runs.list_runs(self.output_dir)
+
+    def _still_latest_training(self) -> bool:
+        """Whether no training run began in the log dir after this one (any process).
+
+        Reads the log dir's runs again: those that began since this run ended
+        (an `evaluate()`, say) are listed in what is written.
+        """
+        if self.entry is None:
+            return True
+        self._runs = log_dir_runs.list_runs(self.output_dir)
+        training = [entry for entry in self._runs if entry.kind in log_dir_runs.TRAINING_KINDS]
+        return not training or training[-1].run == self.entry.run
 
     def _list_in_the_root_report(self) -> None:
         root = os.path.join(self.output_dir, REPORT_FILENAME)

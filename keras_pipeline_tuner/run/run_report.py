@@ -44,10 +44,14 @@ def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
     Returns:
         The `Judgement`.
     """
+    return _judgement(run, cpu, run.profile_evidence())
+
+
+def _judgement(run, cpu, profile) -> Judgement:
     clock = run.clock
     return judge(
         clock.stats(TRAIN),
-        run.window.evidence,
+        profile,
         clock.epochs,
         clock.steady_share(TRAIN),
         clock.epoch_start_share(TRAIN),
@@ -78,9 +82,13 @@ def build_report(run) -> Report:
         note.startswith(NO_STEP) for note in notes
     ):
         notes.append(f"{NO_STEP}: the dataset gave no batch, or fit has not run a step yet.")
-    # Read once: the verdict and the report show the same figures.
+    # Read once: the verdict and the report show the same figures. A profile
+    # may join on another thread meanwhile (`run.late_profile`): whether it is
+    # pending is read first, so that the report never has neither.
     cpu = run.cpu_usage()
-    judgement = judgement_of(run, cpu)
+    profile_pending = run.profile_pending
+    evidence = run.profile_evidence()
+    judgement = _judgement(run, cpu, evidence)
     report = Report(
         verdict=judgement.verdict,
         input_fraction=judgement.input_fraction,
@@ -90,10 +98,11 @@ def build_report(run) -> Report:
         first_steps=dict(clock.first_steps),
         measurement=measurement,
         steps_per_execution=run.steps_per_execution,
-        notes=notes + run.window.notes,
+        notes=notes + run.profile_notes(),
         # Grain's own stage timing names Grain's stages; a profiler window
         # sees them only as Keras' generator around the dataset.
-        profile=run.stage_timing or run.window.evidence,
+        profile=run.stage_timing or evidence,
+        profile_pending=profile_pending,
         findings=list(run.findings),
         what_if=run.what_if,
         workers=run.worker_view,

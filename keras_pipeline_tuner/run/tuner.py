@@ -14,7 +14,9 @@ import functools
 import logging
 import os
 import threading
+import time
 from typing import Callable
+from typing import List
 from typing import Optional
 from typing import Tuple
 from typing import Union
@@ -84,8 +86,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             stop_step)` pair of training steps (counted over the whole fit). A
             window closes at the latest at the end of its epoch; its evidence,
             converted in a process of its own while training goes on, is
-            `tuner.report.profile` once that is done (at the latest at the end
-            of fit).
+            `tuner.report.profile` once that is done. The end of fit does not
+            wait for it: a conversion still running then joins the report,
+            `report.json` and TensorBoard when it ends
+            (`tuner.report.profile_pending` until then;
+            `tuner.wait_for_profile()` waits for it).
         profile_steps: training steps in an "auto" window (default 15).
         what_if: after training, time the model's step on a few cached,
             replayed batches (input free) and report the most an input
@@ -184,6 +189,9 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             announce=functools.partial(_announce, self.verbose),
         )
         self._run: Optional[Run] = None
+        # Earlier runs whose profile was still converting when the next began
+        # (a fit, then `evaluate()`): `wait_for_profile` waits for them too.
+        self._converting_runs: List[Run] = []
         self._timing: Optional[FitTiming] = None
         self._steps = None
         self._loop: Optional[LoopTimer] = None
@@ -289,7 +297,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             self._timing.end(VALIDATION)
         self._run.end_epoch(VALIDATION, self._validating_epoch)
         if not self._in_fit:
-            self._window.end_fit()
+            self._run.end_window()
             self._run.finish(summary=False)
             self._timing = None
             self.set_model(None)
@@ -306,8 +314,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         run.cost.training_ended()
         if timing is not None:
             run.notes.extend(timing.notes())
-        with run.cost.part("profile conversion"):
-            self._window.end_fit()
+        # Nothing here waits for the profile's conversion: Keras' fit iterator
+        # is alive until this hook returns, and its prefetch reads the source
+        # meanwhile. The evidence joins the report when it is ready.
+        with run.cost.part("profile window"):
+            run.end_window()
         inputs = _probed_inputs(self.model)
         self._probes.run(run, model=self.model, traced_step=traced_step, **inputs)
         self._in_fit, self._fit_thread = False, None
@@ -325,6 +336,61 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             The final `Report`.
         """
         return self._current_run().finish()
+
+    def wait_for_profile(self, timeout_s: Optional[float] = None) -> Report:
+        """Waits for the profiler window's evidence to join the report, and returns it.
+
+        `model.fit` does not wait at its end for xprof's conversion of the
+        profiler window (Keras' fit iterator is alive until every callback's
+        `on_train_end` has returned, and its prefetch goes on reading the
+        input meanwhile). A conversion still running then goes on in a process
+        of its own; its evidence joins `tuner.report`, `report.json` and the
+        TensorBoard outputs when it ends, and until then
+        `tuner.report.profile_pending` is True. Call this where the profile is
+        needed right after fit. A wait that may last over a second is said
+        first, in one line. A custom loop's `close()` waits by itself.
+
+        Also waits for the profile of an earlier run of this tuner still
+        converting (a fit followed by `evaluate()`, whose run is the latest):
+        its files are final when this returns.
+
+        Args:
+            timeout_s: the longest to wait, in seconds; `None` waits until
+                the conversion has ended.
+
+        Returns:
+            The latest run's `Report`: with the profile evidence, or with
+            `profile_pending` still True if `timeout_s` passed first. A run
+            with no window, or whose evidence has joined, returns at once.
+
+        Raises:
+            ValueError: `timeout_s` is not a non-negative number.
+
+        Example:
+
+        ```python
+        model.fit(train_ds, epochs=5, callbacks=[tuner])
+        report = tuner.wait_for_profile(timeout_s=60)
+        if report.profile is not None:
+            print(report.profile.summary())
+        ```
+        """
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not timeout_s >= 0
+        ):
+            raise ValueError(
+                f"`timeout_s` must be a number of seconds (0 or more) or None, got "
+                f"{timeout_s!r}. Pass e.g. tuner.wait_for_profile(timeout_s=60)."
+            )
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for run in [*self._converting_runs, self._run]:
+            if run is not None:
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                run.wait_for_profile(left)
+        self._converting_runs = [run for run in self._converting_runs if run.profile_pending]
+        return self.report
 
     # Results.
 
@@ -352,6 +418,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             worker_timeout_s=self.worker_timeout_s,
             cost_budget_s=self.cost_budget_s,
         )
+        earlier = [self._run] if self._run is not None else []
+        self._converting_runs = [
+            run for run in self._converting_runs + earlier if run.profile_pending
+        ]
         self._run = Run(settings, self.guard, self._window, describe, flush_source, kind)
         return self._run
 
@@ -382,7 +452,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     def _finish_loop_run(self, run: Run, dataset) -> Report:
         run.cost.training_ended()
         with run.cost.part("profile conversion"):
-            self._window.end_fit()
+            run.end_window()
+            # The loop has ended and `close()` asked for the final report: it
+            # waits for a conversion still running (fit's end does not).
+            run.wait_for_profile()
         self._probes.run(run, model=None, dataset=dataset)
         return run.finish()
 
@@ -552,9 +625,7 @@ def instrument(fn: Optional[Callable] = None, *, kind: str = TRAIN, **tuner_kwar
 
 def _announce(verbose: int, line: str) -> None:
     """One line before the tuner's own work that takes over a second."""
-    logger.info("keras-pipeline-tuner: %s", line)
-    if verbose:
-        terminal_summary.print_line(f"keras-pipeline-tuner: {line}")
+    terminal_summary.announce(line, verbose)
 
 
 def _probed_inputs(model) -> dict:

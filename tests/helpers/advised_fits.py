@@ -92,4 +92,5 @@ def _fit(log_dir, dataset, model, epochs) -> Run:
         callbacks=[keras.callbacks.TensorBoard(log_dir=str(log_dir)), tuner],
         verbose=0,
     )
-    return Run(log_dir, tuner, tuner.report)
+    # The profiler window's evidence and the files written with it.
+    return Run(log_dir, tuner, tuner.wait_for_profile())

@@ -163,7 +163,8 @@ def torch_loader(batches, delay_s, num_workers=0, features=FEATURES, batch=BATCH
 
 
 def summary(tuner, model=None):
-    report = tuner.report
+    # With the profiler window's evidence, which may join after fit.
+    report = tuner.wait_for_profile()
     train = report.train
     return {
         "verdict": report.verdict.value,
@@ -876,7 +877,7 @@ def _profiled(profile_arg) -> dict:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(load).batch(4)
     tuner = kpt.PipelineTuner(verbose=0, profile=profile_arg)
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
-    report = tuner.report
+    report = tuner.wait_for_profile()
     evidence = report.profile
     return {
         **summary(tuner),

@@ -62,6 +62,8 @@ def two_runs(tmp_path_factory) -> TwoRuns:
         naive_ds = cached_source(STEPS).map(load_slowly).batch(1)
         naive = kpt.PipelineTuner(log_dir=log_dir / NAIVE, verbose=0)
         tiny_model().fit(naive_ds, epochs=EPOCHS, callbacks=[naive], verbose=0)
+        # Its profiler window's evidence, and the outputs written again with it.
+        naive.wait_for_profile()
         _, result = kpt.tune(naive_ds, budget_s=TUNE_BUDGET_S, verbose=0)
         tuned_ds = (
             cached_source(STEPS)

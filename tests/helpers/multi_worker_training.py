@@ -141,7 +141,8 @@ def worker(args) -> None:
         )
         losses = history.history["loss"]
     fit_s = time.monotonic() - began
-    report = tuner.report
+    # With the profiler window's evidence, which may join after fit.
+    report = tuner.wait_for_profile()
     workers = report.workers
     result = {
         "fit_s": fit_s,

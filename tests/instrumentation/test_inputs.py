@@ -195,9 +195,9 @@ def test_pipelines_with_ops_the_lint_does_not_know(make, steps, tmp_path, caplog
     tuner = kpt.PipelineTuner(log_dir=tmp_path / "logs", verbose=0, profile=(1, 4))
     with caplog.at_level("WARNING", logger="keras_pipeline_tuner"):
         history = model.fit(dataset, epochs=2, callbacks=[tuner], verbose=0)
+        report = tuner.wait_for_profile()
     assert len(history.history["loss"]) == 2
     assert not [r for r in caplog.records if r.name == "keras_pipeline_tuner"], caplog.text
-    report = tuner.report
     assert report.measurement == "in-step"
     assert report.train.steps == steps
     assert report.input_fraction is not None

@@ -48,3 +48,24 @@ def test_round_trip_is_lossless():
 def test_bad_reports_name_the_field(text, message):
     with pytest.raises(ValueError, match=message):
         kpt.Report.from_json(text)
+
+
+def test_a_profile_still_converting_is_said_and_round_trips():
+    import io
+
+    from keras_pipeline_tuner.outputs.markdown import render_markdown
+    from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
+    from keras_pipeline_tuner.outputs.terminal import print_summary
+
+    report = measured_report()
+    report.profile_pending = True
+    again = kpt.Report.from_json(report.to_json())
+    assert again.profile_pending and again == report
+    terminal = io.StringIO()
+    print_summary(again, file=terminal)
+    assert PROFILE_PENDING in terminal.getvalue()
+    assert "### Profiler window" in render_markdown(again)
+    # A report written before the field existed reads as nothing pending.
+    assert not kpt.Report.from_json('{"input_fraction": 0.5}').profile_pending
+    with pytest.raises(ValueError, match="report.profile_pending"):
+        kpt.Report.from_json('{"profile_pending": "soon"}')

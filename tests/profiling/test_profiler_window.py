@@ -55,7 +55,8 @@ def fit(tuner, dataset, steps, model=None, epochs=1, callbacks=()):
         callbacks=[*callbacks, tuner],
         verbose=0,
     )
-    return tuner.report, history
+    # The window's conversion may still run when fit returns.
+    return tuner.wait_for_profile(), history
 
 
 def captures_under(directory) -> list:
@@ -239,7 +240,7 @@ def test_users_tensorboard_profile_wins_over_the_automatic_window(tmp_path, capl
     assert len(history.history["loss"]) == 1
     assert not [r for r in caplog.records if "profiler" in r.getMessage().lower()]
     _assert_users_capture_is_the_evidence(
-        tuner.report, tensorboard_dir, tmp_path / "tuner", 13, 16
+        tuner.wait_for_profile(), tensorboard_dir, tmp_path / "tuner", 13, 16
     )
     assert_no_profiler_left_running(tmp_path)
 

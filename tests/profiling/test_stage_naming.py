@@ -74,7 +74,7 @@ def test_custom_loop_names_the_map_as_fit_does(tmp_path):
 def test_py_dataset_with_one_worker_gets_worker_advice_first(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 10))
     tiny_model().fit(SlowImages(14, workers=1), epochs=1, callbacks=[tuner], verbose=0)
-    report = tuner.report
+    report = tuner.wait_for_profile()
     assert report.verdict != kpt.Verdict.NOT_INPUT_BOUND
     assert report.profile is not None, report.notes
     # Keras' from_generator wrapper is the user's PyDataset.

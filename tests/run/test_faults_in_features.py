@@ -82,6 +82,8 @@ def test_every_feature_failing_at_once_leaves_training_intact(
     monkeypatch.setattr(CpuMeter, "restart", raise_injected)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])
+        # The profile's evidence joins, and the outputs are written again with it.
+        report = tuner.wait_for_profile()
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
     # The what-if replay compares with the step clock's steps: with the clock
@@ -93,7 +95,6 @@ def test_every_feature_failing_at_once_leaves_training_intact(
     assert len(warnings) == len(failed), warnings
     assert all("InjectedFault" in message for message in warnings)
     # The report in memory still says which features were lost and why.
-    report = tuner.report
     for feature in failed:
         assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
     assert any("what-if replay did not run" in note for note in report.notes)
@@ -120,6 +121,8 @@ def test_one_feature_failing_leaves_the_rest_working(
     monkeypatch.setattr(owner, attribute, raise_injected)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])
+        # The profile's evidence joins, and the outputs are written again with it.
+        report = tuner.wait_for_profile()
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
     assert len(warnings) == 1, warnings
@@ -127,7 +130,6 @@ def test_one_feature_failing_leaves_the_rest_working(
     assert "InjectedFault: injected for the test" in warnings[0]
     assert "Training continues" in warnings[0]
 
-    report = tuner.report
     assert any(note.startswith(f"{feature} was turned off") for note in report.notes)
     if feature != features.STEP_CLOCK:
         assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
@@ -180,13 +182,14 @@ def test_a_damaged_capture_turns_off_the_profile_only(
     tuner = make_tuner(tmp_path)
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([tuner])
+        # The profile's evidence joins, and the outputs are written again with it.
+        report = tuner.wait_for_profile()
     assert_training_intact(run, plain_run)
     warnings = tuner_warnings(caplog)
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(
         f"keras-pipeline-tuner: {profiler_window.FEATURE} turned off: ConversionFailed: "
     )
-    report = tuner.report
     assert report.train.steps == EPOCHS * STEPS_PER_EPOCH - 1
     # Where the capture is and what it cost are kept; no analysis.
     assert report.profile is not None and report.profile.first_step == PROFILE[0]

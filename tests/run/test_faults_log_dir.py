@@ -71,6 +71,8 @@ def train_breaking_the_log_dir(log_dir, caplog, plain_run, replace_with_file):
     tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(2, 6))
     with caplog.at_level(logging.WARNING, logger="keras_pipeline_tuner"):
         run = train([BreakLogDir(log_dir, replace_with_file), tuner], epochs=3)
+        # A conversion still running at the end of fit joins (or fails) after it.
+        tuner.wait_for_profile()
     assert_training_intact(run, plain_run)
     return tuner
 

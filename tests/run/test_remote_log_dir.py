@@ -27,6 +27,8 @@ def test_everything_goes_to_the_remote_log_dir(tmp_path, monkeypatch, capsys):
     log_dir = "ram://remote_log_dir/run1"
     tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(2, 6))
     tiny_model().fit(slow_source(24, 0.01).batch(2), epochs=1, callbacks=[tuner], verbose=0)
+    # The outputs are written again when the profile joins.
+    report = tuner.wait_for_profile()
 
     # Nothing lands in a local folder named after the URL.
     assert os.listdir(tmp_path) == []
@@ -36,10 +38,11 @@ def test_everything_goes_to_the_remote_log_dir(tmp_path, monkeypatch, capsys):
     assert os.path.join(log_dir, TRACE_FILENAME) in written
     assert not [path for path in written if path.endswith(".partial")]
     stored = kpt.Report.from_json(tf.io.gfile.GFile(report_path).read())
-    assert stored.train.steps == tuner.report.train.steps > 0
+    assert stored.train.steps == report.train.steps > 0
+    assert stored.profile == report.profile
 
     # The profiler window ran, was published into the log dir and converted.
-    profile = tuner.report.profile
+    profile = report.profile
     assert profile is not None and profile.first_step == 2 and profile.stop_step == 6
     assert len(profile.steps) >= 3, profile.notes
     assert profile.xplane_path.startswith(f"{log_dir}/{PROFILE_RUN}/plugins/profile/")

@@ -64,7 +64,7 @@ def test_fit_names_keras_loader_as_the_users_call(image_directory, tmp_path):
     model.compile(optimizer="sgd", loss="mse")
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(1, 4))
     model.fit(_images(image_directory), epochs=2, callbacks=[tuner], verbose=0)
-    report = tuner.report
+    report = tuner.wait_for_profile()
     assert report.profile is not None, report.notes
     texts = _texts(report)
     assert not [text for text in texts if "<lambda>" in text]

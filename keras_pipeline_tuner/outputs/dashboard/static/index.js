@@ -525,6 +525,11 @@ function stageTable(view) {
   const section = element("section", {class: "kpt-stage-section"},
       element("h2", {}, grain ? "Grain stages, timed by Grain"
                               : "tf.data stages in the profiler window"));
+  if (!profile && view.report.profile_pending) {
+    section.appendChild(element("p", {},
+        "The profiler window is converting (xprof): its stages join the report when ready."));
+    return section;
+  }
   if (!profile || !(profile.iterators || []).length) {
     section.appendChild(element("p", {}, "No profiler window was captured for this run."));
     return section;
