@@ -201,11 +201,16 @@ class FixTiming:
         return self.batch_ms_before is not None and self.batch_ms_after is not None
 
     def matches(self, recommendation: Recommendation) -> bool:
-        """Whether this timing is of `recommendation`'s fix."""
-        return recommendation.id == self.recommendation and (
-            recommendation.stage_node == self.stage_node
-            and recommendation.stage == self.stage
-        )
+        """Whether this timing is of `recommendation`'s fix.
+
+        The stage's graph node tells apart two stages written alike where both
+        sides know it; a stage named before the profile's evidence joined the
+        report (which gives the node) is matched by its label.
+        """
+        if recommendation.id != self.recommendation or recommendation.stage != self.stage:
+            return False
+        nodes = (recommendation.stage_node, self.stage_node)
+        return None in nodes or nodes[0] == nodes[1]
 
 
 def checked_budget(measure_fixes) -> Optional[float]:

@@ -730,3 +730,20 @@ def test_under_a_quota_timed_passes_last_several_of_its_periods():
     (under_quota,) = timed(30.0, True, min_pass_s=quota)
     assert plain.measured and under_quota.measured, (plain.reason, under_quota.reason)
     assert plain.batches <= 200 and under_quota.batches == 300, (plain, under_quota)
+
+
+def test_a_timing_planned_before_the_profile_joined_matches_its_recommendation():
+    # The fixes were planned on a report whose bottleneck the user's Python
+    # timed in training named (no graph node); the final report's came from the
+    # profiler window, which joined later with the node.
+    from keras_pipeline_tuner.advice.recommendation import Recommendation
+
+    timing = fix_timing.FixTiming("bottleneck-stage", "from_generator()", None, "", "n/a")
+    named = Recommendation(
+        id="bottleneck-stage", title="", severity="warning", stage="from_generator()",
+        stage_node="FlatMapDataset/_2",
+    )
+    assert timing.matches(named)
+    assert not timing.matches(dataclasses.replace(named, stage="map(f)"))
+    other_node = fix_timing.FixTiming("bottleneck-stage", "from_generator()", "Other/_1", "", "")
+    assert not other_node.matches(named)
