@@ -201,9 +201,9 @@ def advise(
     quota_throttled = throttled(cpu)
     run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, quota_throttled)
     run.reuse = reuse
+    run.pipeline = pipeline
     run.name_python_bottleneck(python_stages.stage_costs(user_calls, stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
-    run.pipeline = pipeline
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return (
             [_not_the_bottleneck(run)]
@@ -352,6 +352,11 @@ class _Run:
             return
         if costs[0].step_ms >= PYTHON_BOTTLENECK_SHARE * wait_ms:
             self.bottleneck, self.bottleneck_by = costs[0].stage, USER_CALLS
+            # Its graph node, as a profile would give it: the stage the lint read.
+            stages = self.pipeline.stages if self.pipeline is not None else []
+            self.bottleneck_node = next(
+                (stage.node for stage in stages if same_stage(stage.label, self.bottleneck)), None
+            )
 
     def at_bottleneck(self, stage: Optional[str], node: Optional[str] = None) -> bool:
         """Whether `stage` (at graph `node`) is the stage the steps wait for."""

@@ -539,6 +539,9 @@ def _matching(candidates, kind: str, recommendation: Recommendation):
                 continue
             if wanted in _ONE_PER_PIPELINE or rewrite.node == recommendation.stage_node:
                 return rewrite
+            if recommendation.stage_node is None and rewrite.stage == recommendation.stage:
+                # Named by its label only (the user's Python timed in training).
+                return rewrite
     return None
 
 

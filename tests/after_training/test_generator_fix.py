@@ -52,7 +52,8 @@ def _batches(source: CountedGenerator) -> tf.data.Dataset:
 def _fit(**tuner_kwargs):
     source = CountedGenerator()
     dataset = _batches(source)
-    tuner = kpt.PipelineTuner(verbose=0, profile=(3, 12), measure_fixes=10.0, **tuner_kwargs)
+    tuner_kwargs.setdefault("profile", (3, 12))
+    tuner = kpt.PipelineTuner(verbose=0, measure_fixes=10.0, **tuner_kwargs)
     tiny_model().fit(dataset, epochs=2, steps_per_epoch=25, callbacks=[tuner], verbose=0)
     return tuner.report, source
 
@@ -83,6 +84,16 @@ def test_a_vouched_for_generator_s_fix_is_timed_by_copies_read_at_once():
     assert report.recommendations[0] is advice
     # The copies read past what the fit trained on: the generator ran again.
     assert source.yielded > 2 * 25 * BATCH
+
+
+@pytest.mark.skipif(read_cpu_budget().cpus < 2, reason="the replay reads one copy per CPU")
+def test_with_no_profile_the_generator_named_by_its_timed_calls_is_timed_when_vouched_for():
+    # No profiler window: the generator's calls timed in training name it the
+    # bottleneck, with its graph node, and the vouched-for fix is timed.
+    report, _ = _fit(allow_unverified=True, profile="off")
+    advice = _generator_advice(report)
+    assert advice.stage_node, advice
+    assert advice.expected_gain.basis == "measured", advice.expected_gain.statement
 
 
 def test_by_default_a_generator_is_not_read_again_and_says_how_to_time_it():
