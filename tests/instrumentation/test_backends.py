@@ -425,6 +425,35 @@ def check_grain_stage_timing(result):
     assert "slowest stage map(slow_parse)" in result["terminal"], result["terminal"]
 
 
+@on("grain_in_training")
+def test_grain_stages_are_timed_on_the_iterators_fit_reads(backend, measured):
+    """A MapDataset whose map sleeps, given to fit as it is, with the default tuner."""
+    result = measured
+    assert result["verdict"] == "highly input-bound", result
+    assert result["bottleneck"] == "map(slow_parse)", result
+    assert result["timed_in_training"] is True, result
+    # Of two epochs of 48 batches, the first 64 batches fit read were timed.
+    assert "first 64 batches fit read during training" in result["trigger"], result
+    assert "then turned off" in result["trigger"], result["trigger"]
+    output = result["stages"]["to_iter_dataset"]
+    assert output["waiting"] and output["calls"] == 64, result["stages"]
+    timed = result["stages"]["map(slow_parse)"]
+    # Grain's own time per element, against the known 20 ms sleep (generous:
+    # Grain's 16 read threads share two busy cores).
+    assert 20.0 <= timed["self_ms"] / timed["calls"] <= 100.0, timed
+    # The elements of those batches, and of the ones Grain's threads had begun.
+    assert 64 * 8 <= timed["calls"] <= 2 * 48 * 8, timed
+    # Read on Grain's threads: the advice is about them.
+    assert result["recommendations"][0] == "grain-read-threads", result
+    # The user's map ran exactly as often as in the same fit without the
+    # tuner (counted from the start of training), and training was the same.
+    assert result["calls"] == result["plain_calls"] == 2 * 48 * 8, result
+    assert result["history"] and result["weights"], result
+    # The dataset's nodes hold the recorders they hold after a plain fit.
+    assert result["recorders"] == result["plain_recorders"], result
+    assert "_ExecutionStats" not in result["recorders"], result
+
+
 @on("grain_advice")
 def test_grain_stage_timing_names_the_sleeping_map_and_its_advice_helps(backend, measured):
     before, after = measured["before"], measured["after"]
