@@ -420,7 +420,11 @@ def check_grain_stage_timing(result):
     assert "grain.ReadOptions(num_threads=" in result["fix"], result["fix"]
     assert "map(slow_parse)" in result["summary"], result["summary"]
     assert "Grain stage timing" in result["markdown"], result["markdown"]
-    assert "separate pass over" in result["markdown"], result["markdown"]
+    # Timed on the iterators training read, not in a pass of the tuner's own.
+    assert result["timed_in_training"] is True, result
+    assert "during training" in result["trigger"], result["trigger"]
+    assert "batches training read" in result["markdown"], result["markdown"]
+    assert "separate pass" not in result["markdown"], result["markdown"]
     assert "Grain stage timing" in result["terminal"], result["terminal"]
     assert "slowest stage map(slow_parse)" in result["terminal"], result["terminal"]
 
@@ -482,6 +486,7 @@ def test_grain_stage_timing_failure_turns_it_off_and_fit_ends(backend, measured)
     assert failing["bottleneck"] is None, failing
     assert any(
         note.startswith("Grain stage timing was turned off after a failure")
-        and "record store went away" in note
+        and "execution summary went away" in note
         for note in failing["notes"]
     ), failing["notes"]
+    assert failing["history"] and failing["weights"], failing
