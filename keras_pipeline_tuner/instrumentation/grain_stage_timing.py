@@ -24,14 +24,15 @@ otherwise go on timing its random access (`ds[i]`) after training.
 Grain's timing costs each element of each stage while it is on: a
 generator-based context manager, two reads of a clock and an append, and at
 each prefetch stage (`to_iter_dataset`, `prefetch`) the element's size, read
-leaf by leaf. Measured here (`bench/grain_stage_cost.py`, two shared cores,
-JAX backend, a pipeline of range, two maps and a batch of 32): 6 µs more an
-element read on Grain's 16 threads, 12 µs on the reading thread; a fit step
-of a small model on that pipeline took 1.4-1.8 times as long while it was on
-(0.5-0.8 ms more a step of 0.6-2 ms). So it is on for the first
-`WINDOW_BATCHES` batches the fit reads, then turned off on the thread that
-reads them: about 30-50 ms a fit on that pipeline, and enough elements for
-each stage's time per element.
+leaf by leaf. Measured here (`bench/grain_stage_cost.py`, JAX backend, two
+cores shared with other jobs, a pipeline of range, two maps and a batch of
+32): 4-6 µs more an element read on Grain's 16 threads, 12-20 µs on the
+reading thread; a fit step of a small model on that pipeline took 1.3-2.0
+times as long while it was on (0.4-0.7 ms more a step of 0.5-2 ms). So it is
+on for the first `WINDOW_BATCHES` batches the fit reads, then turned off on
+the thread that reads them: some 25-45 ms a fit on that pipeline, enough
+elements for each stage's time per element, and the steps after it as fast
+as without it (0.99-1.06 times, within the machine's noise).
 """
 
 import logging
