@@ -135,6 +135,12 @@ class GrainStageTimer:
         adapter = getattr(epoch_iterator, "data_adapter", None)
         if type(adapter).__name__ != "GrainDatasetAdapter":
             return False
+        if not grain_stages.is_grain_dataset(getattr(adapter, "_dataset", None)):
+            self.notes.append(
+                "Grain's stages were not timed: fit was given a grain.DataLoader; the tuner "
+                "times the stages of grain.MapDataset and grain.IterDataset pipelines."
+            )
+            return False
         self._active = True
         if backend == "tensorflow":
             placed = self._place_in_generator(epoch_iterator)

@@ -117,6 +117,27 @@ def test_outside_a_fit_nothing_is_replaced():
     assert timer.notes == [] and timer.end() is None
 
 
+def test_a_grain_data_loader_is_left_alone_and_said_so():
+    import keras
+
+    import keras_pipeline_tuner as kpt
+
+    x = np.arange(64, dtype=np.float32).reshape(16, 4)
+    loader = grain.DataLoader(
+        data_source=[(row, row[:1]) for row in x],
+        sampler=grain.samplers.IndexSampler(16, num_epochs=1, shuffle=False, seed=0),
+        operations=[grain.transforms.Batch(4)],
+        worker_count=0,
+    )
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+    model.fit(loader, epochs=1, callbacks=[tuner], verbose=0)
+    report = tuner.report
+    assert any("fit was given a grain.DataLoader" in note for note in report.notes)
+    assert not tuner.guard.failures and report.profile is None
+
+
 def _ancestors(dataset):
     while dataset.parents:
         dataset = dataset.parents[0]
