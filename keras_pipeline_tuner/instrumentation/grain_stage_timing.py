@@ -21,6 +21,13 @@ epoch's end); `end` puts back what `begin` replaced, and the stage recorders
 the iterators left in the nodes of the user's `MapDataset`, which would
 otherwise go on timing its random access (`ds[i]`) after training.
 
+What training reads stays the same, but for one thing Grain does while its
+timing is on: at each prefetch stage it reads an element's size through its
+tree functions (`jax.tree_util` when JAX is installed), which hand the element
+on rebuilt container by container: the same arrays and values, and a plain
+dict with its keys in sorted order. Keras flattens a dict by its sorted keys,
+so the model is fed the same.
+
 Grain's timing costs each element of each stage while it is on: a
 generator-based context manager, two reads of a clock and an append, and at
 each prefetch stage (`to_iter_dataset`, `prefetch`) the element's size, read
