@@ -7,9 +7,12 @@
 - the timing of the advised fixes (`measure_fixes`), on the tf.data dataset fit
   was given or the loop iterated through `tuner.iterate`, where its stages are
   TensorFlow ops;
+- the advice on a Grain pipeline's slow stage, from Grain's timing of the
+  iterators training read;
 - only when the user asks (`ProbeSettings.reruns_python`): the fixes of a
-  pipeline that runs Python, a PyDataset's advised workers and Grain's stage
-  timing, which run the user's Python again, in this process.
+  pipeline that runs Python, a PyDataset's advised workers and, where
+  training's Grain iterators were not timed, Grain's stage timing in a pass of
+  its own, which run the user's Python again, in this process.
 
 Each probe that does not run says why in the report, where the user asked for it
 or would expect it. None reads from the iterator training used, copies the
@@ -29,6 +32,7 @@ from keras_pipeline_tuner.after_training.replay_probe import ReplayProbe
 from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
+from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_budget import quota_span_s
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
@@ -89,36 +93,45 @@ class AfterTraining:
     # Grain.
 
     def _grain_stages(self, run) -> None:
-        """After training on a Grain dataset that kept steps waiting: Grain's stage timing.
+        """After training on a Grain dataset that kept steps waiting: the advice on its slow stage.
 
-        Reads a few batches of the dataset apart, with Grain's own stage timing
-        on (see `profiling.grain_stages`), names the slowest stage and adds the
-        finding about it. Only for a run the report judges input-bound:
-        otherwise no stage limits training and the pass would cost for nothing.
-        It runs the user's transformations again: only when the user asks
+        Grain timed the stages of the iterators training read (see
+        `instrumentation.grain_stage_timing`); this names the slowest and adds
+        the finding about it. Only for a run the report judges input-bound:
+        otherwise no stage limits training. Where training's own iterators
+        were not timed (a Keras version whose iterator the tuner does not
+        reach), a few batches of the dataset are read apart with Grain's
+        timing on (see `profiling.grain_stages`): that runs the user's
+        transformations again, so only when the user asks
         (`ProbeSettings.reruns_python`); otherwise the report says so.
         """
         dataset, run.grain_dataset = run.grain_dataset, None
-        if dataset is None or not self.guard.enabled(features.GRAIN_STAGES):
+        timed = run.stage_timing
+        if not (timed is not None and timed.source == GRAIN and timed.timed_in_training):
+            timed = None
+        if (dataset is None and timed is None) or not self.guard.enabled(features.GRAIN_STAGES):
             return
         with self.guard(features.GRAIN_STAGES), run.cost.part("Grain stage timing"):
-            # The report's own verdict, so that the pass runs when the advice
-            # would look for the stage that holds the wait.
+            # The report's own verdict, so that the stage is named when the
+            # advice would look for the stage that holds the wait.
             run.flush_rows()
             if not run.report().verdict.input_bound:
                 return
-            if not self.settings.reruns_python:
-                run.notes.append(
-                    "Grain's stage timing did not run: it reads the dataset again, which runs "
-                    "your transformations again; PipelineTuner(measure_fixes=True, "
-                    "allow_unverified=True) asks for it."
-                )
-                return
-            # The user's Python in the pipeline may draw from the global
-            # generators: their next draws stay as without the tuner.
-            with preserved_random_state():
-                evidence = grain_stages.time_stages(dataset)
-            run.stage_timing = evidence
+            evidence = timed
+            if evidence is None:
+                if not self.settings.reruns_python:
+                    run.notes.append(
+                        "Grain's stages were not timed during training, and the separate "
+                        "pass that times them reads the dataset again, which runs your "
+                        "transformations again; PipelineTuner(measure_fixes=True, "
+                        "allow_unverified=True) asks for it."
+                    )
+                    return
+                # The user's Python in the pipeline may draw from the global
+                # generators: their next draws stay as without the tuner.
+                with preserved_random_state():
+                    evidence = grain_stages.time_stages(dataset)
+                run.stage_timing = evidence
             stage = grain_stages.placement(evidence)
             if stage is None:
                 return

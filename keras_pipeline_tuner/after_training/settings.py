@@ -35,7 +35,8 @@ class ProbeSettings:
 
         Only `measure_fixes` (True or seconds) with `allow_unverified=True`:
         then the fixes of a pipeline that runs Python, a PyDataset's workers
-        and Grain's stages are timed in this process. By default nothing
-        calls the user's Python after training.
+        and Grain's stages (where training's own Grain iterators could not be
+        timed) are timed in this process. By default nothing calls the
+        user's Python after training.
         """
         return self.allow_unverified and bool(self.measure_fixes_s)

@@ -136,8 +136,8 @@ def inspect_fit_input(model) -> Findings:
     if fit_input.kind == TORCH_DATALOADER and fit_input.source is not None:
         return pipeline_lint.lint_torch_dataloader(fit_input.source)
     if fit_input.kind == GRAIN:
-        # Grain's stages are timed by Grain itself after training, when the
-        # run waited for input (see `profiling.grain_stages`): no static lint.
+        # Grain's stages are timed by Grain itself during training (see
+        # `instrumentation.grain_stage_timing`): no static lint.
         return Findings()
     if fit_input.kind == GENERATOR:
         return pipeline_lint.lint_generator()
@@ -198,8 +198,10 @@ def _replay_dataset(found: FitInput, epoch_iterator):
 
 
 def _grain_source(adapter):
-    # The adapter hands out the user's dataset with one conversion map added:
-    # its parent is what the user passed (a grain.DataLoader has no parents).
-    dataset = adapter.get_numpy_iterator()
-    parents = getattr(dataset, "parents", None)
-    return parents[0] if parents else None
+    # Keras' adapter keeps what the user passed; read as it is, since asking
+    # the adapter for its iterable makes a dataset on top of the user's,
+    # which marks theirs as having a child (a grain.DataLoader is not timed).
+    from keras_pipeline_tuner.profiling.grain_stages import is_grain_dataset
+
+    dataset = getattr(adapter, "_dataset", None)
+    return dataset if is_grain_dataset(dataset) else None

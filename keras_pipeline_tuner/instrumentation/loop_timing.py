@@ -41,6 +41,7 @@ from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.instrumentation import traced_steps
+from keras_pipeline_tuner.instrumentation.grain_stage_timing import GrainStageTimer
 from keras_pipeline_tuner.instrumentation.loop_record import KINDS
 from keras_pipeline_tuner.instrumentation.loop_record import LoopRecord
 from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
@@ -122,6 +123,9 @@ class LoopTimer:
         self._record: Optional[LoopRecord] = None
         # The tf.data dataset iterated for training, for the probes at the end.
         self._dataset = None
+        # Grain's stage timing of the training passes over a Grain dataset.
+        self._grain: Optional[GrainStageTimer] = None
+        self._grain_dataset = None
         self._closed = False
         self._finished = False
         self._depth = 0
@@ -209,6 +213,7 @@ class LoopTimer:
     def end_epoch(self) -> None:
         """Closes the current epoch (training and validation) and starts the next."""
         self._in_run(lambda record: record.end_epoch())
+        self._read_grain_stages(final=False)
         self.after_steps()
 
     def open(self) -> None:
@@ -229,6 +234,7 @@ class LoopTimer:
         if self._record is not None:
             # `finish` writes everything measured.
             self._record.take_unreported()
+        self._read_grain_stages(final=True)
         if running and not self._finished:
             self._finished = True
             return self._finish_run(self._run, self._dataset)
@@ -274,6 +280,12 @@ class LoopTimer:
         )
         self.after_steps()
         return bool(timed)
+
+    def iterator_made(self, iterable, iterator, kind: str) -> None:
+        """A `TimedIterator`'s pass made its iterator: Grain times a training pass's stages."""
+        grain = self._grain
+        if grain is not None and kind == TRAIN and iterable is self._grain_dataset:
+            grain.track(iterator)
 
     def fetch_done(self, kind: str, called: float, returned: float) -> None:
         """A `TimedIterator` handed over a batch, fetched from `called` to `returned`."""
@@ -409,6 +421,7 @@ class LoopTimer:
         self._inspected = True
         if grain_stages.is_grain_dataset(iterable):
             self._run.grain_dataset = iterable
+            self._begin_grain_stages(iterable)
             return
         if sys.modules.get("tensorflow") is None:
             # Not a tf.data dataset: without TensorFlow imported, there is none.
@@ -420,6 +433,30 @@ class LoopTimer:
             self._run.window.use_dataset(iterable)
             self._dataset = iterable
         self._run.inspect(lambda: pipeline_lint.inspect(iterable))
+
+    def _begin_grain_stages(self, dataset) -> None:
+        if not self._guard.enabled(features.GRAIN_STAGES):
+            return
+        with self._guard(features.GRAIN_STAGES):
+            timer = GrainStageTimer(
+                on_failure=lambda reason: self._guard.disable(features.GRAIN_STAGES, reason)
+            )
+            timer.begin_tracking()
+            self._grain, self._grain_dataset = timer, dataset
+
+    def _read_grain_stages(self, final: bool) -> None:
+        """Hands Grain's timing so far to the run; `final` ends the timing."""
+        timer, run = self._grain, self._run
+        if timer is None:
+            return
+        if final:
+            self._grain = self._grain_dataset = None
+        # Ended even when the feature failed meanwhile: `end` puts back first.
+        with self._guard(features.GRAIN_STAGES):
+            evidence = timer.end() if final else timer.so_far()
+            if evidence is not None and run is not None:
+                if self._guard.enabled(features.GRAIN_STAGES):
+                    run.stage_timing = evidence
 
     # Bookkeeping (every entry point holds the guard; the callers never raise).
 
@@ -456,6 +493,8 @@ class LoopTimer:
         return None
 
     def _start_run(self) -> None:
+        # A run left open (its loop not closed) ends its Grain timing here.
+        self._read_grain_stages(final=True)
         self._owner = threading.get_ident()
         self._run = self._begin_run(self.describe)
         self._record = LoopRecord(self._run)
@@ -500,6 +539,7 @@ class TimedIterator:
     def __iter__(self) -> "TimedIterator":
         self._timed = self._timer.pass_started(self._iterable, self._kind)
         self._iterator = iter(self._iterable)
+        self._timer.iterator_made(self._iterable, self._iterator, self._kind)
         return self
 
     def __next__(self):

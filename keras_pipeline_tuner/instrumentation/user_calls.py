@@ -564,27 +564,16 @@ class _TimedIterator:
 
 def _registered_name(token: str) -> Optional[str]:
     """The user's name for the function TensorFlow registered under `token`."""
-    import inspect
+    from keras_pipeline_tuner.pipeline.graph.py_calls import generator_state
+    from keras_pipeline_tuner.pipeline.graph.py_calls import registered_function
 
-    from tensorflow.python.ops import script_ops
-
-    function = script_ops._py_funcs.get(token)  # pylint: disable=protected-access
+    function = registered_function(token)
     if function is None:
         return None
-    # A py_function is held in an `EagerFunc`; both are wrapped by autograph.
-    function = inspect.unwrap(getattr(function, "_func", function))
     # from_generator's callbacks close over its state, which holds the generator.
-    state = getattr(getattr(function, "__self__", None), "_generator", None)
-    if state is None:
-        code = getattr(function, "__code__", None)
-        cells = dict(zip(code.co_freevars, function.__closure__ or ())) if code else {}
-        holder = cells.get("generator_state")
-        try:
-            state = holder.cell_contents._generator if holder is not None else None
-        except (ValueError, AttributeError):
-            state = None
+    state = generator_state(token)
     if state is not None:
-        function = state
+        function = state._generator  # pylint: disable=protected-access
     return getattr(function, "__name__", None) or type(function).__name__
 
 

@@ -182,6 +182,9 @@ class ProfileEvidence:
         bottleneck_node: the graph node of that stage, when the pipeline was read.
         cost: the `CaptureCost`.
         notes: caveats, e.g. why figures are missing.
+        timed_in_training: for Grain's stage timing, whether the stages were
+            timed on the iterator training read, as it read it (`False`: in a
+            separate pass after training).
 
     Example:
 
@@ -208,6 +211,7 @@ class ProfileEvidence:
     bottleneck_node: Optional[str] = None
     cost: CaptureCost = dataclasses.field(default_factory=CaptureCost)
     notes: List[str] = dataclasses.field(default_factory=list)
+    timed_in_training: bool = False
 
     def summary(self) -> str:
         """One line for people: the window's verdict, slowest stage and location.
@@ -244,17 +248,23 @@ class ProfileEvidence:
         """What the stage times cover, e.g. "steps 10-24".
 
         Returns:
-            The profiled steps, or for Grain's stage timing the separate pass.
+            The profiled steps, or for Grain's stage timing the batches
+            training read, or the separate pass.
 
         Example:
 
         >>> ProfileEvidence(first_step=10, stop_step=25).span()
         'steps 10-24'
+        >>> ProfileEvidence(source=GRAIN, stop_step=24, timed_in_training=True).span()
+        'the 24 batches training read'
         >>> ProfileEvidence(source=GRAIN, stop_step=8).span()
         'a separate pass over 8 batches after training'
         """
         if self.source == GRAIN:
-            return f"a separate pass over {self.stop_step - self.first_step} batches after training"
+            batches = self.stop_step - self.first_step
+            if self.timed_in_training:
+                return f"the {batches} batches training read"
+            return f"a separate pass over {batches} batches after training"
         return f"steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}"
 
 

@@ -6,22 +6,25 @@ stages: with `ExecutionTrackingMode.STAGE_TIMING` each transformation records
 the time it takes to produce an element, its inputs excluded, and Grain's
 `get_execution_summary` returns them as an `ExecutionSummary`.
 
-The iterator Keras makes for `fit` cannot be reached from a callback, so the
-stages are timed in a separate, bounded pass over a few batches of the same
-dataset, after training (the evidence says so). Grain folds the recorded
-times into its summary from a background thread every few seconds; the pass
-stops reading after its batches and waits for that, idle, at most
-`MAX_WAIT_S`.
-
-The stages come out as the profiler window's `IteratorTime` rows, in a
-`ProfileEvidence` whose `source` is `GRAIN`, so that the advice and every
-output show them as they show a profiled tf.data pipeline.
+- `track_stages` turns that timing on for one iterator, just made: the
+  iterator `fit` reads (see `instrumentation.grain_stage_timing`), or the one
+  of a separate pass (`time_stages`, after training, only when the user asks
+  for their Python to run again).
+- `stage_summary` reads Grain's summary of such an iterator at any time:
+  Grain folds the recorded times into it from a background thread every few
+  seconds, and the times recorded since are added (read, never moved).
+- `stage_evidence` turns a summary into the profiler window's `IteratorTime`
+  rows, in a `ProfileEvidence` whose `source` is `GRAIN`, so that the advice
+  and every output show them as they show a profiled tf.data pipeline.
 """
 
+import contextlib
 import dataclasses
 import re
 import sys
 import time
+import weakref
+from typing import Callable
 from typing import Dict
 from typing import List
 from typing import Optional
@@ -34,9 +37,6 @@ from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 # Batches the separate pass reads, and the longest it reads for.
 PASS_BATCHES = 8
 MAX_PASS_S = 5.0
-# Grain aggregates the recorded times every 5 s (`stats._REPORTING_PERIOD_SEC`).
-MAX_WAIT_S = 7.0
-_POLL_S = 0.1
 
 # "MapDatasetIterator(transform=slow_parse @ .../data.py:12)" -> class, arguments.
 _NODE = re.compile(r"^(?P<cls>\w+?)\((?P<args>.*)\)$", re.S)
@@ -154,31 +154,26 @@ def time_stages(
     dataset,
     batches: int = PASS_BATCHES,
     max_pass_s: float = MAX_PASS_S,
-    max_wait_s: float = MAX_WAIT_S,
 ) -> ProfileEvidence:
-    """Times each stage of a Grain pipeline with Grain's own stage timing.
+    """Times each stage of a Grain pipeline with Grain's own stage timing, in a pass of its own.
 
     Reads up to `batches` elements of `dataset` (for a `fit` input, batches)
-    in a pass of its own, with `STAGE_TIMING` on, then reads Grain's execution
-    summary. The dataset itself is not changed; its functions run again for
-    the elements read.
+    with `STAGE_TIMING` on, then reads Grain's execution summary. The dataset
+    itself is not changed; its functions run again for the elements read:
+    the tuner does this only when the user asks for it (training's own
+    iterator is timed during training otherwise, see `track_stages`).
 
     Args:
         dataset: a `grain.MapDataset` or `grain.IterDataset` (a `MapDataset`
             is read through `to_iter_dataset()`, as `iter()` and Keras read it).
         batches: elements the pass reads at most.
         max_pass_s: seconds the pass reads for at most.
-        max_wait_s: seconds to wait at most for Grain to fold the times in.
 
     Returns:
-        A `ProfileEvidence` with `source` `GRAIN`: one `IteratorTime` per
-        stage, most own time first, and the stage with the most own time as
-        the bottleneck (asynchronous prefetch stages, whose time is waiting,
-        are never named).
+        A `ProfileEvidence` with `source` `GRAIN` (see `stage_evidence`).
 
     Raises:
         TypeError: if `dataset` is not a Grain dataset.
-        RuntimeError: if Grain gave no timing within `max_wait_s`.
 
     Example:
 
@@ -193,28 +188,171 @@ def time_stages(
             f"{type(dataset).__name__}."
         )
     began = time.perf_counter()
-    iterator, read = _timed_pass(dataset, batches, began + max_pass_s)
+    recorder, read = _timed_pass(dataset, batches, began + max_pass_s)
     pass_s = time.perf_counter() - began
-    summary = _wait_for_summary(iterator, read, began + pass_s + max_wait_s)
-    rows = _rows(summary)
-    evidence = ProfileEvidence(source=GRAIN, first_step=0, stop_step=read)
-    evidence.trigger = (
-        f"Grain's stage timing, in a separate pass over {read} batches of the "
-        f"training dataset once training ended ({pass_s:.2f} s)"
+    evidence = stage_evidence(
+        stage_summary(recorder),
+        trigger=(
+            f"Grain's stage timing, in a separate pass over {read} batches of the "
+            f"training dataset once training ended ({pass_s:.2f} s)"
+        ),
+        note=(
+            "Stage times are Grain's own (ExecutionTrackingMode.STAGE_TIMING), measured in a "
+            "separate pass over the training dataset once training ended, not during the "
+            "training steps; a stage read on several threads adds up the time of all of them."
+        ),
+        batches=read,
     )
-    evidence.iterators = rows
-    evidence.cost.steps = read
     evidence.cost.window_s = time.perf_counter() - began
+    return evidence
+
+
+def track_stages(iterator, keep_on: Optional[Callable[[], bool]] = None):
+    """Turns Grain's stage timing on for `iterator`, made and not read yet.
+
+    Sets `STAGE_TIMING` in the options of the iterator's pipeline, as
+    `grain.experimental.WithOptionsIterDataset` does when it makes an iterator
+    (its other options stay as they are). Elements, their order and the
+    threads that make them stay the same; each stage times each element it
+    makes (microseconds, see `instrumentation.grain_stage_timing`). The
+    options belong to this iterator; its stages that read a `MapDataset`
+    record their times in that dataset's nodes, whose recorders are made anew
+    by the next iterator over them.
+
+    Args:
+        iterator: a Grain `DatasetIterator`.
+        keep_on: asked after each element the iterator gives, on the thread
+            that reads it; once it returns `False` the timing is turned off
+            again (the iterator's options as before, recorders that record
+            nothing), and the times recorded so far stay readable.
+
+    Returns:
+        Grain's recorder of the iterator's output stage, which `stage_summary`
+        reads (it outlives the iterator).
+
+    Example:
+
+    >>> import grain
+    >>> iterator = iter(grain.MapDataset.range(8).batch(2))
+    >>> recorder = track_stages(iterator, keep_on=lambda: False)
+    >>> [batch.tolist() for batch in iterator]
+    [[0, 1], [2, 3], [4, 5], [6, 7]]
+    >>> stage_summary(recorder).nodes[0].num_produced_elements  # then off
+    1
+    """
+    import grain
+
+    mode = grain.experimental.ExecutionTrackingMode.STAGE_TIMING
+    options = grain.experimental.DatasetOptions(execution_tracking_mode=mode)
+    # pylint: disable=protected-access
+    context = iterator._ctx
+    before = context.dataset_options
+    context.dataset_options = options.merge(before)
+    if "_stats" in vars(iterator):
+        # Made already (with the options it was made with): made again.
+        iterator._initialize_stats(mode)
+    recorder = iterator._stats
+    # pylint: enable=protected-access
+    if keep_on is not None:
+        _stop_when_asked(iterator, recorder, before, keep_on)
+    return recorder
+
+
+def stage_summary(recorder):
+    """Grain's execution summary of a tracked iterator, with the times not folded in yet.
+
+    Grain folds each stage's recorded times into its summary from a
+    background thread every 5 s (`stats._REPORTING_PERIOD_SEC`); the times
+    recorded since are read from each stage's recorder and added here, so the
+    summary covers every element made so far. Nothing of Grain's is moved:
+    its thread goes on as before. (A time Grain folds in while this reads may
+    be left out of this summary, never counted twice.)
+
+    Args:
+        recorder: what `track_stages` returned.
+
+    Returns:
+        An `ExecutionSummary` (Grain's protocol buffer): one node per stage,
+        the output stage's id 0.
+
+    Raises:
+        ValueError: if the iterator's stages are not timed.
+    """
+    summary = _grain_summary(recorder)
+    # Stage by stage, as Grain numbers them (`_build_execution_summary`).
+    pending = [(recorder, 0)]
+    while pending:
+        stats, node_id = pending.pop()
+        if node_id not in summary.nodes:
+            continue
+        node = summary.nodes[node_id]
+        config = getattr(stats, "_config", None)
+        if node.name != getattr(config, "name", None):
+            continue
+        _add_unfolded(node, list(getattr(stats, "_self_times_buffer", ())))
+        if _numbers_inputs_in_order(stats):
+            pending.extend(zip(getattr(stats, "_parents", ()), node.inputs))
+    return summary
+
+
+def merged_summary(summaries):
+    """One summary of several passes over the same pipeline (e.g. one iterator an epoch).
+
+    Args:
+        summaries: `ExecutionSummary` protocol buffers, the first one's stages
+            kept; a stage of the others is added in where the first has it
+            under the same id and name.
+
+    Returns:
+        A new `ExecutionSummary`, or `None` when `summaries` is empty.
+    """
+    merged = None
+    for summary in summaries:
+        if merged is None:
+            merged = type(summary)()
+            merged.CopyFrom(summary)
+            continue
+        for node_id, node in summary.nodes.items():
+            if node_id in merged.nodes and merged.nodes[node_id].name == node.name:
+                into = merged.nodes[node_id]
+                into.num_produced_elements += node.num_produced_elements
+                into.total_processing_time_ns += node.total_processing_time_ns
+                if node.num_produced_elements:
+                    into.min_processing_time_ns = min(
+                        into.min_processing_time_ns, node.min_processing_time_ns
+                    )
+                    into.max_processing_time_ns = max(
+                        into.max_processing_time_ns, node.max_processing_time_ns
+                    )
+    return merged
+
+
+def stage_evidence(summary, trigger: str, note: str, batches: int) -> ProfileEvidence:
+    """Grain's summary of a pipeline's stages as evidence for the advice.
+
+    Args:
+        summary: an `ExecutionSummary` (`stage_summary`, `merged_summary`).
+        trigger: how and when the stages were timed (one sentence, no stop).
+        note: the caveat the report shows with them.
+        batches: elements the pipeline's output gave (for `fit`, batches).
+
+    Returns:
+        A `ProfileEvidence` with `source` `GRAIN`: one `IteratorTime` per
+        stage, most own time first, and the stage with the most own time as
+        the bottleneck (asynchronous prefetch stages, whose time is waiting,
+        are never named).
+    """
+    rows = _rows(summary)
+    evidence = ProfileEvidence(source=GRAIN, first_step=0, stop_step=batches)
+    evidence.trigger = trigger
+    evidence.iterators = rows
+    evidence.cost.steps = batches
     slowest = next((row for row in rows if not row.waiting), None)
     if slowest is not None:
         evidence.bottleneck = slowest.stage
         evidence.bottleneck_iterator = slowest.iterator
         evidence.bottleneck_node = slowest.stage_node
-    evidence.notes.append(
-        "Stage times are Grain's own (ExecutionTrackingMode.STAGE_TIMING), measured in a "
-        "separate pass over the training dataset once training ended, not during the training "
-        "steps; a stage read on several threads adds up the time of all of them."
-    )
+    evidence.notes.append(note)
     return evidence
 
 
@@ -222,16 +360,15 @@ def _timed_pass(dataset, batches: int, deadline: float):
     """Reads up to `batches` elements with Grain's stage timing on, until `deadline`.
 
     Returns:
-        The (closed) iterator, which holds Grain's timing, and the elements read.
+        The recorder of the (closed) iterator, which holds Grain's timing, and
+        the elements read.
     """
     import grain
 
     if isinstance(dataset, grain.MapDataset):
         dataset = dataset.to_iter_dataset()
-    options = grain.experimental.DatasetOptions(
-        execution_tracking_mode=grain.experimental.ExecutionTrackingMode.STAGE_TIMING
-    )
-    iterator = iter(grain.experimental.WithOptionsIterDataset(dataset, options))
+    iterator = iter(dataset)
+    recorder = track_stages(iterator)
     read = 0
     try:
         for _ in range(batches):
@@ -242,40 +379,70 @@ def _timed_pass(dataset, batches: int, deadline: float):
     except StopIteration:
         pass
     finally:
-        # Stops read-ahead threads; what they recorded is still folded in.
+        # Stops read-ahead threads; what they recorded is still read.
         iterator.close()
-    return iterator, read
+    return recorder, read
 
 
-def _wait_for_summary(iterator, read: int, deadline: float):
-    get_summary = _summary_reader()
-    while True:
-        summary = get_summary(iterator)
-        output = summary.nodes.get(0)
-        produced = output.num_produced_elements if output is not None else 0
-        if read == 0 or produced >= read:
-            return summary
-        if time.perf_counter() > deadline:
-            if produced:
-                return summary
-            raise RuntimeError(
-                f"Grain folded no stage timing into its summary within "
-                f"{deadline:.0f} s of the pass"
-            )
-        time.sleep(_POLL_S)
+def _stop_when_asked(iterator, recorder, before, keep_on: Callable[[], bool]) -> None:
+    """Asks `keep_on` as the output stage records each element; turns the timing off on `False`.
+
+    The output stage records an element on the thread reading the iterator,
+    once it is made: there the iterator's recorders are made anew with the
+    options it had, as when it was made (its read-ahead threads finish the
+    elements they began on the recorders they began them on).
+    """
+    record = recorder.record_self_time
+    iterator_ref = weakref.ref(iterator)
+
+    @contextlib.contextmanager
+    def record_self_time(*args, **kwargs):
+        with record(*args, **kwargs):
+            yield
+        if recorder.record_self_time is record_self_time and not keep_on():
+            # Once: this recorder records as Grain's own from here on.
+            del recorder.record_self_time
+            tracked = iterator_ref()
+            if tracked is not None:
+                # pylint: disable=protected-access
+                tracked._ctx.dataset_options = before
+                tracked._initialize_stats(before.execution_tracking_mode)
+
+    recorder.record_self_time = record_self_time
 
 
-def _summary_reader():
-    import grain
+def _grain_summary(recorder):
+    # `grain.experimental.get_execution_summary(iterator)` reads the iterator's
+    # recorder; the recorder is read here, since it outlives the iterator.
+    try:
+        return recorder._get_execution_summary()  # pylint: disable=protected-access
+    except AttributeError:
+        raise ValueError(
+            "Grain's stage timing is not on for this iterator (no execution summary)"
+        ) from None
 
-    # Grain documents `grain.experimental.get_execution_summary`; 0.2.18
-    # defines it without exporting it there.
-    reader = getattr(grain.experimental, "get_execution_summary", None)
-    if reader is None:
-        from grain._src.python.dataset import dataset as grain_dataset
 
-        reader = grain_dataset.get_execution_summary
-    return reader
+def _numbers_inputs_in_order(stats) -> bool:
+    """Whether Grain numbers this stage's inputs as its own recorders' parents.
+
+    Stages that merge their workers' summaries (mp_prefetch, interleave) number
+    theirs otherwise: their inputs keep Grain's figures as they are.
+    """
+    from grain._src.python.dataset import stats as grain_stats
+
+    plain = grain_stats._ExecutionStats._build_execution_summary  # pylint: disable=protected-access
+    return getattr(type(stats), "_build_execution_summary", None) is plain
+
+
+def _add_unfolded(node, recorded) -> None:
+    for duration_ns, elements in recorded:
+        if elements <= 0:
+            continue
+        node.num_produced_elements += elements
+        node.total_processing_time_ns += duration_ns
+        per_element_ns = duration_ns // elements
+        node.min_processing_time_ns = min(node.min_processing_time_ns, per_element_ns)
+        node.max_processing_time_ns = max(node.max_processing_time_ns, per_element_ns)
 
 
 def _rows(summary) -> List[IteratorTime]:

@@ -32,6 +32,7 @@ from keras_pipeline_tuner.after_training.probes import AfterTraining
 from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
+from keras_pipeline_tuner.instrumentation.grain_stage_timing import GrainStageTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
@@ -135,7 +136,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             feed: after training, time its fixes by running it again in this
             process (also from several threads: a parallel map of a
             `tf.py_function`, a generator's by copies read at once), a
-            PyDataset's advised `workers`, and a Grain pipeline's stages.
+            PyDataset's advised `workers`, and a Grain pipeline's stages where
+            training's own Grain iterators could not be timed.
         cost_budget_s: seconds the tuner's own work after training may take:
             the contention check runs only when it fits, and the report states
             what the work took (`report.tuner_cost`). `None` (the default): the
@@ -197,6 +199,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._loop: Optional[LoopTimer] = None
         # The user's Python calls of the running fit, timed where fit makes them.
         self._user_calls: Optional[UserCallTimer] = None
+        # Grain's stage timing of the iterators the running fit reads.
+        self._grain_stages: Optional[GrainStageTimer] = None
         self._validating_epoch = 0
         self._in_fit = False
         # The thread running the tuner's fit, while one runs.
@@ -228,6 +232,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         model = self.model
         # A fit that raised past the tuner's hooks keeps its figures.
         self._end_user_calls()
+        self._end_grain_stages()
         run = self._new_run(flush_source=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         identity = None
@@ -246,6 +251,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._steps = self._step_hooks(run)
         self._inspect_fit_input(run, model)
         self._begin_user_calls(run, model)
+        self._begin_grain_stages(run, model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._run.begin_epoch(TRAIN, epoch)
@@ -257,6 +263,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 # The epoch's last steps (JAX: once their outputs are ready).
                 self._timing.flush_rows(wait=True)
         self._run.end_epoch(TRAIN, epoch)
+        self._read_grain_stages()
         self._run.epoch_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -306,6 +313,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._steps.call_ended()
         # Before anything of the tuner's own runs: only training's calls are timed.
         self._end_user_calls()
+        self._end_grain_stages()
         timing = self._timing
         traced_step = timing.traced_train_step() if timing is not None else None
         self._end_timing()
@@ -509,6 +517,43 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         # Maybe on a tf.data or Keras worker thread: the guard only logs and records.
         self.guard.disable(features.USER_CALLS, reason)
 
+    def _begin_grain_stages(self, run: Run, model) -> None:
+        # Once per fit, before the first step: Grain times the fit's own iterators.
+        if not self.guard.enabled(features.GRAIN_STAGES):
+            return
+        with self.guard(features.GRAIN_STAGES):
+            timer = GrainStageTimer(on_failure=self._grain_stages_failed)
+            # Kept before `begin`: what a failed `begin` replaced is put back.
+            self._grain_stages = timer
+            timer.begin(model, keras.backend.backend())
+            run.notes.extend(timer.notes)
+
+    def _read_grain_stages(self) -> None:
+        # At each epoch's end: the report so far names the stages.
+        timer = self._grain_stages
+        if timer is None or not self.guard.enabled(features.GRAIN_STAGES):
+            return
+        with self.guard(features.GRAIN_STAGES):
+            evidence = timer.so_far()
+            if evidence is not None:
+                self._run.stage_timing = evidence
+
+    def _end_grain_stages(self) -> None:
+        timer, self._grain_stages = self._grain_stages, None
+        if timer is None:
+            return
+        # Put back even when the feature failed meanwhile: `end` restores first.
+        with self.guard(features.GRAIN_STAGES):
+            evidence = timer.end()
+            run = self._run
+            if evidence is not None and run is not None:
+                if self.guard.enabled(features.GRAIN_STAGES):
+                    run.stage_timing = evidence
+
+    def _grain_stages_failed(self, reason: str) -> None:
+        # Maybe on a tf.data or loader thread: the guard only logs and records.
+        self.guard.disable(features.GRAIN_STAGES, reason)
+
     def _step_hooks(self, run: Run):
         if not self.async_safe:
             return SyncSteps(run, self._timing, self._steps_left)
@@ -563,6 +608,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             # fit ends here, without on_train_end.
             self._in_fit = False
         self._end_user_calls()
+        self._end_grain_stages()
         self._end_timing()
         self._run.step_failed(error)
 

@@ -85,6 +85,21 @@ def test_a_py_dataset_s_file_and_output_hold_what_training_read(tmp_path, source
     assert found["forks"] == 0
 
 
+@pytest.mark.parametrize("mode", ["defaults", "unverified"])
+def test_a_grain_dataset_s_file_and_output_hold_what_training_read(tmp_path, mode):
+    # Even where the user lets it run their Python again: the slow stage is
+    # named from Grain's timing of the iterators training read.
+    found = _train(tmp_path, "grain", mode)
+    assert found["said"]["VERDICT"] == "highly input-bound", found["said"]
+    assert found["said"]["BOTTLENECK"] == "map(give)", found["said"]
+    # Keras reads two batches to learn their shapes before fit, then three
+    # whole epochs: nothing more was read, written or printed.
+    assert found["calls"] == 2 * BATCH + EPOCHS * ELEMENTS
+    assert len(found["written"]) == found["calls"]
+    assert found["printed"] == [f"element {line}" for line in found["written"]]
+    assert found["forks"] == 0
+
+
 def test_a_lock_held_at_the_end_of_fit_changes_nothing(tmp_path):
     # A thread takes the generator's lock as fit ends and keeps it for 6 s: a
     # copy of the process would wait for a lock that never opens there

@@ -904,25 +904,11 @@ GRAIN_BATCHES = 12
 GRAIN_ELEMENT_S = 0.00125
 
 
-class _BreakAfterTraining(keras.callbacks.Callback):
-    """Marks training over, before the tuner's own end-of-fit hook runs."""
-
-    def __init__(self, state):
-        super().__init__()
-        self.state = state
-
-    def on_train_end(self, logs=None):
-        self.state["broken"] = True
-
-
-def grain_parse(state=None):
-    """The map of the Grain scenarios: sleeps, looks an element up; fails once
-    `state["broken"]` is set."""
+def grain_parse():
+    """The map of the Grain scenarios: sleeps, looks an element up."""
     x, y = arrays(GRAIN_BATCHES, FEATURES, GRAIN_BATCH)
 
     def slow_parse(index):
-        if state is not None and state.get("broken"):
-            raise OSError("the record store went away")
         time.sleep(GRAIN_ELEMENT_S)
         return x[index], y[index]
 
@@ -963,6 +949,8 @@ def grain_report(tuner):
             for row in (profile.iterators if profile else [])
         },
         "summary": profile.summary() if profile else "",
+        "trigger": profile.trigger if profile else "",
+        "timed_in_training": getattr(profile, "timed_in_training", None),
         "markdown": render_markdown(report),
         "terminal": terminal.getvalue(),
         "notes": report.notes,
@@ -1002,7 +990,7 @@ def grain_advice():
 
 
 def grain_identical():
-    """The pass after fit leaves training as it was: a plain fit gives the same."""
+    """Grain timing fit's own iterators leaves training as it was: a plain fit gives the same."""
     histories, weights = [], []
     for callbacks in ([kpt.PipelineTuner(verbose=0)], []):
         model = tiny_model()
@@ -1018,19 +1006,113 @@ def grain_identical():
 
 
 def grain_failing():
-    """Reading Grain's timing fails (the map raises, past what training read).
-
-    That feature is turned off; fit ends normally.
+    """Reading Grain's timing fails during training (injected): that feature is
+    turned off, fit ends normally and trains as without the tuner.
     """
-    tuner = kpt.PipelineTuner(verbose=0)
-    state = {}
-    tiny_model().fit(
-        grain_sequential(grain_parse(state)),
-        epochs=2,
-        callbacks=[_BreakAfterTraining(state), tuner],
-        verbose=0,
+    from keras_pipeline_tuner.profiling import grain_stages
+
+    def fails(recorder):
+        raise OSError("the execution summary went away")
+
+    histories, weights = [], []
+    for callbacks in ([], [kpt.PipelineTuner(verbose=0)]):
+        model = tiny_model()
+        reads = grain_stages.stage_summary
+        grain_stages.stage_summary = fails
+        try:
+            history = model.fit(
+                grain_sequential(grain_parse()), epochs=2, callbacks=callbacks, verbose=0
+            )
+        finally:
+            grain_stages.stage_summary = reads
+        histories.append(history.history)
+        weights.append(model.get_weights())
+    return {
+        **grain_report(callbacks[0]),
+        "history": histories[0] == histories[1],
+        "weights": all(np.array_equal(a, b) for a, b in zip(*weights)),
+    }
+
+
+# A Grain MapDataset given to fit as it is, whose map sleeps: Keras reads it on
+# Grain's 16 read threads (`grain.ReadOptions()`), 48 batches of 8 elements of
+# 20 ms, some 10 ms a batch against a step of a millisecond or two.
+GRAIN_MAP_BATCH = 8
+GRAIN_MAP_BATCHES = 48
+GRAIN_MAP_ELEMENT_S = 0.02
+
+
+class _CountsTraining(keras.callbacks.Callback):
+    """Counts the map's calls from the start of training, before the tuner's hook runs.
+
+    Before fit begins, Keras reads the dataset to learn its batches' shapes
+    and drops that iterator; the batches Grain's read threads had started by
+    then (as many as the machine's load let start) end after it: they are
+    waited for first, so that only training's calls are counted.
+    """
+
+    def __init__(self, counted):
+        super().__init__()
+        self.counted = counted
+
+    def on_train_begin(self, logs=None):
+        for thread in threading.enumerate():
+            if thread.name.startswith("grain-prefetch"):
+                thread.join(timeout=30)
+        with self.counted["lock"]:
+            self.counted["calls"] = 0
+
+
+def grain_map_fit(with_tuner):
+    """One fit on the sleeping Grain MapDataset; what the map was called, what the tuner saw."""
+    import grain
+
+    x, y = arrays(GRAIN_MAP_BATCHES, FEATURES, GRAIN_MAP_BATCH)
+    counted = {"calls": 0, "lock": threading.Lock()}
+
+    def slow_parse(index):
+        with counted["lock"]:
+            counted["calls"] += 1
+        time.sleep(GRAIN_MAP_ELEMENT_S)
+        return x[index], y[index]
+
+    dataset = (
+        grain.MapDataset.range(GRAIN_MAP_BATCHES * GRAIN_MAP_BATCH)
+        .map(slow_parse)
+        .batch(GRAIN_MAP_BATCH)
     )
-    return grain_report(tuner)
+    tuner = kpt.PipelineTuner(verbose=0) if with_tuner else None
+    model = tiny_model()
+    callbacks = [_CountsTraining(counted)] + ([tuner] if tuner else [])
+    history = model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0)
+    # The recorders the user's dataset's nodes hold once fit has returned.
+    nodes, node = [], dataset
+    while node is not None:
+        nodes.append(type(vars(node).get("_stats")).__name__)
+        node = node.parents[0] if node.parents else None
+    return {
+        "history": history.history,
+        "weights": model.get_weights(),
+        "calls": counted["calls"],
+        "report": grain_report(tuner) if tuner else None,
+        "recorders": nodes,
+    }
+
+
+def grain_in_training():
+    """A fit on a Grain MapDataset: Grain times the stages of fit's own iterators."""
+    plain = grain_map_fit(False)
+    tuned = grain_map_fit(True)
+    report = tuned["report"]
+    return {
+        **report,
+        "calls": tuned["calls"],
+        "plain_calls": plain["calls"],
+        "history": tuned["history"] == plain["history"],
+        "weights": all(np.array_equal(a, b) for a, b in zip(plain["weights"], tuned["weights"])),
+        "recorders": tuned["recorders"],
+        "plain_recorders": plain["recorders"],
+    }
 
 
 def grain_loop():
@@ -1065,6 +1147,7 @@ SCENARIOS = {
     "grain_identical": grain_identical,
     "grain_failing": grain_failing,
     "grain_loop": grain_loop,
+    "grain_in_training": grain_in_training,
     "source_rows": source_rows,
     "user_calls": user_calls,
 }

@@ -6,16 +6,20 @@ gives, appends a line to `LOG_FILE` and prints a line to standard output (left i
 Python's buffer: with stdout a pipe, as under nohup, Kubernetes or Slurm, a copy
 of the process would write it again). SOURCE is "generator" (a
 `tf.data.Dataset.from_generator`), "py_dataset" (a `keras.utils.PyDataset` with
-one worker, which the advice tells to take more) or "py_dataset_threads" (the
-same read by two threads). MODE is "plain" (an empty callback), "defaults"
-(`PipelineTuner()`), "measure_fixes" (`measure_fixes=True`) or "lock"
-(`measure_fixes=True`, and a background thread that takes the source's lock at
-the end of fit and holds it for `LOCK_HELD_S`).
+one worker, which the advice tells to take more), "py_dataset_threads" (the
+same read by two threads) or "grain" (a Grain pipeline whose map gives the
+elements, on the thread that reads the batches). MODE is "plain" (an empty
+callback), "defaults" (`PipelineTuner()`), "measure_fixes"
+(`measure_fixes=True`), "unverified" (`measure_fixes=True,
+allow_unverified=True`: the user lets the tuner run their Python again) or
+"lock" (`measure_fixes=True`, and a background thread that takes the source's
+lock at the end of fit and holds it for `LOCK_HELD_S`).
 
 Before the fit it registers an `os.register_at_fork` hook; at the end it prints
 `FORKS <n>` (copies of the process made), `ELEMENTS <n>` (the source's calls),
-and with a tuner its verdict and `AFTER_TRAINING_S <s> BUDGET_S <s>` (its work
-after training, and the budget it had), then exits.
+and with a tuner its verdict, the slowest stage it names (`BOTTLENECK`) and
+`AFTER_TRAINING_S <s> BUDGET_S <s>` (its work after training, and the budget
+it had), then exits.
 With `--ready-signal`, it prints `TRAINED` from a callback that runs before the
 tuner's `on_train_end` and flushes it, so a test can stop the process then.
 """
@@ -64,6 +68,20 @@ def generator_source(log_file: str) -> tf.data.Dataset:
     return tf.data.Dataset.from_generator(generate, output_signature=signature).batch(BATCH)
 
 
+def grain_source(log_file: str):
+    import grain
+
+    def give(index):
+        return _give(index, log_file)
+
+    return (
+        grain.MapDataset.range(ELEMENTS)
+        .to_iter_dataset(grain.ReadOptions(num_threads=0))
+        .map(give)
+        .batch(BATCH)
+    )
+
+
 class Batches(keras.utils.PyDataset):
     def __init__(self, log_file: str, workers: int):
         super().__init__(workers=workers, use_multiprocessing=False)
@@ -109,6 +127,8 @@ def main(argv) -> int:
     model.compile(optimizer="sgd", loss="mse")
     if source == "generator":
         data = generator_source(log_file)
+    elif source == "grain":
+        data = grain_source(log_file)
     else:
         data = Batches(log_file, workers=2 if source == "py_dataset_threads" else 1)
     callbacks = [Trained()] if ready_signal else []
@@ -119,12 +139,15 @@ def main(argv) -> int:
         callbacks.append(keras.callbacks.Callback())
     else:
         kwargs = {"measure_fixes": True} if mode in ("measure_fixes", "lock") else {}
+        if mode == "unverified":
+            kwargs = {"measure_fixes": True, "allow_unverified": True}
         tuner = kpt.PipelineTuner(verbose=0, **kwargs)
         callbacks.append(tuner)
     model.fit(data, epochs=EPOCHS, callbacks=callbacks, verbose=0)
     if tuner is not None:
         report = tuner.report
         print(f"VERDICT {report.verdict.value}")
+        print(f"BOTTLENECK {report.profile.bottleneck if report.profile else None}")
         cost = report.tuner_cost
         print(f"AFTER_TRAINING_S {cost.after_training_s:.3f} BUDGET_S {cost.budget_s:.3f}")
     print(f"ELEMENTS {CALLS[0]}")

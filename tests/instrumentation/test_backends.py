@@ -420,9 +420,42 @@ def check_grain_stage_timing(result):
     assert "grain.ReadOptions(num_threads=" in result["fix"], result["fix"]
     assert "map(slow_parse)" in result["summary"], result["summary"]
     assert "Grain stage timing" in result["markdown"], result["markdown"]
-    assert "separate pass over" in result["markdown"], result["markdown"]
+    # Timed on the iterators training read, not in a pass of the tuner's own.
+    assert result["timed_in_training"] is True, result
+    assert "during training" in result["trigger"], result["trigger"]
+    assert "batches training read" in result["markdown"], result["markdown"]
+    assert "separate pass" not in result["markdown"], result["markdown"]
     assert "Grain stage timing" in result["terminal"], result["terminal"]
     assert "slowest stage map(slow_parse)" in result["terminal"], result["terminal"]
+
+
+@on("grain_in_training")
+def test_grain_stages_are_timed_on_the_iterators_fit_reads(backend, measured):
+    """A MapDataset whose map sleeps, given to fit as it is, with the default tuner."""
+    result = measured
+    assert result["verdict"] == "highly input-bound", result
+    assert result["bottleneck"] == "map(slow_parse)", result
+    assert result["timed_in_training"] is True, result
+    # Of two epochs of 48 batches, the first 64 batches fit read were timed.
+    assert "first 64 batches fit read during training" in result["trigger"], result
+    assert "then turned off" in result["trigger"], result["trigger"]
+    output = result["stages"]["to_iter_dataset"]
+    assert output["waiting"] and output["calls"] == 64, result["stages"]
+    timed = result["stages"]["map(slow_parse)"]
+    # Grain's own time per element, against the known 20 ms sleep (generous:
+    # Grain's 16 read threads share two busy cores).
+    assert 20.0 <= timed["self_ms"] / timed["calls"] <= 100.0, timed
+    # The elements of those batches, and of the ones Grain's threads had begun.
+    assert 64 * 8 <= timed["calls"] <= 2 * 48 * 8, timed
+    # Read on Grain's threads: the advice is about them.
+    assert result["recommendations"][0] == "grain-read-threads", result
+    # The user's map ran exactly as often as in the same fit without the
+    # tuner (counted from the start of training), and training was the same.
+    assert result["calls"] == result["plain_calls"] == 2 * 48 * 8, result
+    assert result["history"] and result["weights"], result
+    # The dataset's nodes hold the recorders they hold after a plain fit.
+    assert result["recorders"] == result["plain_recorders"], result
+    assert "_ExecutionStats" not in result["recorders"], result
 
 
 @on("grain_advice")
@@ -453,6 +486,7 @@ def test_grain_stage_timing_failure_turns_it_off_and_fit_ends(backend, measured)
     assert failing["bottleneck"] is None, failing
     assert any(
         note.startswith("Grain stage timing was turned off after a failure")
-        and "record store went away" in note
+        and "execution summary went away" in note
         for note in failing["notes"]
     ), failing["notes"]
+    assert failing["history"] and failing["weights"], failing

@@ -291,10 +291,10 @@ def _check_the_other_runs(shown, seen, runs):
         ["worker:1", "straggler", True],
     ]
     assert "Read from report.json" in workers["note"]
-    # A Grain run: its stages as Grain timed them, in a pass of their own, the map marked.
+    # A Grain run: its stages as Grain timed them during training, the map marked.
     grain_stages = seen["grain_stages"]
     assert grain_stages["heading"] == "Grain stages, timed by Grain"
-    assert "separate pass over" in grain_stages["note"]
+    assert "during training" in grain_stages["note"]
     assert ["map(slow_parse)", True] in grain_stages["rows"]
     assert [stage for stage, marked in grain_stages["rows"] if marked] == ["map(slow_parse)"]
     # A run whose report.json is not a report: said on its page, the rest still drawn.

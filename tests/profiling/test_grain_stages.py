@@ -51,6 +51,41 @@ def test_map_after_to_iter_dataset_is_named_and_runs_on_the_reading_thread():
     assert "separate pass over 4 batches" in evidence.summary()
 
 
+def test_a_tracked_iterator_gives_the_same_elements_and_is_summed_at_once():
+    dataset = (
+        grain.MapDataset.range(32)
+        .to_iter_dataset(grain.ReadOptions(num_threads=0))
+        .map(slow_parse)
+        .batch(4)
+    )
+    plain = [batch.tolist() for batch in dataset]
+    iterator = iter(dataset)
+    recorder = grain_stages.track_stages(iterator)
+    tracked = [next(iterator).tolist() for _ in range(3)]
+    # Read at once: Grain folds its times in every 5 s, the rest are added.
+    summary = grain_stages.stage_summary(recorder)
+    counts = {
+        grain_stages.stage_label(node.name): node.num_produced_elements
+        for node in summary.nodes.values()
+    }
+    assert counts["batch"] == 3 and counts["map(slow_parse)"] == 12, counts
+    tracked += [batch.tolist() for batch in iterator]
+    assert tracked == plain
+    # Twice over the same pipeline (two epochs): each stage's figures added up.
+    merged = grain_stages.merged_summary([summary, grain_stages.stage_summary(recorder)])
+    assert merged.nodes[0].num_produced_elements == 3 + 8
+    evidence = grain_stages.stage_evidence(merged, "timed here", "a note", batches=11)
+    assert evidence.bottleneck == "map(slow_parse)" and evidence.stop_step == 11
+    assert evidence.notes == ["a note"] and not evidence.timed_in_training
+
+
+def test_an_untracked_iterator_has_no_summary():
+    iterator = iter(grain.MapDataset.range(4))
+    next(iterator)
+    with pytest.raises(ValueError, match="not on"):
+        grain_stages.stage_summary(iterator._stats)
+
+
 def test_map_dataset_stage_is_read_on_threads_and_the_advice_runs():
     dataset = grain.MapDataset.range(64).map(slow_parse).batch(4)
     evidence = grain_stages.time_stages(dataset, batches=4)

@@ -91,6 +91,55 @@ def py_calls_of(graph_def) -> List[PyCall]:
     return list(found.values())
 
 
+def registered_function(token: str):
+    """The Python function TensorFlow registered under `token`, unwrapped, or `None`.
+
+    A `py_function` is held in an `EagerFunc`; both are wrapped by autograph.
+
+    Example:
+
+    >>> registered_function("no such token") is None
+    True
+    """
+    import inspect
+
+    from tensorflow.python.ops import script_ops
+
+    function = script_ops._py_funcs.get(token)  # pylint: disable=protected-access
+    if function is None:
+        return None
+    return inspect.unwrap(getattr(function, "_func", function))
+
+
+def generator_state(token: str):
+    """The state of the `from_generator` one of whose callbacks is registered under `token`.
+
+    TensorFlow keeps a `from_generator` dataset's generator, and the iterators
+    it made of it, in one state object (`DatasetV2._GeneratorState`: the
+    generator is its `_generator`, the live iterators its `_iterators`); its
+    callbacks hold it: the pass's start is its bound `get_next_id`, the other
+    two close over it.
+
+    Args:
+        token: a token of a `PyCall` whose role is "start", "next" or "end".
+
+    Returns:
+        The state object, or `None` when the token's function holds none.
+    """
+    function = registered_function(token)
+    state = getattr(function, "__self__", None)
+    if state is not None and hasattr(state, "_generator"):
+        return state
+    code = getattr(function, "__code__", None)
+    cells = dict(zip(code.co_freevars, function.__closure__ or ())) if code else {}
+    holder = cells.get("generator_state")
+    try:
+        state = holder.cell_contents if holder is not None else None
+    except ValueError:  # an empty cell
+        return None
+    return state if hasattr(state, "_generator") else None
+
+
 def _calls_in(library, name: str, role: Optional[str] = None):
     """`(token, op, role)` of every registry call in function `name` and those it calls."""
     seen, stack = set(), [(name, role)]

@@ -520,7 +520,7 @@ function epochTable(view) {
 
 function stageTable(view) {
   const profile = view.report.profile;
-  // Grain pipelines are timed by Grain itself, in a pass of their own.
+  // Grain pipelines are timed by Grain itself (the trigger says when).
   const grain = profile && profile.source === "grain";
   const section = element("section", {class: "kpt-stage-section"},
       element("h2", {}, grain ? "Grain stages, timed by Grain"
