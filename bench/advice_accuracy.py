@@ -478,8 +478,9 @@ def run_case(case, rounds, log_dir, defaults: bool = False) -> dict:
         "advised": advised_ids,
         "original_ms": original,
         "measured": measured,
-        "predicted": gain.speedup if gain is not None else None,
-        "basis": gain.basis if gain is not None else None,
+        # The headline's one figure: measured, else predicted, else the bound.
+        "predicted": _headline(gain)[0],
+        "basis": _headline(gain)[1],
         "capacity": gain.predicted_speedup if gain is not None else None,
         "cache": cache_line(report),
         "top_id": top.id if top is not None else None,
@@ -494,6 +495,17 @@ def run_case(case, rounds, log_dir, defaults: bool = False) -> dict:
     else:
         line["ratio"] = None
     return line
+
+
+def _headline(gain):
+    """`(figure, label)` of a gain as its headline shows it (`describe_gain`)."""
+    if gain is None:
+        return None, None
+    if gain.likely_speedup is not None:
+        return gain.likely_speedup, "measured"
+    if gain.predicted_speedup is not None:
+        return gain.predicted_speedup, "predicted"
+    return gain.speedup, gain.basis
 
 
 def figure_text(line) -> str:
