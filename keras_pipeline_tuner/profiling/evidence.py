@@ -442,7 +442,9 @@ def rank_iterators(
                 calls=int(row.get("count") or 0),
                 self_ms=self_ms[name],
                 total_ms=float(row.get("timeInMs") or 0.0),
-                self_share=self_ms[name] / working_ms,
+                # A waiting iterator's self time (its wait) can exceed the
+                # work of those it waits for: as a share, at most all of it.
+                self_share=min(self_ms[name] / working_ms, 1.0),
                 waiting=waiting[name],
             )
         )
