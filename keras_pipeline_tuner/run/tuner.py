@@ -222,6 +222,9 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._end_user_calls()
         run = self._new_run(flush_source=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+        # How Keras' progress bar counts its ms/step, shown beside the step.
+        verbose = (self.params or {}).get("verbose")
+        run.clock.keras_verbose = 1 if verbose == "auto" else verbose
         identity = None
         # Multi-worker training is a tf.distribute strategy: TensorFlow backend only.
         if not self.async_safe and self.guard.enabled(features.WORKER_SUMMARY):
@@ -250,6 +253,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 self._timing.flush_rows(wait=True)
         self._run.end_epoch(TRAIN, epoch)
         self._run.epoch_ended()
+        self._run.clock.epoch_work_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.train_begin(batch)
