@@ -305,29 +305,29 @@ def _print_speedup(naive_report, tuned_report, tune_result, console: Console) ->
     speedup = before / after
     changes = "; ".join(f"{outcome.kind}: {outcome.change}" for outcome in kept)
     console.print(
-        f"[bold]Speed-up: {speedup:.2f}x[/bold] (steady-state training step, median of "
-        f"the last epoch: {before:.1f} ms -> {after:.1f} ms, measured in the two fits "
-        f"above), from the rewrites kpt.tune kept: {changes}"
+        f"[bold]Speed-up: {speedup:.2f}x[/bold] (the step, the steady state's median: "
+        f"{before:.2f} ms -> {after:.2f} ms, measured in the two fits above), from the "
+        f"rewrites kpt.tune kept: {changes}"
     )
     return speedup
 
 
 def steady_step_ms(report) -> Optional[float]:
-    """The steady-state training step time of a fit: the median step of its last epoch.
+    """The step of a fit, as every output shows it: the steady state's median.
 
-    The first epoch holds one-off costs (tracing, a cache being filled), so the
-    last epoch is what the pipeline costs from then on.
+    The first epoch holds one-off costs (tracing, a cache being filled), and
+    each epoch's first steps a new iterator's: the steady state leaves them
+    out (see `advice.figures`).
 
     Args:
         report: the tuner's `Report` of the fit.
 
     Returns:
-        The median step time in ms, or `None` when no epoch was timed.
+        The median step time in ms, or `None` when no step was timed.
     """
-    epochs = [epoch for epoch in report.epochs if epoch.kind == "train" and epoch.stats.steps]
-    if not epochs:
-        return report.train.step.median_ms
-    return epochs[-1].stats.step.median_ms
+    from keras_pipeline_tuner.outputs.report import figures_of
+
+    return figures_of(report).step_ms
 
 
 def _last(values):

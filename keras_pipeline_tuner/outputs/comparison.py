@@ -1,8 +1,9 @@
 """Two runs' reports side by side: step time, input wait, compute, and whether they differ.
 
-Each run is compared in its steady state: its last training epoch when it ran
-two or more (the first may fill a cache or warm up, which is a one-off cost the
-verdict leaves out too), else all its steps. A difference between two runs
+Each run is compared by its figures (`Report.figures`): the steps of its steady
+state, those its verdict's input share is of (each epoch's first steps left
+out, and the first epoch once later ones decide: it may fill a cache or warm
+up), with its own input share and verdict. A difference between two runs
 means something only when it is larger than how much steps vary within each
 run. The spread of a timing here is its interquartile range (p75 minus p25,
 over the steps compared): a difference of medians beyond the larger of the two
@@ -15,12 +16,10 @@ were kept is spread by its p90 minus its median.
 import dataclasses
 from typing import List
 from typing import Optional
-from typing import Tuple
 
 from keras_pipeline_tuner.outputs.report import Report
-from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.outputs.report import figures_of
 from keras_pipeline_tuner.timing.step_stats import Distribution
-from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
 
 
@@ -59,7 +58,8 @@ class RunComparison:
         input_fraction_b: run B's.
         verdict_a: run A's verdict.
         verdict_b: run B's verdict.
-        scope_a: which of run A's steps were compared, e.g. "epoch 3 of 3".
+        scope_a: which of run A's steps were compared, e.g. "steady state:
+            epochs 2-3, the first 2 steps of each epoch left out".
         scope_b: which of run B's.
     """
 
@@ -91,41 +91,20 @@ def compare_reports(a: Report, b: Report) -> RunComparison:
     >>> round(step.ratio, 3), step.beyond_spread
     (0.275, True)
     """
-    (stats_a, scope_a), (stats_b, scope_b) = steady_steps(a), steady_steps(b)
+    figures_a, figures_b = figures_of(a), figures_of(b)
     timings = [
-        _compare(name, getattr(stats_a, field), getattr(stats_b, field))
-        for name, field in (("step", "step"), ("input wait", "input_wait"), ("compute", "compute"))
+        _compare(name, getattr(figures_a, field), getattr(figures_b, field))
+        for name, field in (("step", "step"), ("input wait", "wait"), ("compute", "compute"))
     ]
     return RunComparison(
         timings=timings,
-        input_fraction_a=a.input_fraction,
-        input_fraction_b=b.input_fraction,
-        verdict_a=a.verdict.value,
-        verdict_b=b.verdict.value,
-        scope_a=scope_a,
-        scope_b=scope_b,
+        input_fraction_a=figures_a.input_fraction,
+        input_fraction_b=figures_b.input_fraction,
+        verdict_a=figures_a.verdict.value,
+        verdict_b=figures_b.verdict.value,
+        scope_a=figures_a.scope,
+        scope_b=figures_b.scope,
     )
-
-
-def steady_steps(report: Report) -> Tuple[StepStats, str]:
-    """The training steps a run is compared by, and which they are.
-
-    Args:
-        report: the run's `Report`.
-
-    Returns:
-        `(stats, scope)`: the last training epoch's `StepStats` when two or
-        more ran (e.g. "epoch 3 of 3"), else all training steps ("all steps").
-
-    Example:
-
-    >>> steady_steps(Report())[1]
-    'all steps'
-    """
-    train = [epoch for epoch in report.epochs if epoch.kind == TRAIN and epoch.stats.steps]
-    if len(train) < 2:
-        return report.train, "all steps"
-    return train[-1].stats, f"epoch {train[-1].epoch + 1} of {len(train)}"
 
 
 def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> str:
@@ -181,9 +160,10 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
         text.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     text += [
         "",
-        "Steps compared: each run's steady state, its last training epoch when it ran two "
-        "or more (a first epoch may fill a cache). The input share and verdict are the "
-        "runs' own. Spread: the interquartile range (p75 minus p25) of each run's steps, "
+        "Steps compared: each run's steady state, the steps its verdict's input share is "
+        "of (each epoch's first steps left out, and the first epoch once later ones "
+        "decide: it may fill a cache). The input share and verdict are the runs' own. "
+        "Spread: the interquartile range (p75 minus p25) of each run's steps, "
         "the larger of the two; a difference of medians beyond it is more than "
         "step-to-step noise.",
     ]

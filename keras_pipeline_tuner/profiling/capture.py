@@ -39,7 +39,6 @@ _ANALYSED = (
     "source",
     "steps",
     "input_fraction",
-    "verdict",
     "conclusion",
     "iterators",
     "bottleneck",

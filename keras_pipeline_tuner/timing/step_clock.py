@@ -25,7 +25,6 @@ import numpy as np
 
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import step_seconds
-from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -590,7 +589,6 @@ class StepClock:
         stats = StepStats.from_arrays(selected["wait"], selected["compute"], selected["gap"])
         stats.steps = totals.steps
         stats.input_fraction = totals.fraction()
-        stats.verdict = verdict_for(stats.input_fraction)
         return stats
 
 

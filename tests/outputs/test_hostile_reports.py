@@ -45,12 +45,12 @@ def hostile_report() -> kpt.Report:
         steps=10**300,
         input_wait=Distribution(mean_ms=1e308, median_ms=1e308, p90_ms=1e308),
         step=Distribution(mean_ms=1e308, median_ms=1e308, p90_ms=1e308),
-        input_fraction=1e308,
+        input_fraction=1.0,
     )
     stage = "map(`x` | " + text + ")"
     return kpt.Report(
         verdict=kpt.Verdict.HIGHLY_INPUT_BOUND,
-        input_fraction=1e308,
+        input_fraction=1.0,
         train=stats,
         notes=list(HOSTILE) + ["x" * 1_000_000],
         recommendations=[
