@@ -375,7 +375,7 @@ def _bound_line(raw_wait: float, step_ms: float) -> str:
         f" No replay measured the fetch of a batch already in memory here (the contention "
         f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
-        f"at the fetch is {raw_wait * 100:.1f} % of the {step_ms:.2f} ms step."
+        f"at the fetch is {raw_wait * step_ms:.2f} ms a step."
     )
 
 
