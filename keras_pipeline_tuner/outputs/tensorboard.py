@@ -482,7 +482,7 @@ class TensorBoardSink:
         span = window.span if window is not None else profile.span()
         title = f"Profiler window, {span}"
         if window is not None and window.input_fraction is not None:
-            title += f", {window.input_fraction * 100:.1f} % input"
+            title += f", measured {window.input_fraction * 100:.1f} % input"
         drawn = len(rows[0].spans_ms) if rows else 0
         if drawn:
             title += f"; its first {drawn} drawn"
