@@ -31,8 +31,9 @@ class TimingComparison:
         name: "step", "input wait" or "compute".
         mean_a_ms: mean of run A.
         mean_b_ms: mean of run B.
-        ratio: `mean_b_ms / mean_a_ms` (below 1: B is faster); `None` when
-            either is missing or A is zero.
+        ratio: `median_b_ms / median_a_ms` (below 1: B is faster), the ratio of
+            the figures every output shows (medians); `None` when either is
+            missing or A's is zero.
         median_difference_ms: median of B minus median of A.
         spread_ms: the larger of the two runs' interquartile ranges.
         beyond_spread: whether the medians differ by more than `spread_ms`;
@@ -46,6 +47,8 @@ class TimingComparison:
     median_difference_ms: Optional[float]
     spread_ms: Optional[float]
     beyond_spread: Optional[bool]
+    median_a_ms: Optional[float] = None
+    median_b_ms: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -124,17 +127,17 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
     >>> slow = Report(train=StepStats.from_arrays(np.full(10, 0.03), np.full(10, 0.01)))
     >>> text = format_comparison(compare_reports(slow, slow), "monday", "tuesday")
     >>> print(text.splitlines()[4])
-    step            40.00 ms   40.00 ms   1.00x  +0.00 ms           0.00 ms  no
+    step            40.00 ms    40.00 ms    1.00x  +0.00 ms           0.00 ms  no
     """
-    header = ("", "A (mean)", "B (mean)", "B/A", "medians differ by", "spread", "beyond spread")
+    header = ("", "A (median)", "B (median)", "B/A", "medians differ by", "spread", "beyond spread")
     lines = [header]
     for timing in comparison.timings:
         beyond = {None: "-", True: "yes", False: "no"}[timing.beyond_spread]
         lines.append(
             (
                 timing.name,
-                _ms(timing.mean_a_ms),
-                _ms(timing.mean_b_ms),
+                _ms(timing.median_a_ms),
+                _ms(timing.median_b_ms),
                 "-" if timing.ratio is None else f"{timing.ratio:.2f}x",
                 _ms(timing.median_difference_ms, signed=True),
                 _ms(timing.spread_ms),
@@ -172,15 +175,17 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
 
 def _compare(name: str, a: Distribution, b: Distribution) -> TimingComparison:
     ratio = None
-    if a.mean_ms and b.mean_ms is not None:
-        ratio = b.mean_ms / a.mean_ms
+    if a.median_ms and b.median_ms is not None:
+        ratio = b.median_ms / a.median_ms
     difference = spread = beyond = None
     spreads = (_spread(a), _spread(b))
     if None not in (a.median_ms, b.median_ms, *spreads):
         difference = b.median_ms - a.median_ms
         spread = max(spreads)
         beyond = abs(difference) > spread
-    return TimingComparison(name, a.mean_ms, b.mean_ms, ratio, difference, spread, beyond)
+    return TimingComparison(
+        name, a.mean_ms, b.mean_ms, ratio, difference, spread, beyond, a.median_ms, b.median_ms
+    )
 
 
 def _spread(timing: Distribution) -> Optional[float]:
