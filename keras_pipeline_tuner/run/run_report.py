@@ -39,7 +39,7 @@ NO_STEP = "No training step was measured"
 # Notes of the probes that say why the advised fixes were not timed.
 _UNTIMED_NOTES = ("The advised fixes were not timed", "measure_fixes timed no")
 # The fix timing line quotes a reason up to this many characters.
-_REASON_CHARS = 160
+_REASON_CHARS = 120
 
 
 def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
@@ -222,11 +222,8 @@ def _fixes_line(run, judgement: Judgement) -> str:
     if not judgement.verdict.input_bound:
         return "Fix timing: none ran, the input pipeline is not the bottleneck."
     if others:
-        what = others[0].change or others[0].stage or others[0].recommendation
-        return (
-            f"Fix timing measured nothing: {what}: {others[0].status}, "
-            f"{_first_sentence(others[0].reason)}"
-        )
+        what = others[0].stage or others[0].change or others[0].recommendation
+        return f"Fix timing measured nothing: {what}: {_why_untimed(others[0])}"
     for note in run.notes:
         if note.startswith(_UNTIMED_NOTES):
             return f"Fix timing measured nothing: {_first_sentence(note.split(': ', 1)[-1])}"
@@ -234,6 +231,16 @@ def _fixes_line(run, judgement: Judgement) -> str:
         "Fix timing measured nothing: it did not run (measure_fixes=False, or no tf.data "
         "dataset it can rebuild)."
     )
+
+
+def _why_untimed(timing) -> str:
+    """Why a fix was not timed, short: the probes' reasons run to several sentences."""
+    if "calls Python" in timing.reason or timing.reran_python:
+        return (
+            "it runs your Python, which the tuner does not run again after training unless "
+            "asked (measure_fixes=True, allow_unverified=True)."
+        )
+    return f"{timing.status}, {_first_sentence(timing.reason)}"
 
 
 def _first_sentence(text: str) -> str:
