@@ -79,10 +79,13 @@ report = tuner.wait_for_profile()
 print(
     "Warnings or errors:", len(findings.of_severity("warning")) + len(findings.of_severity("error"))
 )
-for epoch in report.epochs:
+# Each epoch judged by the run's rule (its first steps out, the wait a fetch
+# of a ready batch takes out); the run's verdict may leave one out (a first
+# epoch that fills a cache), and says why.
+for epoch in report.figures.epochs:
     if epoch.kind == "train":
-        share = epoch.stats.input_fraction
+        left_out = f"; {epoch.left_out}" if epoch.left_out else ""
         print(
-            f"Epoch {epoch.epoch + 1}: {share:.0%} of step time is input wait "
-            f"({epoch.stats.verdict.value})"
+            f"Epoch {epoch.epoch + 1}: {epoch.input_fraction:.0%} of step time is input "
+            f"({epoch.verdict.value}{left_out}), step {epoch.step.median_ms:.1f} ms (median)"
         )

@@ -11,6 +11,7 @@ print(tuner.report.verdict)
 ```
 """
 
+from keras_pipeline_tuner.advice.figures import Figures
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
@@ -75,6 +76,7 @@ __all__ = [
     "Distribution",
     "EpochBreakdown",
     "Finding",
+    "Figures",
     "Findings",
     "FirstStep",
     "MultiWorkerSummary",

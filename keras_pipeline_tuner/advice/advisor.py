@@ -51,24 +51,24 @@ job's quota throttled it.
 
 import dataclasses
 from typing import TYPE_CHECKING
-from typing import Iterable
+from typing import Any
 from typing import List
 from typing import Optional
+from typing import Sequence
 from typing import Tuple
 
 from keras_pipeline_tuner.advice import cpu_limits
 from keras_pipeline_tuner.advice import python_stages
 from keras_pipeline_tuner.advice import scale_out as scale_out_advice
 from keras_pipeline_tuner.advice import timed_gains
+from keras_pipeline_tuner.advice.figures import Figures
 from keras_pipeline_tuner.advice.gains import cache_after
 from keras_pipeline_tuner.advice.gains import cache_gain
 from keras_pipeline_tuner.advice.gains import first_epoch_only
-from keras_pipeline_tuner.advice.gains import input_free_gain
 from keras_pipeline_tuner.advice.gains import overlap_gain
 from keras_pipeline_tuner.advice.gains import replayed_gain
 from keras_pipeline_tuner.advice.gains import stage_gain
 from keras_pipeline_tuner.advice.gains import stage_time
-from keras_pipeline_tuner.advice.gains import steady_ceiling
 from keras_pipeline_tuner.advice.ranking import bottleneck_key
 from keras_pipeline_tuner.advice.ranking import cannot_help
 from keras_pipeline_tuner.advice.ranking import no_speed_fix
@@ -102,9 +102,6 @@ from keras_pipeline_tuner.advice.stages import parse_stage
 from keras_pipeline_tuner.advice.stages import same_place
 from keras_pipeline_tuner.advice.stages import same_stage
 from keras_pipeline_tuner.advice.stages import severity_of
-from keras_pipeline_tuner.advice.verdict import Judgement
-from keras_pipeline_tuner.advice.verdict import judge
-from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
@@ -116,16 +113,9 @@ from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import Verdict
-from keras_pipeline_tuner.timing.step_stats import format_ms
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.advice.data_reuse import DataReuse
-    from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
-    from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
-    from keras_pipeline_tuner.pipeline.lint.findings import Finding
-    from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
-    from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
-    from keras_pipeline_tuner.workers.exchange import MultiWorkerSummary
 
 
 # A Python stage whose calls take this share of the steps' wait is what they
@@ -136,52 +126,59 @@ _DONE_AT_RUN_TIME = frozenset({MISSING_PREFETCH, SEQUENTIAL_MAP})
 _NOTHING_TO_CHANGE = frozenset({KERAS_ARRAY_INPUT})
 
 
-def advise(
-    stats: StepStats,
-    profile: Optional["ProfileEvidence"] = None,
-    findings: Iterable["Finding"] = (),
-    cpu_count: Optional[int] = None,
-    what_if: Optional["WhatIfResult"] = None,
-    cpu: Optional["CpuUsage"] = None,
-    workers: Optional["MultiWorkerSummary"] = None,
-    judgement: Optional[Judgement] = None,
-    fix_timings: Iterable["fix_timing.FixTiming"] = (),
-    reuse: Optional["DataReuse"] = None,
-    user_calls: Iterable["UserCallTiming"] = (),
-) -> List[Recommendation]:
-    """Ranks what to change, from the evidence gathered for one run.
+@dataclasses.dataclass(frozen=True)
+class RunEvidence:
+    """What the advice reads of a run besides its `Figures`.
 
-    Args:
-        stats: `StepStats` of the training steps (the step clock).
-        profile: `ProfileEvidence` of a TF Profiler window, if one was captured.
-        findings: `Finding`s of the pipeline inspection, if it ran.
-        cpu_count: CPU cores a parallelised stage can use: a fix that runs a
-            stage on parallel threads is at most this many times faster; the
-            run's CPU budget (`cpu.budget`: affinity and container quota) by
-            default, read now when the run has none.
-        what_if: `WhatIfResult` of a what-if replay, if one ran: the step time
-            with input free, measured, replaces the step clock's compute time
-            as the floor no input-pipeline change goes below.
-        cpu: `CpuUsage` of the run: with every stage already parallel, saturated
-            CPUs make the tf.data service the advice (see `scale_out_advice`);
-            its CPU budget and throttling add the advice of `cpu_limits`.
-        workers: the chief's `MultiWorkerSummary` of a multi-worker run: the job
-            is judged by its straggler, which is named first.
-        judgement: the run's `Judgement` (see `advice.verdict`), so that the
-            advice follows the report's verdict; judged from `stats` and
-            `profile` when not given, and always for a multi-worker job.
+    Attributes:
+        stats: `StepStats` of the job's training steps (a multi-worker job's
+            straggler's): how many steps its Python calls are spread over.
+        profile: `ProfileEvidence` of a TF Profiler window (or Grain's stage
+            timing), if one ran: which stage holds the input time.
+        findings: `Finding`s of the pipeline inspection, if it ran (from
+            `kpt.inspect`, with the pipeline they were read from).
+        what_if: `WhatIfResult` of a what-if replay, if one ran.
+        cpu: `CpuUsage` of the run: with every stage already parallel,
+            saturated CPUs make the tf.data service the advice (see
+            `scale_out_advice`); its CPU budget and throttling add the
+            advice of `cpu_limits`.
+        workers: the chief's `MultiWorkerSummary` of a multi-worker run: the
+            straggler is named first.
         fix_timings: `FixTiming`s of the advised fixes, timed on the pipeline
-            (`PipelineTuner(measure_fixes=True)`): a timed fix's gain becomes
-            the measured figure (`likely_speedup`), and the advice is ranked
-            again: fixes timed faster first (largest first), then the
-            untimed, which keep their bounds, fixes timed at no gain last.
+            (`measure_fixes`): a timed fix's gain becomes the measured figure,
+            and the advice is ranked again.
         reuse: the fit's `DataReuse` (see `advice.data_reuse`): a cache in a
-            fit that reads no element twice gets no gain, and one that does
-            counts its filling pass over the fit's passes.
+            fit that reads no element twice gets no gain.
         user_calls: the user's Python calls timed during training
             (`Report.user_calls`): a stage that takes most of the wait is
             named the bottleneck where no profile named one, and a change to
             it gets a gain predicted from them (`python_stages`).
+        cpu_count: CPU cores a parallelised stage can use, where the figures
+            hold no CPU budget (read now when neither says).
+    """
+
+    stats: StepStats
+    profile: Any = None
+    findings: Sequence = ()
+    what_if: Any = None
+    cpu: Any = None
+    workers: Any = None
+    fix_timings: Sequence = ()
+    reuse: Any = None
+    user_calls: Sequence = ()
+    cpu_count: Optional[int] = None
+
+
+def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
+    """Ranks what to change, from a run's evidence and its figures.
+
+    The verdict, the step, the input share and the input-free ceiling are the
+    run's `Figures` (built once from `advice.verdict.judge`'s judgement, see
+    `advice.figures`): the advice follows them and decides none again.
+
+    Args:
+        evidence: the `RunEvidence`.
+        figures: the run's `Figures` (for a multi-worker job, its straggler's).
 
     Returns:
         `Recommendation`s, most important first. Never one without evidence.
@@ -189,20 +186,20 @@ def advise(
     Example:
 
     ```python
-    for recommendation in advise(report.train, report.profile, report.findings):
+    evidence = RunEvidence(report.train, report.profile, report.findings)
+    for recommendation in advise(evidence, report.figures):
         print(recommendation.title, describe_gain(recommendation.expected_gain))
     ```
     """
+    findings = evidence.findings
     # Findings from `kpt.inspect` carry the pipeline they were read from.
     pipeline = getattr(findings, "pipeline", None)
-    stats = scale_out_advice.job_stats(stats, workers)
-    if workers is not None or judgement is None:
-        judgement = judge(stats, profile)
+    cpu, workers = evidence.cpu, evidence.workers
     quota_throttled = throttled(cpu)
-    run = _Run(stats, profile, cpu_count or budget_cpus(cpu), what_if, judgement, quota_throttled)
-    run.reuse = reuse
+    cpus = figures.cpu_budget or evidence.cpu_count or budget_cpus(cpu)
+    run = _Run(evidence, figures, cpus, quota_throttled)
     run.pipeline = pipeline
-    run.name_python_bottleneck(python_stages.stage_costs(user_calls, stats.steps))
+    run.name_python_bottleneck(python_stages.stage_costs(evidence.user_calls, evidence.stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return (
@@ -215,6 +212,7 @@ def advise(
             + cpu_limits.cpu_limit_recommendations(pipeline, cpu, None)
         )
 
+    fix_timings = evidence.fix_timings
     offload = scale_out_advice.offload_recommendation(run, findings, pipeline, cpu)
     # A job its quota throttled is out of the CPU time the container gives it:
     # the same-host ways out (a larger limit, fewer threads) come before moving
@@ -311,31 +309,24 @@ def _already_done(finding) -> bool:
 
 
 class _Run:
-    """The evidence of one run, and what every rule derives from it."""
+    """The evidence of one run and its figures, and what every rule derives from them."""
 
-    def __init__(
-        self,
-        stats: StepStats,
-        profile,
-        cpu_count: int,
-        what_if,
-        judgement: Judgement,
-        throttled: bool = False,
-    ):
-        self.stats = stats
-        self.profile = profile
+    def __init__(self, evidence: RunEvidence, figures: Figures, cpu_count: int, throttled=False):
+        self.stats = evidence.stats
+        self.profile = evidence.profile
+        self.figures = figures
         self.cpu_count = cpu_count
         self.pipeline = None
-        self.reuse: Optional["DataReuse"] = None
-        self.clock_evidence = _clock_evidence(stats)
-        replayed = replayed_gain(what_if, throttled)
+        self.reuse: Optional["DataReuse"] = evidence.reuse
+        self.clock_evidence = _clock_evidence(figures)
+        replayed = replayed_gain(evidence.what_if, throttled)
         if replayed is not None:
             self.clock_evidence.append(Evidence(REPLAY, replayed.statement))
-        self.judgement = judgement
-        self.verdict = judgement.verdict
-        self.bound = input_free_gain(stats, what_if, judgement, throttled)
+        self.verdict = figures.verdict
+        self.bound = figures.input_free
         self.python: List[python_stages.PythonStageCost] = []
         # The stage the steps wait for: the profile's, else the user's Python's.
+        profile = self.profile
         self.bottleneck = profile.bottleneck if profile is not None else None
         self.bottleneck_node = profile.bottleneck_node if profile is not None else None
         self.bottleneck_by = PROFILER if self.bottleneck else None
@@ -347,7 +338,10 @@ class _Run:
         `PYTHON_BOTTLENECK_SHARE` of the step's wait: the steps wait for it.
         """
         self.python = costs
-        wait_ms = self.stats.input_wait.mean_ms
+        figures = self.figures
+        wait_ms = None
+        if figures.wait_fraction is not None and figures.step_ms:
+            wait_ms = figures.wait_fraction * figures.step_ms
         if self.bottleneck or not costs or not wait_ms:
             return
         if costs[0].step_ms >= PYTHON_BOTTLENECK_SHARE * wait_ms:
@@ -373,35 +367,23 @@ class _Run:
 
 
 def _not_the_bottleneck(run: _Run) -> Recommendation:
-    stats = run.stats
-    fraction = run.judgement.input_fraction
+    figures = run.figures
+    fraction = figures.input_fraction
     evidence = list(run.clock_evidence)
-    if fraction is None:
-        fraction = stats.input_fraction
-    if fraction is None or run.judgement.source == PROFILER:
-        fraction = run.profile.input_fraction
+    if figures.source == PROFILER:
         evidence.append(
             Evidence(PROFILER, f"input is {fraction * 100:.1f} % of step time in the window.")
         )
-    compute = stats.compute.median_ms
-    raw = stats.input_fraction
-    # The evidence gives the wait of all steps; the verdict's share may leave
-    # out a fetch of a batch already in memory, epoch starts, one-off costs.
-    apart = (
-        f" (the {raw * 100:.1f} % in its evidence is every step's wait, including what the "
-        "verdict leaves out, as its line says)"
-        if raw is not None and raw - fraction > 0.05
-        else ""
-    )
+    compute = figures.compute_ms
     return Recommendation(
         id=NOT_THE_BOTTLENECK,
         title="The input pipeline is not the bottleneck: speed up the model's compute instead",
         severity="info",
         evidence=evidence,
         fix="",
-        expected_gain=steady_ceiling(run, fraction),
+        expected_gain=run.bound,
         reason=(
-            f"Steps wait for input only {fraction * 100:.1f} % of the time{apart}"
+            f"Steps wait for input only {fraction * 100:.1f} % of the time ({figures.scope})"
             + (f" and compute for {compute:.2f} ms (median)" if compute is not None else "")
             + ". Changing the input pipeline cannot make training noticeably faster; "
             "look at the model, the batch size or mixed precision."
@@ -513,7 +495,7 @@ def _from_finding(run: _Run, finding) -> Recommendation:
         if cached_after is not None:
             gain = first_epoch_only(run, finding.stage, cached_after)
         elif finding.id == MISSING_PREFETCH:
-            gain = overlap_gain(run.stats)
+            gain = overlap_gain(run.figures)
         else:
             gain = stage_gain(run, finding.stage, change_of(finding.id), finding_node(finding))
         if finding.id == CACHE_MISSING:
@@ -537,23 +519,27 @@ def _from_finding(run: _Run, finding) -> Recommendation:
 # Evidence.
 
 
-def _clock_evidence(stats: StepStats) -> List[Evidence]:
-    if stats.input_fraction is None:
+def _clock_evidence(figures: Figures) -> List[Evidence]:
+    if figures.input_fraction is None or figures.source == PROFILER:
         return [
             Evidence(
                 STEP_CLOCK,
-                f"{stats.steps} steps timed as a whole: input wait not separated from compute.",
+                f"{figures.steps} steps timed as a whole: input wait not separated from compute.",
             )
         ]
     return [
         Evidence(
             STEP_CLOCK,
-            f"{stats.input_fraction * 100:.1f} % of training step time waits for input "
-            f"over {stats.steps} steps (median wait {format_ms(stats.input_wait.median_ms)} "
-            f"ms, compute {format_ms(stats.compute.median_ms)} ms, "
-            f"step {format_ms(stats.step.median_ms)} ms).",
+            f"The input costs {figures.input_fraction * 100:.1f} % of steady-state step time "
+            f"({figures.source}), over {figures.steps} steps ({figures.scope}): median step "
+            f"{_ms(figures.step_ms)} ms, wait {_ms(figures.wait_ms)} ms, compute "
+            f"{_ms(figures.compute_ms)} ms.",
         )
     ]
+
+
+def _ms(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _profile_evidence(profile, stage, node=None) -> List[Evidence]:

@@ -1,9 +1,9 @@
 """The gain model: what each change is expected to bring, from the run's evidence.
 
-The step clock gives compute time, and if input were free a step would take
-about its compute time, so no input-pipeline change can make steps faster than
-`step / compute` (or, measured more directly, than the replayed step with input
-free): the run's one "input free" ceiling (`input_free_gain`). A stage the
+If input were free a step would take its compute (or its time less the
+input's share, or what a replay with input free measured), so no
+input-pipeline change can make steps faster than that: the run's one "input
+free" ceiling (`advice.figures.input_free`, of the steady-state step). A stage the
 profiler timed can at most remove its own share of the input's cost, a tighter
 ceiling; what a given change brings is predicted from the stage's profiled time
 or from the user's calls timed in training (`python_stages`), by an operational
@@ -23,106 +23,25 @@ from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
-from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.advice.stage_fixes import CACHE
 from keras_pipeline_tuner.advice.stage_fixes import PARALLEL
 from keras_pipeline_tuner.advice.stage_fixes import SPREAD
 from keras_pipeline_tuner.advice.stages import parse_stage
 from keras_pipeline_tuner.advice.stages import same_place
 from keras_pipeline_tuner.advice.verdict import WALL_STATISTIC
-from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.keras_inputs import ADVISED_WORKERS
 from keras_pipeline_tuner.profiling.evidence import GRAIN
-from keras_pipeline_tuner.timing.step_stats import StepStats
 
 if TYPE_CHECKING:
     pass
-
-
-def input_free_gain(
-    stats: StepStats, what_if, judgement: Judgement, throttled: bool = False
-) -> Optional[ExpectedGain]:
-    """The one "input free" figure of a run: how much faster steps would be with free input.
-
-    Decided here once, for the report, the advice's ceilings, the Text tab and
-    the dashboard: the replay's measured step with input free when one ran,
-    raised to what the verdict's input share implies (the wait and the replay
-    each measure part of the input's cost; the verdict takes the larger).
-
-    Args:
-        stats: `StepStats` of the training steps.
-        what_if: the run's `WhatIfResult`, or `None`.
-        judgement: the run's `Judgement`.
-        throttled: whether a CPU quota stopped the job in a meaningful share
-            of its periods (`CpuUsage.throttled`): the replay's figure is then
-            its wall time a step, as the verdict compares it.
-
-    Returns:
-        The `ExpectedGain` (a ceiling), or `None` when the wait was not measured.
-
-    Example:
-
-    >>> import numpy as np
-    >>> from keras_pipeline_tuner.advice.verdict import judge
-    >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
-    >>> round(input_free_gain(stats, None, judge(stats)).speedup, 2)
-    4.0
-    """
-    bound = replayed_gain(what_if, throttled) or free_input_gain(stats)
-    return _at_least_the_verdicts(bound, judgement)
 
 
 def free_input_ceiling(fraction: float) -> float:
     # Steps that spend `fraction` of their time on input are at most this much
     # faster with input free (capped: a share of 1 would be no finite bound).
     return 1.0 / (1.0 - min(fraction, 0.99))
-
-
-def _at_least_the_verdicts(bound: Optional[ExpectedGain], judgement: Judgement):
-    """The bound, raised to what the verdict's input share says free input would bring.
-
-    The replay and the wait each measure part of the input's cost; the verdict
-    takes the larger. A ceiling below it would be beaten by a fix that removes
-    the input's cost (a cache), as measured.
-    """
-    fraction = judgement.input_fraction
-    if bound is None or bound.speedup is None or bound.step_ms is None or fraction is None:
-        return bound
-    if bound.speedup <= 1.0:
-        # A replay that ran no faster with input free: it measured that input
-        # changes bring nothing, which the wait alone does not overrule.
-        return bound
-    ceiling = free_input_ceiling(fraction)
-    if ceiling <= bound.speedup:
-        return bound
-    return ExpectedGain(
-        ceiling,
-        bound.step_ms,
-        bound.step_ms / ceiling,
-        BOUND,
-        f"The input costs {fraction * 100:.1f} % of steady-state step time "
-        f"({judgement.source}): with input free a step would take about "
-        f"{bound.step_ms / ceiling:.2f} ms instead of {bound.step_ms:.2f} ms, at most "
-        f"{ceiling:.2f}x faster.",
-    )
-
-
-def steady_ceiling(run, fraction: float) -> ExpectedGain:
-    # What free input would bring in the steady state the verdict describes:
-    # the whole run's ceiling would count one-off costs (a first epoch filling
-    # a cache) that no change to the pipeline's steady state removes.
-    step_ms = run.bound.step_ms if run.bound is not None else run.stats.step.mean_ms
-    speedup = free_input_ceiling(fraction)
-    return ExpectedGain(
-        speedup,
-        step_ms,
-        step_ms / speedup if step_ms else None,
-        BOUND,
-        f"Input costs {fraction * 100:.1f} % of steady-state step time: even free input "
-        f"would make steps at most {speedup:.2f}x faster.",
-    )
 
 
 def stage_gain(
@@ -266,7 +185,7 @@ def _stage_share_gain(run, stage: str, node: Optional[str]):
     Returns `(gain, stage_ms)`: the `ExpectedGain`, and the milliseconds of a
     step the profiled stage costs (`None` when no window timed it).
     """
-    bound, stats = run.bound, run.stats
+    bound, figures = run.bound, run.figures
     if bound is None:
         return unmeasured(), None
     profile = run.profile
@@ -286,7 +205,7 @@ def _stage_share_gain(run, stage: str, node: Optional[str]):
             f"names {profile.bottleneck} the bottleneck): changing it frees no "
             "measurable input time.",
         ), None
-    if timed is None or stats.input_wait.mean_ms is None or bound.step_ms is None:
+    if timed is None or figures.input_fraction is None or bound.step_ms is None:
         return dataclasses.replace(
             bound,
             basis=BOUND,
@@ -294,17 +213,13 @@ def _stage_share_gain(run, stage: str, node: Optional[str]):
             + " This change gets there only if this stage is what the input waits for "
             "(no profile timed it).",
         ), None
-    wait_ms, step_ms = stats.input_wait.mean_ms, bound.step_ms
+    step_ms = bound.step_ms
     # What the input costs a step in the steady state the verdict describes
     # (a cache-filling first epoch left out): its wait, or more where a replay
     # measured the step with input free (a pipeline that competes for the
     # cores slows the compute too).
-    steady = run.judgement.input_fraction
-    if steady is None:
-        cost_ms = max(wait_ms, step_ms - (bound.step_ms_after or step_ms))
-    else:
-        wait_ms = min(wait_ms, (run.judgement.wait_fraction or 0.0) * step_ms)
-        cost_ms = max(wait_ms, steady * step_ms)
+    wait_ms = (figures.wait_fraction or 0.0) * step_ms
+    cost_ms = max(wait_ms, figures.input_fraction * step_ms)
     stage_ms = timed.self_share * cost_ms
     # Making the stage free removes at most its share of that cost, and a step
     # never gets faster than it does with input free.
@@ -320,7 +235,7 @@ def _stage_share_gain(run, stage: str, node: Optional[str]):
         BOUND,
         f"{timed_by(profile)} puts {timed.self_share * 100:.0f} % of the input pipeline's "
         f"time in {stage}; removing that share of the {cost_ms:.2f} ms the input costs a step "
-        f"({'measured by the replay' if run.judgement.source == REPLAY else 'its wait'}) would "
+        f"({'measured by the replay' if figures.source == REPLAY else 'its wait'}) would "
         "make a step "
         f"{after:.2f} ms instead of {step_ms:.2f} ms: at most {step_ms / after:.2f}x faster.",
     ), stage_ms
@@ -369,7 +284,7 @@ def first_epoch_only(run, stage: str, cache) -> ExpectedGain:
     # From the second epoch on the cache replays this stage's output: changing
     # the stage speeds up the first epoch only, a one-off cost, not the steady
     # state the verdict and the other gains describe.
-    step_ms = run.bound.step_ms if run.bound is not None else run.stats.step.mean_ms
+    step_ms = run.bound.step_ms if run.bound is not None else run.figures.step_ms
     return ExpectedGain(
         1.0,
         step_ms,
@@ -428,13 +343,21 @@ def unmeasured() -> ExpectedGain:
     )
 
 
-def overlap_gain(stats) -> ExpectedGain:
-    wait, compute, step = stats.input_wait.mean_ms, stats.compute.mean_ms, stats.step.mean_ms
-    if wait is None or compute is None or step is None or max(wait, compute) <= 0:
+def overlap_gain(figures) -> ExpectedGain:
+    """What a prefetch at most brings: the step's wait overlapped with its compute.
+
+    From the run's `Figures`: the steady-state step, and the verdict's share
+    of it waiting at the fetch.
+    """
+    step, fraction = figures.step_ms, figures.wait_fraction
+    if step is None or fraction is None or step <= 0:
         return unmeasured()
+    wait, compute = fraction * step, (1.0 - fraction) * step
     # With a prefetch buffer the next batch is prepared while the step computes,
     # so a step takes the longer of the two instead of their sum.
     after = max(wait, compute)
+    if after <= 0:
+        return unmeasured()
     speedup = step / after
     return ExpectedGain(
         speedup,

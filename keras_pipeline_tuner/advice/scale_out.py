@@ -34,7 +34,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import PYTHON_GENERATOR
 from keras_pipeline_tuner.pipeline.lint.data_service import GUIDE_URL
 from keras_pipeline_tuner.pipeline.lint.data_service import service_stages
 from keras_pipeline_tuner.timing.step_stats import StepStats
-from keras_pipeline_tuner.timing.step_stats import Verdict
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 from keras_pipeline_tuner.workers.exchange import task_folder
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def straggler_recommendation(
         The "input-straggler" `Recommendation`, or `None`.
     """
     straggler = _straggler(workers)
-    if straggler is None or not Verdict(straggler.train.verdict).input_bound:
+    if straggler is None or not verdict_for(straggler.train.input_fraction).input_bound:
         return None
     others = [w for w in workers.workers if w.task != straggler.task and w.train.steps]
     detail = (

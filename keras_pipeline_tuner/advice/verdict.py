@@ -114,6 +114,12 @@ class Judgement:
         borderline: the class boundary the input share is near (within
             `BORDERLINE_MARGIN` of it), e.g. 0.2, or `None`: repeated fits of
             the same pipeline may read either class, and the line says so.
+        from_epoch: the first training epoch of the steady state, when the
+            epochs after the first decide (two or more ended); `None` when
+            every epoch counts. Each epoch's first `EPOCH_START_STEPS` are
+            left out either way.
+        warm_up_epoch: the first epoch, when it waited far longer than the
+            later ones (one-off work such as filling a cache), else `None`.
     """
 
     verdict: Verdict = Verdict.UNKNOWN
@@ -125,6 +131,8 @@ class Judgement:
     contention_fraction: Optional[float] = None
     fetch_floor_ms: Optional[float] = None
     borderline: Optional[float] = None
+    from_epoch: Optional[int] = None
+    warm_up_epoch: Optional[int] = None
 
 
 def judge(
@@ -158,10 +166,10 @@ def judge(
     >>> judge(stats).verdict.value
     'highly input-bound'
     """
-    if stats.verdict == Verdict.UNKNOWN:
+    if stats.input_fraction is None:
         return _from_profile(profile)
     one_off: List[str] = []
-    warm_up_steps = 0
+    from_epoch = warm_up_epoch = None
     floor_ms = _fetch_floor_ms(what_if)
     share = steady if steady is not None and steady.steps else None
     scope = "over all steps"
@@ -172,11 +180,11 @@ def judge(
         later = _later_epochs(epochs)
         if later is not None:
             share = later
+            from_epoch = _train_epochs(epochs)[1].epoch
         warm = _warm_up(epochs, stats, floor_ms)
         if warm is not None:
-            # The run's first step is not in the epoch's stats.
-            warm_up_steps = warm[0].stats.steps + 1
             first, later, extra_ms = warm
+            warm_up_epoch = first.epoch
             one_off.append(
                 f"Epoch {first.epoch + 1} waited {extra_ms / 1e3:.2f} s more than later epochs "
                 f"({first.steady.mean_wait_ms:.2f} ms a step against "
@@ -201,10 +209,72 @@ def judge(
     )
     near = borderline(fraction)
     line += _bound_line(raw_wait, step_ms) if bounded is not None else ""
-    line += _borderline_line(near) + _window_agreement(profile, verdict, warm_up_steps)
+    line += _borderline_line(near)
     return Judgement(
-        verdict, fraction, source, line, one_off, wait_fraction, contention, floor_ms, near
+        verdict,
+        fraction,
+        source,
+        line,
+        one_off,
+        wait_fraction,
+        contention,
+        floor_ms,
+        near,
+        from_epoch,
+        warm_up_epoch,
     )
+
+
+def judge_epoch(epoch, stats: StepStats, judgement: Judgement):
+    """One epoch's input share and class, by the rule the run's verdict follows.
+
+    Its steady steps (the first `EPOCH_START_STEPS` left out), the wait beyond
+    the fetch floor the replay measured (or beyond `FETCH_FLOOR_BOUND_MS` a step
+    where that changes the class and no replay ran), raised to the contention the
+    replay measured when that decided the run. An epoch the run's verdict leaves
+    out (the first, once later epochs decide) keeps its own figures, with the
+    reason it is left out.
+
+    Args:
+        epoch: an `EpochBreakdown`.
+        stats: the run's training `StepStats` (for epochs without a steady share).
+        judgement: the run's `Judgement`.
+
+    Returns:
+        `(fraction, verdict, left_out)`: `left_out` is "" for an epoch of the
+        steady state, else why the verdict leaves it out.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.step_clock import EpochBreakdown, Share
+    >>> first = EpochBreakdown(0, TRAIN, None, StepStats(steps=22), Share(20, 1200.0, 1700.0))
+    >>> later = Judgement(Verdict.NOT_INPUT_BOUND, 0.03, from_epoch=1, warm_up_epoch=0)
+    >>> fraction, verdict, left_out = judge_epoch(first, StepStats(), later)
+    >>> round(fraction, 2), verdict.value, left_out.split(":")[0]
+    (0.71, 'highly input-bound', 'one-off work such as filling a cache')
+    """
+    share = epoch.steady if epoch.steady is not None and epoch.steady.steps else None
+    if share is None and not epoch.stats.steps:
+        return None, Verdict.UNKNOWN, ""
+    source = epoch.stats if share is None else stats
+    fraction = _beyond_floor(share, source, judgement.fetch_floor_ms)
+    if fraction is None:
+        return None, Verdict.UNKNOWN, ""
+    if judgement.fetch_floor_ms is None:
+        bounded = _within_fetch_bound(fraction, _mean_step_ms(share, epoch.stats))
+        fraction = bounded if bounded is not None else fraction
+    left_out = ""
+    steady_from = judgement.from_epoch
+    if epoch.kind == TRAIN and steady_from is not None and epoch.epoch < steady_from:
+        left_out = (
+            "one-off work such as filling a cache: left out of the verdict"
+            if epoch.epoch == judgement.warm_up_epoch
+            else "the first epoch: the verdict is the later epochs'"
+        )
+    elif judgement.source == REPLAY and judgement.contention_fraction is not None:
+        # The replay measured the pipeline's cost inside the step for the run.
+        fraction = max(fraction, judgement.contention_fraction)
+    return fraction, verdict_for(fraction), left_out
 
 
 def wait_decides(judgement: "Judgement", step_ms: Optional[float]) -> bool:
@@ -305,7 +375,7 @@ def _bound_line(raw_wait: float, step_ms: float) -> str:
         f" No replay measured the fetch of a batch already in memory here (the contention "
         f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
-        f"at the fetch is {raw_wait * 100:.1f} % of the {step_ms:.2f} ms step."
+        f"at the fetch is {raw_wait * step_ms:.2f} ms a step."
     )
 
 
@@ -326,21 +396,27 @@ def _epoch_starts_line(share: Share, epoch_starts: Share) -> str:
 
 
 def _from_profile(profile) -> Judgement:
-    if profile is not None and profile.verdict != Verdict.UNKNOWN:
+    fraction = profile.input_fraction if profile is not None else None
+    if fraction is not None:
+        verdict = verdict_for(fraction)
         return Judgement(
-            profile.verdict,
-            profile.input_fraction,
+            verdict,
+            fraction,
             PROFILER,
-            f"{profile.verdict.value}: {profile.input_fraction * 100:.1f} % of step time is "
-            f"input in the profiler window ({len(profile.steps)} steps); the step clock timed "
-            "whole steps only.",
+            f"{verdict.value}: {fraction * 100:.1f} % of step time is input in the profiler "
+            f"window ({profile.span()}); the step clock timed whole steps only.",
         )
     return Judgement(line="unknown: input wait was not separated from compute.")
 
 
+def _train_epochs(epochs: Sequence) -> list:
+    """The training epochs that have steady steps."""
+    return [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
+
+
 def _later_epochs(epochs: Sequence) -> Optional[Share]:
     """The steady share of the training epochs after the first, once two have ended."""
-    train = [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
+    train = _train_epochs(epochs)
     if len(train) < 2:
         return None
     later = Share()
@@ -459,26 +535,6 @@ def _line(
                 f"against {compared[0]:.2f} ms with the pipeline: no contention beyond that."
             )
     return line
-
-
-def _window_agreement(profile, verdict, warm_up_steps: int) -> str:
-    """The profiler window's figure, and why it differs from the verdict if it does."""
-    if profile is None or profile.input_fraction is None:
-        return ""
-    line = (
-        f" The profiler window measured {profile.input_fraction * 100:.1f} % over "
-        f"{len(profile.steps)} steps"
-    )
-    if verdict_for(profile.input_fraction) == verdict:
-        return line + "."
-    if warm_up_steps and profile.stop_step <= warm_up_steps:
-        return line + (
-            f" (steps {profile.first_step}-{profile.stop_step - 1}), all in the first epoch, "
-            "whose one-off work is left out of the verdict (below); the later epochs decide."
-        )
-    return line + (
-        "; it saw those steps only, while the step clock saw every step, so the step clock decides."
-    )
 
 
 def _alongside(what_if) -> str:

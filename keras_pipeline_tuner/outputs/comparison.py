@@ -1,8 +1,9 @@
 """Two runs' reports side by side: step time, input wait, compute, and whether they differ.
 
-Each run is compared in its steady state: its last training epoch when it ran
-two or more (the first may fill a cache or warm up, which is a one-off cost the
-verdict leaves out too), else all its steps. A difference between two runs
+Each run is compared by its figures (`Report.figures`): the steps of its steady
+state, those its verdict's input share is of (each epoch's first steps left
+out, and the first epoch once later ones decide: it may fill a cache or warm
+up), with its own input share and verdict. A difference between two runs
 means something only when it is larger than how much steps vary within each
 run. The spread of a timing here is its interquartile range (p75 minus p25,
 over the steps compared): a difference of medians beyond the larger of the two
@@ -15,12 +16,10 @@ were kept is spread by its p90 minus its median.
 import dataclasses
 from typing import List
 from typing import Optional
-from typing import Tuple
 
 from keras_pipeline_tuner.outputs.report import Report
-from keras_pipeline_tuner.timing.step_clock import TRAIN
+from keras_pipeline_tuner.outputs.report import figures_of
 from keras_pipeline_tuner.timing.step_stats import Distribution
-from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import format_ms
 
 
@@ -32,8 +31,9 @@ class TimingComparison:
         name: "step", "input wait" or "compute".
         mean_a_ms: mean of run A.
         mean_b_ms: mean of run B.
-        ratio: `mean_b_ms / mean_a_ms` (below 1: B is faster); `None` when
-            either is missing or A is zero.
+        ratio: `median_b_ms / median_a_ms` (below 1: B is faster), the ratio of
+            the figures every output shows (medians); `None` when either is
+            missing or A's is zero.
         median_difference_ms: median of B minus median of A.
         spread_ms: the larger of the two runs' interquartile ranges.
         beyond_spread: whether the medians differ by more than `spread_ms`;
@@ -47,6 +47,8 @@ class TimingComparison:
     median_difference_ms: Optional[float]
     spread_ms: Optional[float]
     beyond_spread: Optional[bool]
+    median_a_ms: Optional[float] = None
+    median_b_ms: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -59,7 +61,8 @@ class RunComparison:
         input_fraction_b: run B's.
         verdict_a: run A's verdict.
         verdict_b: run B's verdict.
-        scope_a: which of run A's steps were compared, e.g. "epoch 3 of 3".
+        scope_a: which of run A's steps were compared, e.g. "steady state:
+            epochs 2-3, the first 2 steps of each epoch left out".
         scope_b: which of run B's.
     """
 
@@ -91,41 +94,20 @@ def compare_reports(a: Report, b: Report) -> RunComparison:
     >>> round(step.ratio, 3), step.beyond_spread
     (0.275, True)
     """
-    (stats_a, scope_a), (stats_b, scope_b) = steady_steps(a), steady_steps(b)
+    figures_a, figures_b = figures_of(a), figures_of(b)
     timings = [
-        _compare(name, getattr(stats_a, field), getattr(stats_b, field))
-        for name, field in (("step", "step"), ("input wait", "input_wait"), ("compute", "compute"))
+        _compare(name, getattr(figures_a, field), getattr(figures_b, field))
+        for name, field in (("step", "step"), ("input wait", "wait"), ("compute", "compute"))
     ]
     return RunComparison(
         timings=timings,
-        input_fraction_a=a.input_fraction,
-        input_fraction_b=b.input_fraction,
-        verdict_a=a.verdict.value,
-        verdict_b=b.verdict.value,
-        scope_a=scope_a,
-        scope_b=scope_b,
+        input_fraction_a=figures_a.input_fraction,
+        input_fraction_b=figures_b.input_fraction,
+        verdict_a=figures_a.verdict.value,
+        verdict_b=figures_b.verdict.value,
+        scope_a=figures_a.scope,
+        scope_b=figures_b.scope,
     )
-
-
-def steady_steps(report: Report) -> Tuple[StepStats, str]:
-    """The training steps a run is compared by, and which they are.
-
-    Args:
-        report: the run's `Report`.
-
-    Returns:
-        `(stats, scope)`: the last training epoch's `StepStats` when two or
-        more ran (e.g. "epoch 3 of 3"), else all training steps ("all steps").
-
-    Example:
-
-    >>> steady_steps(Report())[1]
-    'all steps'
-    """
-    train = [epoch for epoch in report.epochs if epoch.kind == TRAIN and epoch.stats.steps]
-    if len(train) < 2:
-        return report.train, "all steps"
-    return train[-1].stats, f"epoch {train[-1].epoch + 1} of {len(train)}"
 
 
 def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> str:
@@ -145,17 +127,17 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
     >>> slow = Report(train=StepStats.from_arrays(np.full(10, 0.03), np.full(10, 0.01)))
     >>> text = format_comparison(compare_reports(slow, slow), "monday", "tuesday")
     >>> print(text.splitlines()[4])
-    step            40.00 ms   40.00 ms   1.00x  +0.00 ms           0.00 ms  no
+    step            40.00 ms    40.00 ms    1.00x  +0.00 ms           0.00 ms  no
     """
-    header = ("", "A (mean)", "B (mean)", "B/A", "medians differ by", "spread", "beyond spread")
+    header = ("", "A (median)", "B (median)", "B/A", "medians differ by", "spread", "beyond spread")
     lines = [header]
     for timing in comparison.timings:
         beyond = {None: "-", True: "yes", False: "no"}[timing.beyond_spread]
         lines.append(
             (
                 timing.name,
-                _ms(timing.mean_a_ms),
-                _ms(timing.mean_b_ms),
+                _ms(timing.median_a_ms),
+                _ms(timing.median_b_ms),
                 "-" if timing.ratio is None else f"{timing.ratio:.2f}x",
                 _ms(timing.median_difference_ms, signed=True),
                 _ms(timing.spread_ms),
@@ -181,9 +163,10 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
         text.append("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     text += [
         "",
-        "Steps compared: each run's steady state, its last training epoch when it ran two "
-        "or more (a first epoch may fill a cache). The input share and verdict are the "
-        "runs' own. Spread: the interquartile range (p75 minus p25) of each run's steps, "
+        "Steps compared: each run's steady state, the steps its verdict's input share is "
+        "of (each epoch's first steps left out, and the first epoch once later ones "
+        "decide: it may fill a cache). The input share and verdict are the runs' own. "
+        "Spread: the interquartile range (p75 minus p25) of each run's steps, "
         "the larger of the two; a difference of medians beyond it is more than "
         "step-to-step noise.",
     ]
@@ -192,15 +175,17 @@ def format_comparison(comparison: RunComparison, name_a: str, name_b: str) -> st
 
 def _compare(name: str, a: Distribution, b: Distribution) -> TimingComparison:
     ratio = None
-    if a.mean_ms and b.mean_ms is not None:
-        ratio = b.mean_ms / a.mean_ms
+    if a.median_ms and b.median_ms is not None:
+        ratio = b.median_ms / a.median_ms
     difference = spread = beyond = None
     spreads = (_spread(a), _spread(b))
     if None not in (a.median_ms, b.median_ms, *spreads):
         difference = b.median_ms - a.median_ms
         spread = max(spreads)
         beyond = abs(difference) > spread
-    return TimingComparison(name, a.mean_ms, b.mean_ms, ratio, difference, spread, beyond)
+    return TimingComparison(
+        name, a.mean_ms, b.mean_ms, ratio, difference, spread, beyond, a.median_ms, b.median_ms
+    )
 
 
 def _spread(timing: Distribution) -> Optional[float]:

@@ -16,6 +16,7 @@ from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import figures_of
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
@@ -43,35 +44,39 @@ def render_markdown(report: Report, heading: Optional[str] = None) -> str:
     tf.summary.text("input_pipeline/report", render_markdown(tuner.report), step=0)
     ```
     """
-    lines = [f"## Input pipeline: {report.verdict.value}", ""]
-    if report.input_fraction is not None:
+    figures = figures_of(report)
+    lines = [f"## Input pipeline: {figures.verdict.value}", ""]
+    if figures.input_fraction is not None:
         lines.append(
-            f"**{report.input_fraction * 100:.1f} %** of training step time waits for "
-            f"input, over {report.train.steps} steps."
+            f"**{figures.input_fraction * 100:.1f} %** of steady-state step time is input "
+            f"({escape(figures.source or 'step clock')}), over {figures.steps} steps "
+            f"({escape(figures.scope)})."
         )
     else:
         lines.append("The input wait could not be separated from compute (see the notes).")
     if heading:
         lines[-1] += f" Report {escape(heading)}."
-    if report.judgement is not None and report.judgement.line:
-        lines += ["", escape(report.judgement.line)]
-        lines += [f"- {escape(cost)}" for cost in report.judgement.one_off]
-    lines += [""] + _timings_table(report)
+    if figures.line:
+        lines += ["", escape(figures.line)]
+        lines += [f"- {escape(cost)}" for cost in figures.one_off]
+    lines += [""] + _timings_table(report, figures)
     limits = report.cpu.limits() if report.cpu is not None else None
     if limits is not None:
         lines += ["", escape(limits)]
     if report.workers is not None:
         lines += _workers(report.workers)
-    bound = report.input_free
+    bound = figures.input_free
     if bound is not None and bound.statement:
-        lines += ["", escape(bound.statement)]
+        lines += ["", f"With input free: {escape(describe_gain(bound))}. {escape(bound.statement)}"]
+    if figures.fixes_line:
+        lines += ["", escape(figures.fixes_line)]
     lines += ["", "### Recommendations", ""]
     if not report.recommendations:
         lines.append("None: no evidence points at a change.")
     for rank, recommendation in enumerate(report.recommendations, 1):
         lines += _recommendation(rank, recommendation)
     if report.profile is not None:
-        lines += _profile(report)
+        lines += _profile(report, figures)
     elif report.profile_pending:
         lines += ["", "### Profiler window", "", escape(PROFILE_PENDING)]
     if report.user_calls:
@@ -114,31 +119,41 @@ def _longest_backtick_run(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
-def _timings_table(report: Report) -> List[str]:
+def _timings_table(report: Report, figures) -> List[str]:
     lines = [
-        "| steps | count | input wait ms | compute ms | step ms | input % of total |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| steps (medians) | count | input wait ms | compute ms | step ms |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, stats in (("train", report.train), ("validation", report.validation)):
-        if stats is None or not stats.steps:
-            continue
-        fraction = "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}"
-        lines.append(
-            f"| {name} | {stats.steps} | {format_ms(stats.input_wait.median_ms)} | "
-            f"{format_ms(stats.compute.median_ms)} | {format_ms(stats.step.median_ms)} | "
-            f"{fraction} |"
+    rows = [("train", figures.steps, figures.wait, figures.compute, figures.step)]
+    validation = report.validation
+    if validation is not None and validation.steps:
+        rows.append(
+            ("validation", validation.steps, validation.input_wait, validation.compute,
+             validation.step)
         )
-    note = (
-        "The ms columns are medians; input % is the total wait over the total step time "
-        "of all steps (the verdict describes the steady state)."
-    )
+    for name, steps, wait, compute, step in rows:
+        if not steps:
+            continue
+        lines.append(
+            f"| {name} | {steps} | {format_ms(wait.median_ms)} | "
+            f"{format_ms(compute.median_ms)} | {format_ms(step.median_ms)} |"
+        )
+    note = f"The step is the median of the training steps of the {escape(figures.scope)}."
+    if figures.setup_ms is not None:
+        note += (
+            f" Set-up before each epoch's first step (a new iterator): "
+            f"{figures.setup_ms:.1f} ms on average, in no step."
+        )
     first = report.first_steps.get("train")
     if first is not None:
         note += (
             f" The first step ({first.wall_ms:.0f} ms, of which tracing "
             f"{first.tracing_ms or 0:.0f} ms) is reported apart."
         )
-    return lines + ["", note]
+    lines += ["", note]
+    if figures.keras_line:
+        lines += ["", escape(figures.keras_line)]
+    return lines
 
 
 def _recommendation(rank: int, recommendation: Recommendation) -> List[str]:
@@ -164,13 +179,21 @@ def _recommendation(rank: int, recommendation: Recommendation) -> List[str]:
     return lines + [""]
 
 
-def _profile(report: Report) -> List[str]:
+def _profile(report: Report, figures) -> List[str]:
     profile = report.profile
     grain = profile.source == GRAIN
     title = "Grain stage timing" if grain else "Profiler window"
-    lines = ["", f"### {title}: {escape(profile.span())}", ""]
-    if profile.conclusion:
+    span = figures.window.span if figures.window is not None else profile.span()
+    lines = ["", f"### {title}: {escape(span)}", ""]
+    if grain and profile.conclusion:
         lines += [escape(profile.conclusion), ""]
+    elif figures.window is not None and figures.window.input_fraction is not None:
+        # Evidence beside the verdict (its line says why the verdict stands).
+        lines += [
+            f"The window measured {figures.window.input_fraction * 100:.1f} % input over "
+            f"{escape(figures.window.span)}.",
+            "",
+        ]
     if profile.bottleneck:
         lines += [f"Bottleneck stage: {_code_span(profile.bottleneck)}", ""]
     if profile.iterators:

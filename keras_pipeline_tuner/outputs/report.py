@@ -11,7 +11,8 @@ from keras_pipeline_tuner._util.json_codec import encode_json_value
 from keras_pipeline_tuner._util.json_codec import from_dict
 from keras_pipeline_tuner._util.json_codec import reject_constant
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
-from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.figures import Figures
+from keras_pipeline_tuner.advice.figures import legacy_figures
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
@@ -42,8 +43,10 @@ class Report:
         verdict: `Verdict` of the training steps ("highly input-bound",
             "moderately input-bound", "not input-bound", or "unknown" when the
             input wait could not be measured).
-        input_fraction: share of training step time spent waiting for input.
-        train: `StepStats` of the training steps (the first step excluded).
+        input_fraction: share of training step time the input costs in the
+            steady state: the verdict's (`figures.input_fraction`).
+        train: `StepStats` of the training steps (the first step excluded):
+            evidence, of all steps; what outputs show is in `figures`.
         validation: `StepStats` of the validation steps, if any ran.
         epochs: per-epoch `EpochBreakdown`s, training and validation.
         first_steps: the first step of each kind, reported apart (it traces).
@@ -80,9 +83,12 @@ class Report:
             still going), when it has been read.
         judgement: how the verdict was decided (`advice.verdict.Judgement`):
             the steady state, what decided, one-off costs left out.
-        input_free: how much faster steps would be with input free: the one
-            figure every output shows (`advice.advisor.input_free_gain`), a
-            ceiling no input-pipeline change goes beyond.
+        figures: every figure the outputs show, built once from the
+            judgement and the evidence (`advice.figures.Figures`): the step
+            (the steady state's median), the input share, the input-free
+            ceiling, the profiler window's steps, the CPU budget, Keras' own
+            ms/step, each epoch judged by the run's rule. `None` in reports
+            written before they were kept (see `figures_of`).
         tuner_cost: what the tuner's own work after training took, part by
             part, against its budget (`timing.tuner_cost.TunerCost`); `None`
             while training runs.
@@ -120,10 +126,10 @@ class Report:
     workers: Optional[MultiWorkerSummary] = None
     cpu: Optional[CpuUsage] = None
     judgement: Optional[Judgement] = None
+    figures: Optional[Figures] = None
     run: Optional[str] = None
     runs: List[RunEntry] = dataclasses.field(default_factory=list)
     tuner_cost: Optional[TunerCost] = None
-    input_free: Optional[ExpectedGain] = None
     reuse: Optional[DataReuse] = None
     user_calls: List[UserCallTiming] = dataclasses.field(default_factory=list)
     profile_pending: bool = False
@@ -172,6 +178,26 @@ class Report:
                 "or upgrade (pip install -U keras-pipeline-tuner)."
             )
         return from_dict(cls, data, "report")
+
+
+def figures_of(report: Report) -> Figures:
+    """The figures every output shows of `report`.
+
+    Its own `figures`; for a report written before they were kept, the ones
+    its stored verdict, line and statistics give (`advice.figures.legacy_figures`).
+
+    Args:
+        report: the `Report`.
+
+    Returns:
+        The `Figures`.
+
+    Example:
+
+    >>> figures_of(Report(input_fraction=0.5)).input_fraction
+    0.5
+    """
+    return report.figures if report.figures is not None else legacy_figures(report)
 
 
 def write_report(report: Report, log_dir: str) -> str:

@@ -52,6 +52,7 @@ from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import figures_of
 from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -461,7 +462,10 @@ class TensorBoardSink:
             or not files.exists(profile.xplane_path)
         ):
             return (), ""
-        rows = self._profile_rows.get(profile.xplane_path)
+        window = figures_of(report).window
+        within = (window.first_step, window.last_step) if window is not None else None
+        key = (profile.xplane_path, within)
+        rows = self._profile_rows.get(key)
         if rows is None:
             from keras_pipeline_tuner.profiling import evidence as profile_evidence
 
@@ -472,12 +476,18 @@ class TensorBoardSink:
             }
             # As the conversion's process handed it back: not converted again.
             events = profile_evidence.first_steps_trace(profile.xplane_path)
-            rows = timeline_image.profile_rows(events, stages)
-            self._profile_rows = {profile.xplane_path: rows}
-        last = min(profile.stop_step, profile.first_step + timeline_image.MAX_PROFILED_STEPS) - 1
-        title = f"Profiler window, steps {profile.first_step}-{last}"
+            rows = timeline_image.profile_rows(events, stages, within=within)
+            self._profile_rows = {key: rows}
+        # The window's one range (`Figures.window`), and how many of its steps are drawn.
+        span = window.span if window is not None else profile.span()
+        title = f"Profiler window, {span}"
+        if window is not None and window.input_fraction is not None:
+            title += f", measured {window.input_fraction * 100:.1f} % input"
+        drawn = len(rows[0].spans_ms) if rows else 0
+        if drawn:
+            title += f"; its first {drawn} drawn"
         if profile.bottleneck:
-            title += f": bottleneck {profile.bottleneck}"
+            title += f"; bottleneck {profile.bottleneck}"
         return rows, title
 
 
@@ -579,6 +589,10 @@ def _heading(report: Report) -> str:
 
 
 def _verdict_text(report: Report) -> str:
-    if report.input_fraction is None:
-        return report.verdict.value
-    return f"{report.input_fraction * 100:.1f} % input wait ({report.verdict.value})"
+    figures = figures_of(report)
+    if figures.input_fraction is None:
+        return figures.verdict.value
+    text = f"{figures.verdict.value}, {figures.input_fraction * 100:.1f} % input"
+    if figures.step_ms is not None:
+        text += f", step {figures.step_ms:.2f} ms (steady-state median)"
+    return text

@@ -19,6 +19,8 @@ from keras_pipeline_tuner.advice.recommendation import describe_gain
 from keras_pipeline_tuner.outputs.log_dir_runs import describe_runs
 from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import figures_of
+from keras_pipeline_tuner.profiling.evidence import GRAIN
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.timing.step_stats import format_ms
 from keras_pipeline_tuner.workers.exchange import WORKER_COLUMNS
@@ -43,20 +45,16 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def verdict_line(report: Report) -> str:
     """The one-line verdict, e.g. "highly input-bound: 97.6 % of step time waits for input".
 
+    The report's figures' line (`Figures.line`): the verdict, what decided it,
+    and the profiler window's figure as evidence.
+
     Args:
         report: the `Report`.
 
     Returns:
         The line, without markup.
     """
-    if report.judgement is not None and report.judgement.line:
-        return report.judgement.line
-    if report.input_fraction is None:
-        return f"{report.verdict.value}: input wait could not be measured"
-    return (
-        f"{report.verdict.value}: {report.input_fraction * 100:.1f} % of step time "
-        "waits for input"
-    )
+    return figures_of(report).line
 
 
 def announce(line: str, verbose: int) -> None:
@@ -109,29 +107,36 @@ def print_summary(
     """
     console = Console(file=file, highlight=False, soft_wrap=True)
     report = visible(report)
+    figures = figures_of(report)
     console.print(
         Text.assemble(
             ("Input pipeline: ", "bold"),
-            (verdict_line(report), _VERDICT_STYLE[report.verdict]),
+            (figures.line, _VERDICT_STYLE[figures.verdict]),
         )
     )
     table = Table(box=None, pad_edge=False, show_edge=False)
-    table.add_column("steps", justify="left")
-    for column in ("count", "input wait ms", "compute ms", "step ms", "input % of total"):
+    table.add_column("steps (medians)", justify="left")
+    for column in ("count", "input wait ms", "compute ms", "step ms"):
         table.add_column(column, justify="right")
-    for name, stats in (("train", report.train), ("validation", report.validation)):
-        if stats is None or not stats.steps:
-            continue
+    if figures.steps:
         table.add_row(
-            name,
-            str(stats.steps),
-            format_ms(stats.input_wait.median_ms),
-            format_ms(stats.compute.median_ms),
-            format_ms(stats.step.median_ms),
-            "-" if stats.input_fraction is None else f"{stats.input_fraction * 100:.1f}",
+            "train",
+            str(figures.steps),
+            format_ms(figures.wait_ms),
+            format_ms(figures.compute_ms),
+            format_ms(figures.step_ms),
+        )
+    validation = report.validation
+    if validation is not None and validation.steps:
+        table.add_row(
+            "validation",
+            str(validation.steps),
+            format_ms(validation.input_wait.median_ms),
+            format_ms(validation.compute.median_ms),
+            format_ms(validation.step.median_ms),
         )
     console.print(table)
-    _print_step_notes(report, console)
+    _print_step_notes(report, figures, console)
     if report.tuner_cost is not None:
         console.print(Text(report.tuner_cost.summary()))
     limits = report.cpu.limits() if report.cpu is not None else None
@@ -141,12 +146,14 @@ def print_summary(
         _print_workers(report.workers, console)
     if report.profile is not None:
         # Text, not markup: stage names may hold brackets.
-        console.print(Text(report.profile.summary()))
+        console.print(Text(_profile_line(report, figures)))
     elif report.profile_pending:
         console.print(Text(PROFILE_PENDING))
     python = user_calls_line(report)
     if python is not None:
         console.print(Text(python))
+    if figures.fixes_line:
+        console.print(Text(figures.fixes_line))
     if details:
         _print_recommendations(report, console)
     else:
@@ -157,6 +164,16 @@ def print_summary(
     runs = describe_runs(report.runs, report.run)
     if details and runs is not None:
         console.print(Text(runs))
+
+
+def _profile_line(report: Report, figures) -> str:
+    """The window's stage line, under the range the figures give (its share is in the verdict)."""
+    profile = report.profile
+    if figures.window is not None:
+        return f"Profiler window, {figures.window.span}: {profile.summary()}"
+    if profile.source == GRAIN:
+        return f"Grain stage timing, {profile.span()}: {profile.summary()}"
+    return f"Profiler window: {profile.summary()}"
 
 
 def user_calls_line(report: Report) -> Optional[str]:
@@ -171,7 +188,7 @@ def user_calls_line(report: Report) -> Optional[str]:
     Returns:
         The line, without markup, or `None`.
     """
-    step = report.train.step.median_ms if report.train.steps else None
+    step = figures_of(report).step_ms
     timed = [t for t in report.user_calls if t.per_batch_ms is not None]
     if not step or not timed:
         return None
@@ -212,11 +229,25 @@ def visible(value: Any) -> Any:
     return value
 
 
-def _print_step_notes(report: Report, console: Console) -> None:
-    """The lines under the table: one-off costs, the loop's own gap, the first step."""
-    if report.judgement is not None:
-        for cost in report.judgement.one_off:
-            console.print(Text(cost))
+def _print_step_notes(report: Report, figures, console: Console) -> None:
+    """The lines under the table: the steps, what is left out, Keras' figure, input free."""
+    console.print(
+        Text(
+            f"The step is the {figures.scope.split(':')[0]}'s median ({figures.scope}); the "
+            "input share is the verdict's, of the same steps."
+            if figures.scope != "all steps"
+            else "The step is the median of all training steps (the first apart)."
+        )
+    )
+    for cost in figures.one_off:
+        console.print(Text(cost))
+    if figures.setup_ms is not None:
+        console.print(
+            Text(
+                f"Set-up before each epoch's first step (a new iterator): "
+                f"{figures.setup_ms:.1f} ms on average, in no step."
+            )
+        )
     if report.train.host_gap.median_ms:
         console.print(
             f"Between steps (the loop's own work): {report.train.host_gap.median_ms:.2f} ms."
@@ -228,11 +259,16 @@ def _print_step_notes(report: Report, console: Console) -> None:
             if first.tracing_ms is None
             else f"tracing {first.tracing_ms:.0f} ms"
         )
+        console.print(f"First step {first.wall_ms:.0f} ms ({tracing}), reported apart.")
+    if figures.keras_line:
+        console.print(Text(figures.keras_line))
+    free = figures.input_free
+    if free is not None and free.step_ms_after is not None:
         console.print(
-            f"First step {first.wall_ms:.0f} ms ({tracing}), "
-            "reported apart. The ms columns are medians; input % is the total wait over the "
-            "total step time of all steps (the verdict above is the steady state's). "
-            "Per-epoch figures in the report."
+            Text(
+                f"With input free: a step of about {free.step_ms_after:.2f} ms, "
+                f"{describe_gain(free)}: the ceiling of any change to the input pipeline."
+            )
         )
 
 

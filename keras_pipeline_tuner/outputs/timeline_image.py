@@ -18,6 +18,7 @@ import logging
 import threading
 from typing import Dict
 from typing import List
+from typing import Optional
 from typing import Sequence
 from typing import Tuple
 
@@ -126,6 +127,7 @@ def profile_rows(
     stages: Dict[str, str],
     max_steps: int = MAX_PROFILED_STEPS,
     max_stages: int = MAX_STAGE_ROWS,
+    within: Optional[Tuple[int, int]] = None,
 ) -> List[TimelineRow]:
     """Rows for the first steps of a profiler window, from its Chrome trace.
 
@@ -137,6 +139,9 @@ def profile_rows(
             first; iterators not in it are not drawn.
         max_steps: how many step markers to cover.
         max_stages: at most this many stage rows.
+        within: the first and last step the window's figures are of
+            (`WindowFigures`): markers of other steps (a partial first step
+            the analyzer left out) are not drawn.
 
     Returns:
         `TimelineRow`s in milliseconds from the first step marker: the steps,
@@ -152,7 +157,8 @@ def profile_rows(
         span = (float(event.get("ts", 0.0)), float(event.get("dur", 0.0)))
         name = event.get("name", "")
         if "step_num" in args:
-            markers.append(span)
+            if within is None or within[0] <= _step_number(args["step_num"]) <= within[1]:
+                markers.append(span)
         elif name in _FETCH_EVENTS:
             fetches.append(span)
         elif name.startswith("Iterator::"):
@@ -259,6 +265,13 @@ def _draw(ax, rows: Sequence[TimelineRow], heading: str) -> None:
     ax.set_title(heading, loc="left", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     ax.set_xlim(left=0)
+
+
+def _step_number(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
 
 
 def _spans(begin_ms: np.ndarray, duration_ms: np.ndarray) -> List[Tuple[float, float]]:

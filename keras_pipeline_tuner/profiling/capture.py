@@ -33,7 +33,6 @@ _ANALYSED = (
     "source",
     "steps",
     "input_fraction",
-    "verdict",
     "conclusion",
     "iterators",
     "bottleneck",

@@ -32,8 +32,7 @@ from typing import Tuple
 
 from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner.profiling import stage_names
-from keras_pipeline_tuner.timing.step_stats import Verdict
-from keras_pipeline_tuner.timing.step_stats import verdict_for
+from keras_pipeline_tuner.timing.step_stats import MODERATELY_INPUT_BOUND_FRACTION
 
 if typing.TYPE_CHECKING:
     from keras_pipeline_tuner.pipeline.graph.model import Stage
@@ -170,10 +169,11 @@ class ProfileEvidence:
             Grain itself (then `stop_step` is the number of batches read and
             there are no per-step figures), "" when there are none.
         steps: per-step input and compute times.
-        input_fraction: input time over step time in the window, or `None`.
-        verdict: the `Verdict` for `input_fraction`, with the step clock's
-            (and the TF Profiler's) thresholds.
-        conclusion: the analyzer's conclusion sentence, or what replaced it.
+        input_fraction: input time over step time in the window, or `None`:
+            evidence, which the run's verdict weighs with the step clock's
+            (`advice.verdict.judge`); the window decides nothing itself.
+        conclusion: the analyzer's conclusion sentence (xprof's own words),
+            or what replaced it; kept as read, not shown as a verdict.
         iterators: tf.data iterators, most self time first.
         bottleneck: the stage holding the most input time (e.g.
             "map(load_image)"); it limits training when the verdict is
@@ -190,7 +190,7 @@ class ProfileEvidence:
 
     ```python
     evidence = tuner.report.profile
-    print(evidence.verdict, evidence.bottleneck, evidence.cost.file_bytes)
+    print(evidence.input_fraction, evidence.bottleneck, evidence.cost.file_bytes)
     ```
     """
 
@@ -203,7 +203,6 @@ class ProfileEvidence:
     source: str = ""
     steps: List[ProfiledStep] = dataclasses.field(default_factory=list)
     input_fraction: Optional[float] = None
-    verdict: Verdict = Verdict.UNKNOWN
     conclusion: str = ""
     iterators: List[IteratorTime] = dataclasses.field(default_factory=list)
     bottleneck: Optional[str] = None
@@ -214,38 +213,62 @@ class ProfileEvidence:
     timed_in_training: bool = False
 
     def summary(self) -> str:
-        """One line for people: the window's verdict, slowest stage and location.
+        """One line for people: the window's slowest stage and where the capture is.
+
+        The window's steps and input share are the report's figures
+        (`advice.figures.WindowFigures`), said with the verdict; this line
+        names the stage.
 
         Returns:
-            e.g. "TF Profiler, steps 10-24: 95.5 % input (highly input-bound);
-            slowest stage map(load_image) (99 % of input time); capture in ...".
+            e.g. "slowest stage map(load_image) (99 % of the input pipeline's
+            time); capture in ...".
         """
         slowest = next(
             (it for it in self.iterators if it.iterator == self.bottleneck_iterator), None
         )
         if self.source == GRAIN:
-            line = f"Grain stage timing, {self.span()}: "
             if slowest is None:
-                return line + "no stage named (see notes)"
+                return "no stage named (see notes)"
             per_element = slowest.self_ms / slowest.calls if slowest.calls else 0.0
-            return line + (
+            return (
                 f"slowest stage {slowest.stage} ({per_element:.1f} ms per element, "
                 f"{slowest.self_share * 100:.0f} % of the pipeline's time)"
             )
-        line = f"TF Profiler, {self.span()}: "
-        if self.input_fraction is None:
-            line += "no step figures (see notes)"
+        if not self.steps:
+            line = "no step figures (see notes)"
+        elif slowest is None:
+            line = "no stage named the bottleneck"
         else:
-            line += f"{self.input_fraction * 100:.1f} % input ({self.verdict.value})"
-        if slowest is not None:
-            line += (
-                f"; slowest stage {slowest.stage} "
-                f"({slowest.self_share * 100:.0f} % of input time)"
+            line = (
+                f"slowest stage {slowest.stage} "
+                f"({slowest.self_share * 100:.0f} % of the input pipeline's time)"
             )
         return f"{line}; capture in {self.run_dir}"
 
+    def window_range(self) -> Tuple[int, int, int]:
+        """The steps the window's figures are of: `(first, last, count)`.
+
+        The steps the analyzer (or the trace) timed, when it timed some: its
+        input share is theirs (xprof leaves out a capture's partial first and
+        last steps). Otherwise the steps the capture covered. The one range
+        every output shows.
+
+        Example:
+
+        >>> ProfileEvidence(first_step=10, stop_step=24).window_range()
+        (10, 23, 14)
+        >>> steps = [ProfiledStep(step, 1.0, 0.5, 0.5) for step in range(11, 23)]
+        >>> ProfileEvidence(first_step=10, stop_step=24, steps=steps).window_range()
+        (11, 22, 12)
+        """
+        if self.steps:
+            numbers = [step.step for step in self.steps]
+            return min(numbers), max(numbers), len(self.steps)
+        last = max(self.stop_step - 1, self.first_step)
+        return self.first_step, last, max(self.stop_step - self.first_step, 0)
+
     def span(self) -> str:
-        """What the stage times cover, e.g. "steps 10-24".
+        """What the stage times cover, e.g. "steps 11-22 (12 steps)" (see `window_range`).
 
         Returns:
             The profiled steps, or for Grain's stage timing the batches
@@ -254,7 +277,7 @@ class ProfileEvidence:
         Example:
 
         >>> ProfileEvidence(first_step=10, stop_step=25).span()
-        'steps 10-24'
+        'steps 10-24 (15 steps)'
         >>> ProfileEvidence(source=GRAIN, stop_step=24, timed_in_training=True).span()
         'the 24 batches training read'
         >>> ProfileEvidence(source=GRAIN, stop_step=8).span()
@@ -265,7 +288,8 @@ class ProfileEvidence:
             if self.timed_in_training:
                 return f"the {batches} batches training read"
             return f"a separate pass over {batches} batches after training"
-        return f"steps {self.first_step}-{max(self.stop_step - 1, self.first_step)}"
+        first, last, count = self.window_range()
+        return f"steps {first}-{last} ({count} step{'s' if count != 1 else ''})"
 
 
 def analyze_capture(
@@ -340,11 +364,10 @@ def analyze_capture_and_trace(
     steps = _read_steps(evidence, steps_table, events)
     evidence.steps = steps
     evidence.input_fraction = _input_fraction(steps)
-    evidence.verdict = verdict_for(evidence.input_fraction)
-    if evidence.source == TRACE:
+    if evidence.source == TRACE and evidence.input_fraction is not None:
         evidence.conclusion = (
-            f"{evidence.verdict.value}: {evidence.input_fraction * 100:.1f} % of the "
-            "step time sampled is waiting for input (computed from the trace)."
+            f"{evidence.input_fraction * 100:.1f} % of the step time sampled is waiting "
+            "for input (computed from the trace)."
         )
     evidence.iterators = rank_iterators(
         iterators_table, _iterator_ops(events), stages or {}
@@ -401,11 +424,13 @@ def _named_bottleneck(
             "name a bottleneck: its stage table is shown, no stage is named."
         )
         return None
-    if bottleneck is not None and not evidence.verdict.input_bound:
+    fraction = evidence.input_fraction
+    if bottleneck is not None and (fraction is None or fraction < MODERATELY_INPUT_BOUND_FRACTION):
+        shown = "no" if fraction is None else f"{fraction * 100:.1f} %"
         evidence.notes.append(
-            f"The window measured {evidence.input_fraction * 100:.1f} % input "
-            f"({evidence.verdict.value}): no stage limits training, so none is named "
-            "the bottleneck."
+            f"The window measured {shown} input, under the "
+            f"{MODERATELY_INPUT_BOUND_FRACTION:.0%} at which input costs the step anything: "
+            "no stage limits training, so none is named the bottleneck."
         )
         return None
     return bottleneck
@@ -453,7 +478,9 @@ def rank_iterators(
                 calls=int(row.get("count") or 0),
                 self_ms=self_ms[name],
                 total_ms=float(row.get("timeInMs") or 0.0),
-                self_share=self_ms[name] / working_ms,
+                # A waiting iterator's self time (its wait) can exceed the
+                # work of those it waits for: as a share, at most all of it.
+                self_share=min(self_ms[name] / working_ms, 1.0),
                 waiting=waiting[name],
             )
         )

@@ -503,8 +503,8 @@ def _auto_trigger(stats) -> Optional[str]:
     >>> import numpy as np
     >>> from keras_pipeline_tuner.timing.step_stats import StepStats
     >>> busy = StepStats.from_arrays(np.full(40, 0.00065), np.full(40, 0.00012))
-    >>> busy.verdict.value, _auto_trigger(busy)
-    ('highly input-bound', None)
+    >>> round(busy.input_fraction, 2), _auto_trigger(busy)
+    (0.84, None)
     >>> _auto_trigger(StepStats.from_arrays(np.full(40, 0.03), np.full(40, 0.001)))
     'auto: the step clock measured 96.8 % input wait over 40 steps (highly input-bound)'
     """
@@ -513,5 +513,5 @@ def _auto_trigger(stats) -> Optional[str]:
         return None
     return (
         f"auto: the step clock measured {stats.input_fraction * 100:.1f} % input "
-        f"wait over {stats.steps} steps ({stats.verdict.value})"
+        f"wait over {stats.steps} steps ({verdict_for(stats.input_fraction).value})"
     )

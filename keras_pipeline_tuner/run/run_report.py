@@ -2,8 +2,9 @@
 
 Built on demand (every epoch, at checkpoints, at the end) from the run's step
 clock, profiler window, findings, replay and CPU figures; nothing here measures
-or writes. The verdict is decided once, in `advice.verdict.judge`, and the
-terminal line, the file and the advice all show that one judgement.
+or writes. The verdict is decided once, in `advice.verdict.judge`; the figures
+every output shows are built from it once (`advice.figures`), and the advice
+reads them.
 """
 
 import sys
@@ -12,10 +13,13 @@ from typing import List
 from typing import Optional
 
 from keras_pipeline_tuner._util import features
+from keras_pipeline_tuner.advice.advisor import RunEvidence
 from keras_pipeline_tuner.advice.advisor import advise
-from keras_pipeline_tuner.advice.advisor import input_free_gain
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.data_reuse import reuse_of
+from keras_pipeline_tuner.advice.figures import Figures
+from keras_pipeline_tuner.advice.figures import build_figures
+from keras_pipeline_tuner.advice.scale_out import job_stats
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.instrumentation.user_calls import with_batches
@@ -24,12 +28,18 @@ from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
+from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import Verdict
 from keras_pipeline_tuner.workers import exchange as worker_reports
 
 if TYPE_CHECKING:
     from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 
 NO_STEP = "No training step was measured"
+# Notes of the probes that say why the advised fixes were not timed.
+_UNTIMED_NOTES = ("The advised fixes were not timed", "measure_fixes timed no")
+# The fix timing line quotes a reason up to this many characters.
+_REASON_CHARS = 120
 
 
 def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
@@ -89,9 +99,10 @@ def build_report(run) -> Report:
     profile_pending = run.profile_pending
     evidence = run.profile_evidence()
     judgement = _judgement(run, cpu, evidence)
+    figures = figures_of(run, judgement, train, cpu, _fixes_line(run, judgement), evidence)
     report = Report(
-        verdict=judgement.verdict,
-        input_fraction=judgement.input_fraction,
+        verdict=figures.verdict,
+        input_fraction=figures.input_fraction,
         train=train,
         validation=validation if validation.steps else None,
         epochs=list(clock.epochs),
@@ -109,6 +120,7 @@ def build_report(run) -> Report:
         cpu=cpu,
         environment=environment(),
         judgement=judgement,
+        figures=figures,
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
         user_calls=_user_calls(run, train),
@@ -116,24 +128,140 @@ def build_report(run) -> Report:
     guard = run.guard
     if guard.enabled(features.ADVICE):
         with guard(features.ADVICE):
-            report.input_free = input_free_gain(
-                report.train, report.what_if, judgement, throttled(cpu)
-            )
             report.reuse = _reuse(run, report.train)
+            stats, job_figures = _job(run, report, figures)
             report.recommendations = advise(
-                report.train,
-                report.profile,
-                # With the pipeline they were found in, when inspected here.
-                run.findings,
-                what_if=report.what_if,
-                cpu=report.cpu,
-                workers=report.workers,
-                judgement=judgement,
-                fix_timings=run.fix_timings,
-                reuse=report.reuse,
-                user_calls=report.user_calls,
+                RunEvidence(
+                    stats,
+                    report.profile,
+                    # With the pipeline they were found in, when inspected here.
+                    run.findings,
+                    what_if=report.what_if,
+                    cpu=report.cpu,
+                    workers=report.workers,
+                    fix_timings=run.fix_timings,
+                    reuse=report.reuse,
+                    user_calls=report.user_calls,
+                ),
+                job_figures,
             )
     return report
+
+
+def figures_of(
+    run, judgement: Judgement, train: StepStats, cpu, fixes_line: str = "", profile=None
+) -> Figures:
+    """The run's `Figures`, built once from its judgement and its evidence.
+
+    Args:
+        run: the `run.lifecycle.Run`.
+        judgement: the run's `Judgement`.
+        train: the clock's training `StepStats`.
+        cpu: the run's `CpuUsage`, or `None`.
+        fixes_line: what the fix timing measured, in one line.
+        profile: the run's profile evidence (`run.profile_evidence()`), or
+            `None` to read it now.
+
+    Returns:
+        The `Figures`.
+    """
+    clock = run.clock
+    steady = clock.steady_steps(TRAIN, judgement.from_epoch)
+    epoch_steady = {}
+    for epoch in clock.epochs:
+        rows = clock.steady_steps(epoch.kind, epoch=epoch.epoch)
+        epoch_steady[(epoch.kind, epoch.epoch)] = StepStats.from_arrays(
+            rows["wait"], rows["compute"], rows["gap"]
+        )
+    return build_figures(
+        judgement,
+        train,
+        steady=StepStats.from_arrays(steady["wait"], steady["compute"], steady["gap"]),
+        epochs=clock.epochs,
+        epoch_steady=epoch_steady,
+        profile=profile if profile is not None else run.profile_evidence(),
+        what_if=run.what_if,
+        throttled=throttled(cpu),
+        first_steps=clock.first_steps,
+        cpu_budget=cpu.budget.cpus if cpu is not None and cpu.budget is not None else None,
+        fixes_line=fixes_line,
+        keras_verbose=clock.keras_verbose,
+    )
+
+
+def _job(run, report: Report, figures: Figures):
+    """The statistics and figures the advice judges: a multi-worker job's straggler's.
+
+    In synchronous training every worker waits for the slowest: when another
+    worker waits longer for input, the job is judged by its steps, by the same
+    decider as the run (`advice.verdict.judge`).
+    """
+    stats = job_stats(report.train, report.workers)
+    if stats is report.train:
+        return stats, figures
+    judgement = judge(stats, report.profile)
+    return stats, build_figures(
+        judgement,
+        stats,
+        profile=report.profile,
+        what_if=report.what_if,
+        throttled=throttled(report.cpu),
+        cpu_budget=figures.cpu_budget,
+    )
+
+
+def _fixes_line(run, judgement: Judgement) -> str:
+    """What the fix timing measured, or that it measured nothing and why, in one line.
+
+    Said once training has ended (the timing runs after it).
+    """
+    if not run.finished or judgement.verdict == Verdict.UNKNOWN:
+        return ""
+    timings = list(run.fix_timings or ())
+    measured = [timing for timing in timings if timing.measured]
+    others = [timing for timing in timings if not timing.measured]
+    if measured:
+        parts = [
+            f"{timing.change} {timing.batch_ms_before:.1f} -> {timing.batch_ms_after:.1f} ms "
+            "a batch"
+            for timing in measured
+        ]
+        line = "Fix timing, on the pipeline alone after training: " + "; ".join(parts)
+        if others:
+            line += f"; {len(others)} other{'s' if len(others) != 1 else ''} not timed " + (
+                f"({others[0].status}: {_first_sentence(others[0].reason).rstrip('.')})"
+            )
+        return line + "."
+    if not judgement.verdict.input_bound:
+        return "Fix timing: none ran, the input pipeline is not the bottleneck."
+    if others:
+        what = others[0].stage or others[0].change or others[0].recommendation
+        return f"Fix timing measured nothing: {what}: {_why_untimed(others[0])}"
+    for note in run.notes:
+        if note.startswith(_UNTIMED_NOTES):
+            return f"Fix timing measured nothing: {_first_sentence(note.split(': ', 1)[-1])}"
+    return (
+        "Fix timing measured nothing: it did not run (measure_fixes=False, or no tf.data "
+        "dataset it can rebuild)."
+    )
+
+
+def _why_untimed(timing) -> str:
+    """Why a fix was not timed, short: the probes' reasons run to several sentences."""
+    if "calls Python" in timing.reason or timing.reran_python:
+        return (
+            "it runs your Python, which the tuner does not run again after training unless "
+            "asked (measure_fixes=True, allow_unverified=True)."
+        )
+    return f"{timing.status}, {_first_sentence(timing.reason)}"
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of `text`, ending with its full stop (or "…" where cut)."""
+    sentence = text.split(". ")[0].rstrip(".")
+    if len(sentence) > _REASON_CHARS:
+        return sentence[: _REASON_CHARS - 1].rstrip(" ,;:") + "…"
+    return sentence + "."
 
 
 def _batches_read(run, train) -> int:

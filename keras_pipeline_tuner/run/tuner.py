@@ -235,6 +235,9 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._end_grain_stages()
         run = self._new_run(flush_source=self._flush_timing_rows)
         run.steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+        # How Keras' progress bar counts its ms/step, shown beside the step.
+        verbose = (self.params or {}).get("verbose")
+        run.clock.keras_verbose = 1 if verbose == "auto" else verbose
         identity = None
         # Multi-worker training is a tf.distribute strategy: TensorFlow backend only.
         if not self.async_safe and self.guard.enabled(features.WORKER_SUMMARY):
@@ -265,6 +268,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._run.end_epoch(TRAIN, epoch)
         self._read_grain_stages()
         self._run.epoch_ended()
+        self._run.clock.epoch_work_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.train_begin(batch)

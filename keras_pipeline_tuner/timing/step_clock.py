@@ -25,7 +25,6 @@ import numpy as np
 
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.timing.step_stats import step_seconds
-from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -109,6 +108,17 @@ class EpochBreakdown:
         steady: `Share` of the epoch's steps after its first
             `EPOCH_START_STEPS`, which wait for one-off work.
         start: `Share` of those first steps of the epoch.
+        keras_ms_per_step: the ms/step Keras' progress bar shows for the epoch,
+            counted as it counts it (`StepClock.keras_verbose`): with
+            `verbose=2` (one line an epoch) the epoch's wall time from its
+            start over all its steps; with `verbose=1` (the bar) its time after
+            its first step over its later steps. Counted to the next training
+            epoch's start, so that the callbacks' work at the epoch's end and
+            its validation are in it as they are in Keras' figure; a last
+            epoch to the end of the tuner's own work at the epoch's end.
+            `None` where no progress bar ran (`verbose=0`, custom loops), for
+            an epoch of one step, and in reports written before it was kept.
+        keras_steps: the steps that figure is over.
     """
 
     epoch: int
@@ -117,6 +127,8 @@ class EpochBreakdown:
     stats: StepStats
     steady: Optional[Share] = None
     start: Optional[Share] = None
+    keras_ms_per_step: Optional[float] = None
+    keras_steps: int = 0
 
 
 @dataclasses.dataclass
@@ -206,6 +218,9 @@ class StepClock:
         self._wait = np.zeros(capacity, dtype=np.float64)
         self._compute = np.zeros(capacity, dtype=np.float64)
         self._gap = np.zeros(capacity, dtype=np.float64)
+        # Each step's place in its epoch (0 for its first): the steady state
+        # leaves out each epoch's first `EPOCH_START_STEPS`.
+        self._position = np.zeros(capacity, dtype=np.int64)
         self._size = 0
         self._next = 0
         self._totals: Dict[str, _Totals] = {kind: _Totals() for kind in _KINDS}
@@ -217,6 +232,15 @@ class StepClock:
         self._last_end: Dict[str, float] = {}
         self._epoch_started: Dict[str, float] = {}
         self._epoch_setup: Dict[str, Optional[float]] = {}
+        # When each kind's epoch's first step ended (Keras' progress bar with
+        # verbose=1 counts its ms/step from there), and the training epoch
+        # still counted to the next one's start.
+        self._first_end: Dict[str, float] = {}
+        self._open_train_epoch: Optional[EpochBreakdown] = None
+        self._open_train_start: Optional[float] = None
+        # Keras' `verbose` of the fit (1: a progress bar, 2: one line an
+        # epoch, 0 or `None`: none): how its ms/step is counted.
+        self.keras_verbose: Optional[int] = None
         self.epoch = 0
         self.recorded = 0
         self.first_steps: Dict[str, FirstStep] = {}
@@ -229,12 +253,17 @@ class StepClock:
             epoch: the epoch number.
             kind: "train" or "validation".
         """
+        now = time.time()
         if kind == TRAIN:
             self.epoch = epoch
+            # Keras' progress bar ends the last epoch's clock after every
+            # callback's work at its end: counted to here.
+            self._count_keras_time(now)
+        self._first_end.pop(kind, None)
         self._epoch_totals[kind] = _Totals()
         self._epoch_start_totals[kind] = _Totals()
         self._epoch_step_count[kind] = 0
-        self._epoch_started[kind] = time.time()
+        self._epoch_started[kind] = now
         self._epoch_setup[kind] = None
         self._last_end.pop(kind, None)
 
@@ -261,6 +290,8 @@ class StepClock:
         )
         gap = np.maximum(start - previous_end, 0.0)
         self._last_end[kind] = float(end[-1])
+        self._first_end.setdefault(kind, float(end[0]))
+        position = self._epoch_step_count[kind] + np.arange(wait.size)
         self._totals[kind].add(wait, compute)
         self._epoch_totals[kind].add(wait, compute)
         starting = max(EPOCH_START_STEPS - self._epoch_step_count[kind], 0)
@@ -268,7 +299,7 @@ class StepClock:
             self._start_totals[kind].add(wait[:starting], compute[:starting])
             self._epoch_start_totals[kind].add(wait[:starting], compute[:starting])
         self._epoch_step_count[kind] += int(wait.size)
-        self._append(_KINDS.index(kind), start, wait, compute, gap)
+        self._append(_KINDS.index(kind), start, wait, compute, gap, position)
 
     def record_first_step(
         self,
@@ -312,6 +343,7 @@ class StepClock:
         )
         self._note_setup(kind, rows, called_at)
         self._last_end[kind] = float(end)
+        self._first_end.setdefault(kind, float(end))
         # The first step is one of its epoch's first steps, though kept apart.
         self._epoch_step_count[kind] += 1
         self.record(kind, rows[1:])
@@ -335,10 +367,23 @@ class StepClock:
             stats=self._summarise(selected, self._epoch_totals[kind]),
             steady=self._epoch_totals[kind].share().minus(self._epoch_start_totals[kind].share()),
             start=self._epoch_start_totals[kind].share(),
+            keras_steps=self._epoch_step_count[kind] - (1 if self.keras_verbose == 1 else 0),
         )
         self.epochs.append(breakdown)
-        self._epoch_started.pop(kind, None)
+        started = self._epoch_started.pop(kind, None)
+        if kind == TRAIN and self.keras_verbose in (1, 2):
+            # Counted to here for now; to the next epoch's start once it begins.
+            self._open_train_epoch, self._open_train_start = breakdown, started
+            self.epoch_work_ended()
         return breakdown
+
+    def epoch_work_ended(self) -> None:
+        """The tuner's work at a training epoch's end is done: Keras' ms/step counted to now.
+
+        Counted again when the next epoch begins, after every callback's
+        work at this one's end, as Keras counts it.
+        """
+        self._count_keras_time(time.time(), final=False)
 
     def ended_epochs(self, kind: str = TRAIN) -> int:
         """Epochs of `kind` that ended having taken steps.
@@ -356,6 +401,35 @@ class StepClock:
         (1, 0)
         """
         return sum(1 for epoch in self.epochs if epoch.kind == kind and epoch.stats.steps)
+
+    def steady_steps(
+        self, kind: str = TRAIN, from_epoch: Optional[int] = None, epoch: Optional[int] = None
+    ) -> Dict[str, np.ndarray]:
+        """The retained steps of the steady state: each epoch's first `EPOCH_START_STEPS` out.
+
+        Args:
+            kind: "train" or "validation".
+            from_epoch: leave out the epochs before this one too (the verdict's
+                steady state once two epochs ended starts at the second).
+            epoch: only this epoch's steps.
+
+        Returns:
+            As `steps()`.
+
+        Example:
+
+        >>> clock = StepClock()
+        >>> clock.begin_epoch(0)
+        >>> clock.record("train", np.array([[0.0, 0.05, 0.06], [0.06, 0.07, 0.08],
+        ...                                 [0.08, 0.081, 0.09]]))
+        >>> clock.steady_steps("train")["wait"].round(3).tolist()
+        [0.001]
+        """
+        order = self._order(kind, epoch)
+        kept = self._position[order] >= EPOCH_START_STEPS
+        if from_epoch is not None:
+            kept &= self._epoch[order] >= from_epoch
+        return self._columns(order[kept])
 
     def stats(self, kind: str = TRAIN) -> StepStats:
         """Steady-state statistics of all steps of `kind` so far.
@@ -461,10 +535,23 @@ class StepClock:
             called_at = float(rows[0, 0])
         self._epoch_setup[kind] = max(0.0, called_at - self._epoch_started[kind])
 
-    def _append(self, kind_code, start, wait, compute, gap) -> None:
+    def _count_keras_time(self, now: float, final: bool = True) -> None:
+        """Keras' ms/step of the training epoch that ended last, counted to `now`."""
+        breakdown = self._open_train_epoch
+        if breakdown is None or breakdown.keras_steps < 1:
+            return
+        began = self._first_end.get(TRAIN) if self.keras_verbose == 1 else self._open_train_start
+        if began is not None:
+            breakdown.keras_ms_per_step = max(now - began, 0.0) * 1e3 / breakdown.keras_steps
+        if final:
+            self._open_train_epoch = self._open_train_start = None
+
+    def _append(self, kind_code, start, wait, compute, gap, position) -> None:
         count = start.size
         if count > self.capacity:
-            start, wait, compute, gap = (a[-self.capacity:] for a in (start, wait, compute, gap))
+            start, wait, compute, gap, position = (
+                a[-self.capacity:] for a in (start, wait, compute, gap, position)
+            )
             count = self.capacity
         index = (self._next + np.arange(count)) % self.capacity
         self._kind[index] = kind_code
@@ -473,15 +560,22 @@ class StepClock:
         self._wait[index] = wait
         self._compute[index] = compute
         self._gap[index] = gap
+        self._position[index] = position
         self._next = int((self._next + count) % self.capacity)
         self._size = min(self._size + count, self.capacity)
 
-    def _select(self, kind: str, epoch: Optional[int] = None) -> Dict[str, np.ndarray]:
+    def _order(self, kind: str, epoch: Optional[int] = None) -> np.ndarray:
+        """Ring indices of the retained steps of `kind` (of `epoch`), oldest first."""
         order = (self._next - self._size + np.arange(self._size)) % self.capacity
         mask = self._kind[order] == _KINDS.index(kind)
         if epoch is not None:
             mask &= self._epoch[order] == epoch
-        order = order[mask]
+        return order[mask]
+
+    def _select(self, kind: str, epoch: Optional[int] = None) -> Dict[str, np.ndarray]:
+        return self._columns(self._order(kind, epoch))
+
+    def _columns(self, order: np.ndarray) -> Dict[str, np.ndarray]:
         return {
             "epoch": self._epoch[order],
             "start": self._start[order],
@@ -495,7 +589,6 @@ class StepClock:
         stats = StepStats.from_arrays(selected["wait"], selected["compute"], selected["gap"])
         stats.steps = totals.steps
         stats.input_fraction = totals.fraction()
-        stats.verdict = verdict_for(stats.input_fraction)
         return stats
 
 

@@ -200,8 +200,10 @@ class StepStats:
         host_gap: time between one step's end and the next one's start, spent in
             Python (Keras' loop and callbacks); not part of the step.
         input_fraction: total input wait over total step time; `None` when the
-            wait could not be separated from compute.
-        verdict: the `Verdict` for `input_fraction`.
+            wait could not be separated from compute. Evidence: the run's
+            verdict and its input share are decided once, from this and the
+            rest of the evidence (`advice.verdict.judge`), and shown from the
+            report's `figures`.
     """
 
     steps: int = 0
@@ -210,7 +212,6 @@ class StepStats:
     step: Distribution = dataclasses.field(default_factory=Distribution)
     host_gap: Distribution = dataclasses.field(default_factory=Distribution)
     input_fraction: Optional[float] = None
-    verdict: Verdict = Verdict.UNKNOWN
 
     @classmethod
     def from_arrays(
@@ -232,8 +233,8 @@ class StepStats:
         Example:
 
         >>> stats = StepStats.from_arrays(np.array([0.03, 0.03]), np.array([0.01, 0.01]))
-        >>> stats.verdict.value, round(stats.input_fraction, 2)
-        ('highly input-bound', 0.75)
+        >>> round(stats.input_fraction, 2)
+        0.75
         """
         wait_s = np.asarray(wait_s, dtype=np.float64)
         compute_s = np.asarray(compute_s, dtype=np.float64)
@@ -252,5 +253,4 @@ class StepStats:
                 np.asarray(gap_s if gap_s is not None else [], dtype=np.float64)
             ),
             input_fraction=fraction,
-            verdict=verdict_for(fraction),
         )

@@ -224,7 +224,7 @@ FIT = textwrap.dedent(
             [report.cpu.throttling.throttled_periods, report.cpu.throttling.periods],
         "compute_ms": report.train.compute.median_ms,
         "verdict": report.judgement.line,
-        "input_free": report.input_free and report.input_free.statement,
+        "input_free": report.figures.input_free and report.figures.input_free.statement,
         "early": [line for line in lines if "early verdict" in line],
         "advice": {r.id: r.fix for r in report.recommendations},
         "evidence": {r.id: [e.detail for e in r.evidence] for r in report.recommendations},
@@ -268,11 +268,10 @@ def test_a_fit_under_a_one_cpu_quota_reports_it_and_sizes_the_threads(quota_cgro
     # The early verdict, from the steps alone, says the quota's stops escape them.
     (early,) = result["early"]
     assert "The CPU quota stopped the job in" in early and "between steps too" in early, early
-    # The input-free ceiling is by the same wall time: the verdict's figure, or
-    # the replay's measured by wall time a step.
-    assert "wall time a step" in result["input_free"] or result["input_free"].startswith(
-        "The input costs"
-    ), result["input_free"]
+    # The input-free ceiling: the run's one figure, of its steady-state step.
+    assert result["input_free"].startswith("The step, the steady state's median"), (
+        result["input_free"]
+    )
     fix, evidence = result["advice"][QUOTA_THREADS], result["evidence"][QUOTA_THREADS]
     assert "options.autotune.cpu_budget = 1" in fix
     # The private pool of the budget's size was timed under the quota, and is

@@ -6,7 +6,6 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
-from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.scale_out import OFFLOAD
 from keras_pipeline_tuner.advice.scale_out import STRAGGLER
 from keras_pipeline_tuner.pipeline.graph.model import Pipeline
@@ -16,6 +15,7 @@ from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_stats import StepStats
 from keras_pipeline_tuner.workers import exchange as worker_reports
 from keras_pipeline_tuner.workers.exchange import WorkerSummary
+from tests.helpers.advising import advise
 
 BUSY = CpuUsage(wall_s=20.0, cpu_count=2, process_cores=1.95, host_busy=0.97)
 IDLE = CpuUsage(wall_s=20.0, cpu_count=2, process_cores=0.6, host_busy=0.35)

@@ -11,12 +11,15 @@ import tensorflow as tf
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice import advisor
 from keras_pipeline_tuner.advice import recommendation
+from keras_pipeline_tuner.advice.figures import build_figures
 from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.after_training.what_if_replay import ReplayRound
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.timing.step_stats import Distribution
+from keras_pipeline_tuner.timing.step_stats import verdict_for
+from tests.helpers import advising
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import slow_source
@@ -67,7 +70,7 @@ def test_epoch_start_steps_are_left_out_and_reported_apart():
     epoch = [30.0] * EPOCH_START_STEPS + [0.1] * 30
     clock = clock_of([epoch, epoch, epoch])
     # Over all steps the wait is 15 % (moderately input-bound)...
-    assert clock.stats("train").verdict == kpt.Verdict.MODERATELY_INPUT_BOUND
+    assert verdict_for(clock.stats("train").input_fraction) == kpt.Verdict.MODERATELY_INPUT_BOUND
     judgement = judged(clock)
     # ...but the steady state is not input-bound, and the starts are said apart.
     assert judgement.verdict == NOT
@@ -178,18 +181,23 @@ def test_under_a_quota_that_throttled_the_job_the_input_free_ceiling_is_by_wall_
         ReplayRound(0.56, 1.04, pipeline_wall_ms=2.11, replay_wall_ms=1.46),
         ReplayRound(0.60, 1.00, pipeline_wall_ms=2.00, replay_wall_ms=1.50),
     ]
-    walled = advisor.input_free_gain(
-        clock.stats("train"), found, judged(clock, found, throttled=True), throttled=True
-    )
-    # The rounds' mean wall times, 2.055 ms against 1.48 (the verdict's round of least contention
-    # reads less, 1.33x, and does not lower the measured ceiling).
+    judgement = judged(clock, found, throttled=True)
+    walled = build_figures(
+        judgement, clock.stats("train"), what_if=found, throttled=True
+    ).input_free
+    # The verdict's share is its round of least contention, 2.00 ms against
+    # 1.50 ms from start to start (25 %, 1.33x); the rounds' mean wall times,
+    # 2.055 ms against 1.48, measured more, and set the ceiling.
+    assert judgement.input_fraction == pytest.approx(0.25, rel=1e-6)
     assert walled.speedup == pytest.approx(2.055 / 1.48, rel=1e-6)
     assert walled.basis == recommendation.MEASURED
-    assert "a step took 1.48 ms instead of 2.05 ms (wall time a step, start to start" in (
+    assert "the replay with input free ran 1.39x faster than the real pipeline" in (
         walled.statement
     )
     # Not throttled: the steps' own times, which read no gain.
-    stepped = advisor.input_free_gain(clock.stats("train"), found, judged(clock, found))
+    stepped = build_figures(
+        judged(clock, found), clock.stats("train"), what_if=found
+    ).input_free
     assert stepped.speedup == 1.0 and "no faster than the 0.58 ms" in stepped.statement
 
 
@@ -214,7 +222,8 @@ def test_without_a_replay_a_wait_any_fetch_may_take_does_not_decide():
     assert busy.verdict == NOT
     assert busy.input_fraction == 0.0
     assert "No replay measured the fetch of a batch already in memory" in busy.line
-    assert "the wait at the fetch is 84.4 % of the 0.77 ms step" in busy.line
+    # In milliseconds: the verdict's share is the one share the line gives.
+    assert "the wait at the fetch is 0.65 ms a step" in busy.line
     # A wait far beyond what any fetch takes keeps its class, and its figure.
     slow = judged(clock_of([[30.0] * 40] * 3, compute_ms=1.0))
     assert slow.verdict == HIGH
@@ -260,16 +269,20 @@ def test_a_profiler_window_inside_a_cache_filling_first_epoch_is_explained():
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 
     clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
-    window = ProfileEvidence(
-        first_step=5, stop_step=15, input_fraction=0.7, verdict=HIGH
-    )
+    window = ProfileEvidence(first_step=5, stop_step=15, input_fraction=0.7)
     judgement = judge(
         clock.stats("train"), window, clock.epochs, clock.steady_share("train"),
         clock.epoch_start_share("train"),
     )
     assert judgement.verdict == NOT
-    assert "(steps 5-14), all in the first epoch" in judgement.line
-    assert "the later epochs decide" in judgement.line
+    line = build_figures(judgement, clock.stats("train"), epochs=clock.epochs, profile=window).line
+    # Evidence beside the verdict, with its one range, not a second verdict.
+    assert (
+        "The profiler window, steps 5-14 (10 steps), measured 70.0 % input, all in the "
+        "first epoch" in line
+    ), line
+    assert "the later epochs decide" in line
+    assert "highly input-bound" not in line
 
 
 def test_not_the_bottleneck_claims_the_steady_state_ceiling_only():
@@ -277,7 +290,7 @@ def test_not_the_bottleneck_claims_the_steady_state_ceiling_only():
     # steady state free input would bring almost nothing.
     clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
     judgement = judged(clock)
-    top = advisor.advise(clock.stats("train"), judgement=judgement)[0]
+    top = advising.advise(clock.stats("train"), judgement=judgement)[0]
     assert clock.stats("train").step.mean_ms / clock.stats("train").compute.mean_ms > 1.5
     assert top.expected_gain.basis == recommendation.BOUND
     assert top.expected_gain.speedup == pytest.approx(1 / (1 - judgement.input_fraction))
@@ -286,7 +299,7 @@ def test_not_the_bottleneck_claims_the_steady_state_ceiling_only():
 
 def test_the_advice_follows_the_judgement():
     clock = clock_of([[25.0] * 20, [0.1] * 20, [0.1] * 20])
-    ranked = advisor.advise(clock.stats("train"), judgement=judged(clock))
+    ranked = advising.advise(clock.stats("train"), judgement=judged(clock))
     assert [r.id for r in ranked] == [advisor.NOT_THE_BOTTLENECK]
 
 

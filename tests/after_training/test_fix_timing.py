@@ -27,6 +27,7 @@ from keras_pipeline_tuner.advice.recommendation import free_input_gain
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.outputs.markdown import render_markdown
 from keras_pipeline_tuner.outputs.terminal import print_summary
+from tests.helpers import advising
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
@@ -436,12 +437,10 @@ def test_a_cache_whose_epoch_outlasts_the_budget_is_timed_on_the_elements_its_pa
 def _ranked(cache_after_ms=None, profiled=True):
     import numpy as np
 
-    from keras_pipeline_tuner.advice import advisor
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.profiling.evidence import IteratorTime
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.timing.step_stats import StepStats
-    from keras_pipeline_tuner.timing.step_stats import Verdict
 
     stage, node = "map(load_image)", "MapDataset/_3"
     findings = [
@@ -453,7 +452,6 @@ def _ranked(cache_after_ms=None, profiled=True):
         first_step=2,
         stop_step=10,
         input_fraction=0.9,
-        verdict=Verdict.HIGHLY_INPUT_BOUND,
         iterators=[
             IteratorTime(
                 iterator=iterator,
@@ -493,7 +491,7 @@ def _ranked(cache_after_ms=None, profiled=True):
         timing("cache-missing", cache_after_ms, "measured" if cache_after_ms else "not measured"),
     ]
     stats = StepStats.from_arrays(np.full(20, 0.036), np.full(20, 0.004))
-    return advisor.advise(stats, profile if profiled else None, findings, fix_timings=timings)
+    return advising.advise(stats, profile if profiled else None, findings, fix_timings=timings)
 
 
 def test_a_bound_never_outranks_a_measured_gain():
@@ -531,7 +529,6 @@ def test_fixes_timed_at_one_stage_lead_by_their_figures():
 def test_a_cache_timed_to_the_compute_leads_a_run_no_window_profiled():
     import numpy as np
 
-    from keras_pipeline_tuner.advice import advisor
     from keras_pipeline_tuner.pipeline.lint.findings import Finding
     from keras_pipeline_tuner.timing.step_stats import StepStats
 
@@ -545,7 +542,7 @@ def test_a_cache_timed_to_the_compute_leads_a_run_no_window_profiled():
     # 6 ms waited of a 46 ms step: moderately input-bound (a fetch's 1 ms
     # left out), a 1.15x ceiling, and no window named the stage.
     stats = StepStats.from_arrays(np.full(40, 0.006), np.full(40, 0.040))
-    ranked = advisor.advise(stats, None, findings, fix_timings=[cache],
+    ranked = advising.advise(stats, None, findings, fix_timings=[cache],
                             reuse=DataReuse(24 * 200, 24))
     assert [r.id for r in ranked][:2] == ["cache-missing", "input-bound"], ranked
     assert ranked[0].expected_gain.reaches_compute

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.after_training import what_if_replay
+from tests.helpers import advising
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import replayable_source
@@ -268,7 +269,6 @@ def test_replay_under_a_distribution_strategy_is_a_note_not_a_failure():
 
 
 def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
-    from keras_pipeline_tuner.advice import advisor
     from keras_pipeline_tuner.advice.recommendation import describe_gain
 
     # Real steps of a cheap model waiting 8 ms a batch (input-bound beyond any
@@ -286,7 +286,7 @@ def test_a_replay_slower_than_training_is_explained_not_shown_as_a_gain():
     assert result.speedup_if_input_free < 1
     assert any("below 1" in note and "No input-pipeline change" in note for note in result.notes)
 
-    ranked = advisor.advise(quick.report.train, None, [], what_if=result)
+    ranked = advising.advise(quick.report.train, None, [], what_if=result)
     gain = ranked[0].expected_gain
     assert gain.speedup == 1.0 and gain.step_ms_after == gain.step_ms
     assert "no faster than" in gain.statement and "at most" not in gain.statement

@@ -110,7 +110,10 @@ def _write_grain_report(log_dir: pathlib.Path) -> None:
         .map(slow_parse)
         .batch(4)
     )
-    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+    # Grain's stage timing reads the dataset again, which runs its map again: asked for.
+    tuner = kpt.PipelineTuner(
+        verbose=0, profile="off", measure_fixes=True, allow_unverified=True
+    )
     tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
     log_dir.mkdir()
     (log_dir / REPORT_FILENAME).write_text(tuner.report.to_json())

@@ -488,7 +488,7 @@ def test_validation_loop_is_reported_apart():
     ]
     # The slow validation source does not leak into the training figures.
     assert report.train.input_wait.median_ms < 5
-    assert report.validation.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert report.validation.input_fraction >= 0.2
 
 
 def test_shortcut_makes_its_own_tuner_and_writes_the_report(tmp_path):

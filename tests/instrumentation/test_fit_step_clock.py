@@ -47,7 +47,7 @@ def test_slow_source_without_prefetch_is_highly_input_bound(steps_per_execution)
     assert report.train.compute.median_ms < 10
     assert report.train.steps == 47  # 2 epochs of 24, the first step apart
     assert report.validation is not None
-    assert report.validation.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert report.validation.input_fraction >= 0.2
     assert report.validation.steps == 15
     assert report.steps_per_execution == steps_per_execution
     assert report.measurement == "in-step"
@@ -88,7 +88,7 @@ def test_cached_data_and_heavier_model_is_not_input_bound(steps_per_execution):
     assert report.input_fraction < 0.05
     assert report.train.input_wait.median_ms < 1
     assert report.train.compute.median_ms > 0.028 * 1e3
-    assert report.validation.verdict == kpt.Verdict.NOT_INPUT_BOUND
+    assert report.validation.input_fraction < 0.05
 
 
 def test_jit_compiled_model_is_measured():

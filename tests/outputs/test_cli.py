@@ -100,6 +100,8 @@ def test_demo_quick(tmp_path):
     assert "Profiler session" not in done.stderr and "Collecting XSpace" not in done.stderr
     assert f"tensorboard --logdir {log_dir}" in done.stdout
     assert re.search(r"^Tuned: .*list_files", done.stdout, re.MULTILINE)
+    # The fit's top recommendation set against what kpt.tune measured largest.
+    assert re.search(r"^The fit's (top recommendation|advice)", done.stdout, re.MULTILINE)
     # The speed-up is credited to the rewrites kpt.tune kept; with none kept,
     # the same pipeline is not trained on twice (two fits of one pipeline could
     # only differ by noise).

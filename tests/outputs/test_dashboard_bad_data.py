@@ -15,6 +15,7 @@ from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import write_report
 from keras_pipeline_tuner.timing.step_stats import StepStats
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 from tests.helpers.browser import get
 from tests.helpers.browser import tensorboard_server
 
@@ -33,7 +34,8 @@ BAD_TAG = f"bad_tag/{summaries.RUN}"
 
 def good_report() -> Report:
     stats = StepStats.from_arrays(np.full(10, 0.001), np.full(10, 0.05))
-    return Report(verdict=stats.verdict, input_fraction=stats.input_fraction, train=stats)
+    fraction = stats.input_fraction
+    return Report(verdict=verdict_for(fraction), input_fraction=fraction, train=stats)
 
 
 def write_summaries(run_dir, report_text: str) -> None:

@@ -162,7 +162,7 @@ _WORKER_ROWS = f"""(() => {{
   const doc = {_TAB};
   const rows = Array.from(doc.querySelectorAll(".kpt-workers tr")).slice(1);
   return rows.length ? {{
-    rows: rows.map((row) => [row.cells[0].textContent, row.cells[8].textContent,
+    rows: rows.map((row) => [row.cells[0].textContent, row.cells[7].textContent,
         row.classList.contains("kpt-straggler")]),
     note: doc.querySelector(".kpt-verdict .kpt-source").textContent,
   }} : null;
@@ -254,10 +254,10 @@ def _check_the_naive_run(shown, copied, runs):
     assert all(copy for _, _, copy in shown["recommendations"])
     assert "num_parallel_calls=tf.data.AUTOTUNE" in shown["recommendations"][0][1]
     assert copied == "Copied"
-    # The epoch breakdown and the profiler window's stage table, the bottleneck marked.
-    report_epochs = [epoch for epoch in report.epochs]
+    # The epochs as the report's figures judge them (their steady steps), and the
+    # profiler window's stage table, the bottleneck marked.
     assert shown["epochRows"] == [
-        [str(epoch.epoch + 1), epoch.kind, str(epoch.stats.steps)] for epoch in report_epochs
+        [str(epoch.epoch + 1), epoch.kind, str(epoch.steps)] for epoch in report.figures.epochs
     ]
     iterators = report.profile.iterators
     assert [stage for stage, _ in shown["stageTable"]] == [item.stage for item in iterators]

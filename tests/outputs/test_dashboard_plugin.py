@@ -91,13 +91,11 @@ def test_run_returns_the_report_the_profile_rows_and_the_tune_result(client, run
             assert recommendation["expected_gain"].pop("described") == describe_gain(gain)
     # The one "input free" figure, in the same words.
     report = runs.naive.report
-    assert served["input_free"].pop("described") == describe_gain(report.input_free)
-    # Runs side by side compare the steady state: the last of the fit's epochs.
-    steady = served.pop("steady")
-    train = [e for e in json.loads(report.to_json())["epochs"] if e["kind"] == "train"]
-    assert len(train) >= 2
-    assert steady["scope"] == f"epoch {len(train)} of {len(train)}"
-    assert steady["stats"] == train[-1]["stats"]
+    free = served["figures"]["input_free"]
+    assert free.pop("described") == describe_gain(report.figures.input_free)
+    # Runs side by side compare the steady state the figures are of.
+    assert served["figures"]["scope"] == report.figures.scope
+    assert served["figures"]["scope"].startswith("steady state: epoch 2,")
     # The copy written to TensorBoard holds the tuner's cost up to its writing;
     # the final report adds the outputs written after it.
     expected = json.loads(report.to_json())
@@ -170,8 +168,7 @@ def test_runs_older_than_the_dashboard_are_read_from_report_json(runs, tmp_path)
     for recommendation in detail["report"]["recommendations"]:
         if recommendation.get("expected_gain"):
             recommendation["expected_gain"].pop("described")
-    detail["report"]["input_free"].pop("described")
-    detail["report"].pop("steady")
+    detail["report"]["figures"]["input_free"].pop("described")
     # The log dir's report is the run's, listing the log dir's runs besides.
     expected = json.loads(runs.tuned.report.to_json())
     assert [entry["run"] for entry in detail["report"]["runs"]] == [summaries.RUN]

@@ -5,6 +5,7 @@ import pytest
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import verdict_for
 
 
 def measured_report():
@@ -15,7 +16,7 @@ def measured_report():
     clock.end_epoch("train")
     stats = clock.stats("train")
     return kpt.Report(
-        verdict=stats.verdict,
+        verdict=verdict_for(stats.input_fraction),
         input_fraction=stats.input_fraction,
         train=stats,
         epochs=clock.epochs,

@@ -48,7 +48,7 @@ def test_map_after_to_iter_dataset_is_named_and_runs_on_the_reading_thread():
     assert prefetch.waiting and prefetch.self_share == 0.0
     stage = grain_stages.placement(evidence)
     assert stage == grain_stages.GrainStage("map(slow_parse)", False, 0)
-    assert "separate pass over 4 batches" in evidence.summary()
+    assert "separate pass over 4 batches" in evidence.span()
 
 
 def test_a_tracked_iterator_gives_the_same_elements_and_is_summed_at_once():

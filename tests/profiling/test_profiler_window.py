@@ -97,7 +97,7 @@ def test_slow_generator_is_input_bound_and_the_generator_is_the_bottleneck(gener
     assert generator[0].self_share > 0.9  # of the pipeline's work
     prefetch = [it for it in evidence.iterators if it.iterator.endswith("::Prefetch")]
     assert prefetch and all(it.waiting for it in prefetch)
-    assert evidence.verdict == report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert evidence.input_fraction >= 0.2 and report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
 def test_cost_is_stated(generator_run):
@@ -128,7 +128,11 @@ def test_report_and_its_json_carry_the_evidence(generator_run):
     with open(os.path.join(log_dir, "report.json"), encoding="utf-8") as file:
         written = json.load(file)
     assert written["profile"]["bottleneck_iterator"] == report.profile.bottleneck_iterator
-    assert report.profile.summary().startswith("TF Profiler, steps 10-21: ")
+    assert report.profile.summary().startswith("slowest stage ")
+    # The window's figures are of the steps it analysed: one range, in the report's figures.
+    window = report.figures.window
+    assert (window.first_step, window.last_step, window.steps) == report.profile.window_range()
+    assert 10 <= window.first_step <= window.last_step <= 21
 
 
 def test_trace_figures_agree_with_the_analyzer(generator_run):
@@ -147,7 +151,7 @@ def test_sequential_py_function_map_is_named_by_its_function(tmp_path):
     assert evidence.input_fraction > 0.5
     assert evidence.bottleneck == "map(load_image)"
     assert evidence.bottleneck_node is not None
-    assert evidence.verdict == report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert evidence.input_fraction >= 0.2 and report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
 def test_parallel_map_waiting_for_its_input_is_not_the_bottleneck(tmp_path):
@@ -190,7 +194,7 @@ def test_compute_bound_model_has_a_small_input_share(tmp_path):
     evidence = report.profile
     assert evidence.source == profile_evidence.ANALYZER
     assert evidence.input_fraction < 0.05
-    assert evidence.verdict == report.verdict == kpt.Verdict.NOT_INPUT_BOUND
+    assert evidence.input_fraction < 0.05 and report.verdict == kpt.Verdict.NOT_INPUT_BOUND
 
 
 def test_steps_per_execution_figures_come_from_the_trace(tmp_path):
@@ -203,7 +207,7 @@ def test_steps_per_execution_figures_come_from_the_trace(tmp_path):
     assert len(evidence.steps) == 4  # one per call of four steps
     assert evidence.input_fraction > 0.5
     assert evidence.bottleneck == "from_generator()"
-    assert evidence.verdict == report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
+    assert evidence.input_fraction >= 0.2 and report.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND
 
 
 def _assert_users_capture_is_the_evidence(report, tensorboard_dir, tuner_dir, first, last):
@@ -314,7 +318,7 @@ def test_whole_step_mode_marks_steps_from_the_batch_hooks(tmp_path):
     evidence = report.profile
     assert evidence.source == profile_evidence.ANALYZER  # it found our step markers
     assert len(evidence.steps) >= 4
-    assert evidence.verdict == kpt.Verdict.HIGHLY_INPUT_BOUND, evidence.input_fraction
+    assert evidence.input_fraction >= 0.2, evidence.input_fraction
 
 
 def test_a_window_does_not_span_an_epoch_end(tmp_path):
@@ -384,6 +388,6 @@ def test_a_window_that_measured_no_input_wait_puts_no_stage_first(tmp_path):
     tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 12))
     report, _ = fit(tuner, cached_source(64).batch(4).repeat(), steps=14,
                     model=tiny_model(compute_delay_s=COMPUTE_DELAY_S))
-    assert report.profile.verdict == kpt.Verdict.NOT_INPUT_BOUND
+    assert report.profile.input_fraction < 0.05
     assert report.profile.bottleneck is None
     assert report.recommendations[0].id == advisor.NOT_THE_BOTTLENECK

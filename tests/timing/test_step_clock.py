@@ -44,7 +44,7 @@ def test_wait_compute_and_gap_are_derived_from_timestamps():
     assert stats.step.median_ms == pytest.approx(40, abs=1e-6)
     assert stats.host_gap.median_ms == pytest.approx(2, abs=1e-6)
     assert stats.input_fraction == pytest.approx(0.75)
-    assert stats.verdict is Verdict.HIGHLY_INPUT_BOUND
+    assert verdict_for(stats.input_fraction) is Verdict.HIGHLY_INPUT_BOUND
 
 
 def test_overlapped_fetch_counts_only_the_wait_past_the_previous_step():
@@ -90,7 +90,7 @@ def test_whole_step_rows_have_no_input_fraction():
     clock.record("train", np.array([[0.0, np.nan, 0.02], [0.03, np.nan, 0.05]]))
     stats = clock.stats("train")
     assert stats.input_fraction is None
-    assert stats.verdict is Verdict.UNKNOWN
+    assert stats.input_fraction is None
     assert stats.step.median_ms == pytest.approx(20)
     assert stats.input_wait.median_ms is None
 
@@ -112,3 +112,55 @@ def test_buffer_size_is_checked():
 def test_empty_stats():
     stats = StepStats.from_arrays(np.array([]), np.array([]))
     assert stats.steps == 0 and stats.input_fraction is None
+
+
+def test_the_steady_steps_leave_out_each_epochs_first_steps_and_earlier_epochs():
+    clock = StepClock()
+    for epoch, wait in enumerate((0.030, 0.001)):
+        clock.begin_epoch(epoch)
+        clock.record("train", rows(6, wait=wait, compute=0.010, t0=1000.0 + epoch))
+        clock.end_epoch("train", epoch)
+    # Each epoch's first 2 steps (a new iterator, a refilling buffer) are out.
+    assert clock.steady_steps("train")["wait"].size == 8
+    later = clock.steady_steps("train", from_epoch=1)
+    np.testing.assert_allclose(later["wait"], [0.001] * 4, atol=1e-9)
+    assert clock.steady_steps("train", epoch=0)["wait"].size == 4
+
+
+class _Clock:
+    """`time.time()` that a test moves by hand."""
+
+    def __init__(self, now):
+        self.now = now
+
+    def time(self):
+        return self.now
+
+
+@pytest.mark.parametrize("verbose, expected_ms", [(2, 1000.0 / 5), (1, (1000.0 - 300.0) / 4)])
+def test_keras_ms_per_step_is_counted_as_its_progress_bar_counts_it(monkeypatch, verbose,
+                                                                    expected_ms):
+    from keras_pipeline_tuner.timing import step_clock
+
+    fake = _Clock(100.0)
+    monkeypatch.setattr(step_clock, "time", fake)
+    clock = StepClock()
+    clock.keras_verbose = verbose
+    clock.begin_epoch(0)
+    # Set-up 0.2 s, then five steps of 0.1 s; the first ends at 100.3 s.
+    clock.record_first_step("train", 0.1, np.array([[100.2, 100.25, 100.3]]))
+    clock.record("train", rows(4, wait=0.05, compute=0.05, t0=100.3))
+    fake.now = 100.8
+    clock.end_epoch("train", 0)
+    # Keras counts to its own end of the epoch, after every callback's work there.
+    fake.now = 101.0
+    clock.begin_epoch(1)
+    (epoch,) = clock.epochs
+    assert epoch.keras_ms_per_step == pytest.approx(expected_ms)
+
+
+def test_no_progress_bar_no_keras_figure():
+    clock = StepClock()
+    clock.begin_epoch(0)
+    clock.record("train", rows(5, wait=0.01, compute=0.01))
+    assert clock.end_epoch("train", 0).keras_ms_per_step is None

@@ -23,10 +23,10 @@ from tensorboard.data import provider
 
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
 from keras_pipeline_tuner.advice.recommendation import describe_gain
-from keras_pipeline_tuner.outputs.comparison import steady_steps
 from keras_pipeline_tuner.outputs.dashboard import summaries
 from keras_pipeline_tuner.outputs.report import REPORT_FILENAME
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.outputs.report import figures_of
 
 SUMMARIES = "summaries"
 # Tags of the per-step scalars, which runs written before the dashboard hold.
@@ -111,8 +111,9 @@ class RunData:
         Returns:
             One dict per run: "run", "source" ("summaries" or "report.json"),
             "unreadable" (why its report cannot be read, or `None`), "verdict",
-            "input_fraction" and "step_ms" (mean), "has_steps", "last_step"
-            (the latest step written, 0 when none) and "has_tune".
+            "input_fraction" and "step_ms" (its figures': the verdict's share,
+            the steady state's median step), "has_steps", "last_step" (the
+            latest step written, 0 when none) and "has_tune".
         """
         tagged = self.tagged_runs(ctx, experiment_id)
         files = self.report_file_runs()
@@ -125,15 +126,15 @@ class RunData:
                 # Listed with the reason; the other runs are shown as ever.
                 report, source, unreadable = None, "", str(reason)
             tags = tagged.get(run, {})
-            train = (report or {}).get("train") or {}
+            figures = (report or {}).get("figures") or {}
             listed.append(
                 {
                     "run": run,
                     "source": source,
                     "unreadable": unreadable,
-                    "verdict": (report or {}).get("verdict"),
-                    "input_fraction": (report or {}).get("input_fraction"),
-                    "step_ms": (train.get("step") or {}).get("mean_ms"),
+                    "verdict": figures.get("verdict"),
+                    "input_fraction": figures.get("input_fraction"),
+                    "step_ms": (figures.get("step") or {}).get("median_ms"),
                     "has_steps": any(
                         tag.startswith(summaries.STEPS_TAG_PREFIX) for tag in tags
                     ),
@@ -188,8 +189,7 @@ class RunData:
             parsed = Report.from_json(text)
         except ValueError as reason:
             raise UnreadableRun(f"{source} of {run}: {reason}") from None
-        data = _with_gain_phrases(json.loads(text))
-        return _with_steady_steps(data, parsed), source
+        return _with_gain_phrases(_with_figures(json.loads(text), parsed)), source
 
     def tune(self, ctx, experiment_id: str, run: str) -> Optional[dict]:
         """The `kpt.tune` result written for the run, if any.
@@ -325,18 +325,14 @@ class RunData:
         )
 
 
-def _with_steady_steps(data: dict, report: Report) -> dict:
-    """Adds the steps runs are compared by (`comparison.steady_steps`), as "steady".
+def _with_figures(data: dict, report: Report) -> dict:
+    """The report's figures, which every part of the page shows (`Report.figures`).
 
-    Runs side by side compare their steady state, as `compare` does: the last
-    training epoch when two or more ran (a first epoch may fill a cache).
+    A report written before they were kept gets those its stored verdict and
+    statistics give (`report.figures_of`), as the terminal shows it.
     """
-    stats, scope = steady_steps(report)
-    found = data.get("train")
-    for epoch, epoch_data in zip(report.epochs, data.get("epochs") or []):
-        if epoch.stats is stats and isinstance(epoch_data, dict):
-            found = epoch_data.get("stats")
-    data["steady"] = {"scope": scope, "stats": found}
+    if not isinstance(data.get("figures"), dict):
+        data["figures"] = json.loads(summaries.json_text(figures_of(report)))
     return data
 
 
@@ -349,7 +345,7 @@ def _with_gain_phrases(report: Any) -> Any:
     if not isinstance(report, dict):
         return report
     names = {field.name for field in dataclasses.fields(ExpectedGain)}
-    gains = [report.get("input_free")]
+    gains = [(report.get("figures") or {}).get("input_free")]
     for recommendation in report.get("recommendations") or []:
         if isinstance(recommendation, dict):
             gains.append(recommendation.get("expected_gain"))

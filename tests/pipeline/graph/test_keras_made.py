@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from tests.helpers import advising
 
 IMAGES = 32
 SIZE = 128
@@ -147,7 +148,6 @@ def test_a_profiled_keras_loader_gets_the_utilitys_advice(image_directory):
     from keras_pipeline_tuner.profiling.evidence import IteratorTime
     from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
     from keras_pipeline_tuner.timing.step_stats import StepStats
-    from keras_pipeline_tuner.timing.step_stats import Verdict
 
     pipeline = read_pipeline(_images(image_directory))
     (loader,) = [stage for stage in pipeline.stages if stage.made_by]
@@ -155,7 +155,6 @@ def test_a_profiled_keras_loader_gets_the_utilitys_advice(image_directory):
         first_step=2,
         stop_step=10,
         input_fraction=0.8,
-        verdict=Verdict.HIGHLY_INPUT_BOUND,
         iterators=[
             IteratorTime(
                 iterator="Iterator::Root::Prefetch::Batch::ParallelMapV2",
@@ -174,7 +173,7 @@ def test_a_profiled_keras_loader_gets_the_utilitys_advice(image_directory):
         bottleneck_node=loader.node,
     )
     stats = StepStats.from_arrays(np_.full(20, 0.03), np_.full(20, 0.005))
-    (top,) = advisor.advise(stats, profile, Findings([], pipeline))
+    (top,) = advising.advise(stats, profile, Findings([], pipeline))
     assert top.id == advisor.BOTTLENECK_STAGE and top.stage == LABEL
     assert "keras.utils.image_dataset_from_directory(" in top.fix
     assert "shuffle=False, batch_size=None" in top.fix

@@ -163,13 +163,15 @@ function verdictBanner(view) {
         element("div", {class: "kpt-verdict-text"}, "Input pipeline: report unreadable"),
         problems);
   }
-  const train = report.train || {};
-  const fraction = report.input_fraction;
-  const verdict = report.verdict || "unknown";
+  // Every figure is the report's own (report.figures): the same as the
+  // terminal's and the Text tab's, worked out once when the report was built.
+  const figures = report.figures || {};
+  const fraction = figures.input_fraction;
+  const verdict = figures.verdict || report.verdict || "unknown";
   const parts = [];
   // The banner names what its share is: the wait at the fetch, or the input's
   // cost including its contention with the model (the replay decided).
-  const decidedBy = (report.judgement || {}).source;
+  const decidedBy = figures.source;
   if (fraction !== null && fraction !== undefined) {
     parts.push(decidedBy === "what-if replay" ?
         `input costs ${percent(fraction)} of step time (its wait and its contention ` +
@@ -178,29 +180,25 @@ function verdictBanner(view) {
             `${percent(fraction)} of step time is input (profiler window)` :
             `${percent(fraction)} of step time waiting for input`);
   }
-  const step = (train.step || {}).mean_ms;
-  const wait = (train.input_wait || {}).mean_ms;
-  const compute = (train.compute || {}).mean_ms;
+  const step = (figures.step || {}).median_ms;
   if (step != null) {
-    parts.push(`mean step ${ms(step)}` +
-        (wait != null ? ` = ${ms(wait)} input wait + ${ms(compute)} compute` : ""));
+    parts.push(`step ${ms(step)} (median: input wait ${ms((figures.wait || {}).median_ms)}, ` +
+        `compute ${ms((figures.compute || {}).median_ms)})`);
   }
-  if (train.steps) parts.push(`${train.steps} training steps`);
-  // One "input free" figure, the report's own, in the words the terminal and
-  // the Text tab use (worked out by the server).
-  const free = report.input_free;
+  if (figures.steps) parts.push(`${figures.steps} training steps (${figures.scope})`);
+  const free = figures.input_free;
   if (free && free.described) parts.push(`with input free: ${free.described}`);
-  // How the verdict was decided, where the report says (steady state, one-off costs).
-  const judgement = report.judgement || {};
-  const oneOff = judgement.one_off || [];
+  const oneOff = figures.one_off || [];
+  const notes = [figures.keras_line, figures.fixes_line].filter(Boolean);
   return element("div", {class: `kpt-verdict ${verdictClass(verdict)}`, "data-run": view.run},
       element("div", {class: "kpt-verdict-run"}, view.run),
       element("div", {class: "kpt-verdict-text"}, `Input pipeline: ${verdict}`),
       element("div", {class: "kpt-verdict-detail"}, parts.join(" · ")),
-      judgement.line ? element("div", {class: "kpt-verdict-line"}, judgement.line) : "",
+      figures.line ? element("div", {class: "kpt-verdict-line"}, figures.line) : "",
       oneOff.length ?
           element("div", {class: "kpt-note"}, `Left out of the verdict: ${oneOff.join("; ")}`) :
           "",
+      ...notes.map((line) => element("div", {class: "kpt-note"}, line)),
       view.detail.source === "report.json" ?
           element("div", {class: "kpt-note kpt-source"}, "Read from report.json (a run written " +
               "before the dashboard's summaries).") : "",
@@ -209,11 +207,10 @@ function verdictBanner(view) {
 
 function comparison(a, b) {
   const rows = [
-    ["Mean step", (r) => stat(r, "step", "mean_ms"), ms],
-    ["Median step", (r) => stat(r, "step", "median_ms"), ms],
-    ["Mean input wait", (r) => stat(r, "input_wait", "mean_ms"), ms],
-    ["Mean compute", (r) => stat(r, "compute", "mean_ms"), ms],
-    ["Input share of step time", (r) => r.input_fraction, percent],
+    ["Step (median)", (r) => stat(r, "step", "median_ms"), ms],
+    ["Input wait (median)", (r) => stat(r, "wait", "median_ms"), ms],
+    ["Compute (median)", (r) => stat(r, "compute", "median_ms"), ms],
+    ["Input share of step time", (r) => (r.figures || {}).input_fraction, percent],
   ];
   const table = element("table", {class: "kpt-table kpt-compare-table"},
       element("tr", {}, element("th", {}, ""), element("th", {}, a.run),
@@ -226,8 +223,13 @@ function comparison(a, b) {
         element("td", {}, format(left)), element("td", {}, format(right)),
         element("td", {}, ratio)));
   }
+  const free = (r) => (((r.figures || {}).input_free) || {}).described || "-";
+  table.appendChild(element("tr", {}, element("th", {}, "With input free"),
+      element("td", {}, free(a.report)), element("td", {}, free(b.report)),
+      element("td", {}, "")));
+  const verdict = (r) => (r.figures || {}).verdict || r.verdict;
   table.appendChild(element("tr", {}, element("th", {}, "Verdict"),
-      element("td", {}, a.report.verdict), element("td", {}, b.report.verdict),
+      element("td", {}, verdict(a.report)), element("td", {}, verdict(b.report)),
       element("td", {}, "")));
   table.appendChild(element("tr", {}, element("th", {}, "Steps compared"),
       element("td", {}, steadyScope(a.report)), element("td", {}, steadyScope(b.report)),
@@ -504,15 +506,16 @@ async function copyText(text) {
 }
 
 function epochTable(view) {
-  const epochs = view.report.epochs || [];
+  // Each epoch judged by the run's rule (report.figures.epochs).
+  const epochs = (view.report.figures || {}).epochs || [];
   const table = element("table", {class: "kpt-table kpt-epochs"},
-      headerRow(["Epoch", "Kind", "Steps", "Setup", "Mean step", "Mean wait",
-        "Mean compute", "Input share", "Verdict"]));
+      headerRow(["Epoch", "Kind", "Steps", "Setup", "Step (median)", "Wait (median)",
+        "Compute (median)", "Input share", "Verdict"]));
   for (const epoch of epochs) {
-    const stats = epoch.stats || {};
-    table.appendChild(row([epoch.epoch + 1, epoch.kind, stats.steps, ms(epoch.setup_ms),
-      ms((stats.step || {}).mean_ms), ms((stats.input_wait || {}).mean_ms),
-      ms((stats.compute || {}).mean_ms), percent(stats.input_fraction), stats.verdict]));
+    table.appendChild(row([epoch.epoch + 1, epoch.kind, epoch.steps, ms(epoch.setup_ms),
+      ms((epoch.step || {}).median_ms), ms((epoch.wait || {}).median_ms),
+      ms((epoch.compute || {}).median_ms), percent(epoch.input_fraction),
+      epoch.left_out ? `${epoch.verdict}; ${epoch.left_out}` : epoch.verdict]));
   }
   return element("section", {}, element("h2", {}, "Epochs"),
       epochs.length ? table : element("p", {}, "No epoch finished yet."));
@@ -522,9 +525,13 @@ function stageTable(view) {
   const profile = view.report.profile;
   // Grain pipelines are timed by Grain itself (the trigger says when).
   const grain = profile && profile.source === "grain";
+  // The window's one range and share (report.figures.window), as evidence.
+  const shown = (view.report.figures || {}).window;
+  const span = shown ? `, steps ${shown.first_step}-${shown.last_step} ` +
+      `(${shown.steps} step${shown.steps === 1 ? "" : "s"})` : "";
   const section = element("section", {class: "kpt-stage-section"},
       element("h2", {}, grain ? "Grain stages, timed by Grain"
-                              : "tf.data stages in the profiler window"));
+                              : `tf.data stages in the profiler window${span}`));
   if (!profile && view.report.profile_pending) {
     section.appendChild(element("p", {},
         "The profiler window is converting (xprof): its stages join the report when ready."));
@@ -535,7 +542,11 @@ function stageTable(view) {
     return section;
   }
   if (grain && profile.trigger) section.appendChild(element("p", {}, profile.trigger + "."));
-  if (profile.conclusion) section.appendChild(element("p", {}, profile.conclusion));
+  if (grain && profile.conclusion) section.appendChild(element("p", {}, profile.conclusion));
+  if (shown && shown.input_fraction != null) {
+    section.appendChild(element("p", {},
+        `The window measured ${percent(shown.input_fraction)} input over these steps.`));
+  }
   const table = element("table", {class: "kpt-table kpt-stages-table"},
       headerRow(["Stage", "Iterator", "Calls", "Self time", "Share of self time", "Waits on"]));
   for (const item of profile.iterators) {
@@ -572,13 +583,13 @@ function workerTable(view) {
   if (!workers || !(workers.workers || []).length) return null;
   const table = element("table", {class: "kpt-table kpt-workers"},
       headerRow(["Worker", "Host", "Epochs", "Steps", "Mean step", "Mean wait", "Input share",
-        "Verdict", ""]));
+        ""]));
   for (const worker of workers.workers) {
     const train = worker.train || {};
     const straggler = worker.task === workers.straggler;
     const tr = row([worker.task + (worker.chief ? " (chief)" : ""), worker.host, worker.epochs,
       train.steps, ms((train.step || {}).mean_ms), ms((train.input_wait || {}).mean_ms),
-      percent(train.input_fraction), train.verdict, straggler ? "straggler" : ""]);
+      percent(train.input_fraction), straggler ? "straggler" : ""]);
     if (straggler) tr.classList.add("kpt-straggler");
     table.appendChild(tr);
   }
@@ -636,15 +647,14 @@ function row(values) {
       element("td", {}, value === null || value === undefined ? "-" : value)));
 }
 
-// Runs side by side are compared in their steady state (the server picks it:
-// the last training epoch when two or more ran), as the compare command does.
+// Runs side by side are compared by their figures (the steady state's steps,
+// the verdict's share), as the compare command does.
 function stat(report, name, field) {
-  const steps = (report.steady || {}).stats || report.train || {};
-  return (steps[name] || {})[field];
+  return (((report.figures || {})[name]) || {})[field];
 }
 
 function steadyScope(report) {
-  return (report.steady || {}).scope || "all steps";
+  return (report.figures || {}).scope || "all steps";
 }
 
 function verdictClass(verdict) {
