@@ -61,9 +61,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     Add it to `model.fit` callbacks. It drives one `Run` per fit (see
     `run.lifecycle`) and times each step with the timing source of the Keras
     backend (see `instrumentation.timing_source`): on TensorFlow an equivalent compiled
-    function that timestamps the batch fetch and the step, so every step's
-    input wait and compute are measured, with no measurable cost. The
-    replacement is on the model only while a step runs: however fit is
+    function that runs what Keras' own runs per call and timestamps the batch
+    fetch and the step, so every step's input wait and compute are measured
+    on the step the user runs. The replacement is on the model only from the
+    batch-begin hook to the start of its call: however fit is
     interrupted, Keras' own functions are left in place (see the README's
     "What the probes re-run" for the one exception, legacy random ops). At the end of fit it
     prints a verdict and writes `report.json` to `log_dir`; the file is also

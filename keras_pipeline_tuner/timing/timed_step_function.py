@@ -38,6 +38,7 @@ random state as they would Keras' own, or Keras' own when it has already run.
 
 import logging
 import time
+import weakref
 from typing import Callable
 from typing import List
 from typing import Optional
@@ -152,6 +153,10 @@ class TimedFunction:
         self.original = original
         self.armed = False
         self.kept = False
+        self._model = weakref.ref(model)
+        # The model attribute this function stands in for until its call
+        # begins (`install`), or `None`.
+        self._installed_as: Optional[str] = None
         self._on_first_call = on_first_call
         self._called = False
         # Set by the profiler window: called with the call's iterator (whose
@@ -244,7 +249,32 @@ class TimedFunction:
         self.trace_step = None
         self.armed = False
 
+    def install(self, attribute: str) -> None:
+        """Stands in for `model.<attribute>` for the call about to run.
+
+        The call puts `original` back as it begins, Keras having looked this
+        function up for it: whatever interrupts fit, Keras' own function is
+        left on the model.
+        """
+        model = self._model()
+        if model is not None:
+            # Past Keras' and TensorFlow's attribute tracking: there is
+            # nothing to track, Keras' own function comes back at the call.
+            object.__setattr__(model, attribute, self)
+            self._installed_as = attribute
+
+    def uninstall(self) -> None:
+        """Puts `original` back if this function still stands in for it (its call did not run)."""
+        attribute, self._installed_as = self._installed_as, None
+        if attribute is None:
+            return
+        model = self._model()
+        if model is not None and vars(model).get(attribute) is self:
+            object.__setattr__(model, attribute, self.original)
+
     def __call__(self, iterator):
+        if self._installed_as is not None:
+            self.uninstall()
         if not isinstance(iterator, self._iterator_types):
             return self.original(iterator)
         if not self.armed:
@@ -253,7 +283,9 @@ class TimedFunction:
             if self.kept:
                 # Carries the step's random state: Keras' own would start it over.
                 optional, _ = self._timed_steps(iterator)
-                return self._keras_outputs(optional)
+                if not optional.has_value():
+                    raise StopIteration
+                return optional.get_value()
             return self.original(iterator)
         self.armed = False
         if not self._called:
@@ -270,7 +302,12 @@ class TimedFunction:
             else:
                 with marker:
                     optional, rows = self._timed_steps(iterator)
-            outputs = self._keras_outputs(optional)
+            # What Keras' own function does with its compiled call's Optional,
+            # on every call: two eager ops, and the end of the epoch when the
+            # first fetch of a call found no data.
+            if not optional.has_value():
+                raise StopIteration
+            outputs = optional.get_value()
             # Inside the `try`: Ctrl-C often lands here, just after the step.
             self._on_rows(rows, time.perf_counter() - began, called_at)
         except BaseException as error:
@@ -280,15 +317,6 @@ class TimedFunction:
                 self._on_error(error)
             raise
         return outputs
-
-    @staticmethod
-    def _keras_outputs(optional):
-        # What Keras' own function does with its compiled call's Optional, on
-        # every call: two eager ops, and the end of the epoch when the first
-        # fetch of a call found no data.
-        if not optional.has_value():
-            raise StopIteration
-        return optional.get_value()
 
 
 def _stamp_after(structure):
