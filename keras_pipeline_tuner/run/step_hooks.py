@@ -99,6 +99,11 @@ class AsyncSteps:
         self._steps = 0
         # The first batch of the call the window last saw begin, until counted.
         self._window_call: Optional[int] = None
+        # Whether a window can mark this fit's calls at all (a tf.data input on
+        # JAX), decided once: otherwise no step looks again.
+        self._markable = (
+            timing is not None and run.window.profile != "off" and self.marker is not None
+        )
 
     @property
     def marker(self):
@@ -116,7 +121,7 @@ class AsyncSteps:
             self._steps += self._run.steps_per_execution
         if self._run.rows_due():
             self._between_steps()
-        if timing is not None and self._run.window.profile != "off":
+        if self._markable:
             self._mark_call(batch)
 
     def train_end(self, batch: int, logs) -> None:
