@@ -19,9 +19,10 @@ Nothing is written inside a step. Per-step scalars are taken from the step
 clock's retained rows and written in bulk, at the end of each epoch and every
 `flush_every` steps within long epochs (so rows are written before the clock's
 ring drops them): with TensorFlow, by a compiled function that costs about
-50 us per point (the first `_EAGER_POINTS` points one by one, 0.7 ms each,
-which costs about as much as tracing it); without, by TensorBoard's own writer,
-about 120 us per point.
+50 us per point, traced once per process and given each writer as an argument
+(until it is traced, the process's first `_EAGER_POINTS` points are written
+one by one, 0.7 ms each, which costs about as much as tracing it); without, by
+TensorBoard's own writer, about 120 us per point.
 Like Keras' `update_freq`, long runs are summarised so that neither the cost
 nor the event file grows with every step: each of the first `full_steps`
 (1000) steps of a fit is a point of its own; after that a point is the mean of
@@ -78,8 +79,9 @@ FULL_RESOLUTION_STEPS = 1000
 
 # Tracing the compiled scalar writer takes about 170 ms; it then writes a point
 # in about 50 us, where `tf.summary.write` one by one takes about 0.7 ms (four
-# tags): a sink's first points, up to as many as the tracing is worth, are
-# written one by one, and the rest compiled.
+# tags): a process's first points, up to as many as the tracing is worth, are
+# written one by one, and the rest compiled, once per process (each fit's
+# writer is an argument of the compiled function, not captured by it).
 _EAGER_POINTS = 250
 _IMAGE_BUDGET = 0.02
 
@@ -121,9 +123,6 @@ class TensorBoardSink:
         self._row_blocks = BlockMeans(full_steps)
         self._writer = None
         self._with_tensorflow: Optional[bool] = None
-        self._compiled = {}
-        # Points written one by one so far, per tag set, before compiling.
-        self._eager_points = {}
         self._clock: Optional[StepClock] = None
         self._written = 0
         self._pending = 0
@@ -433,9 +432,9 @@ class TensorBoardSink:
             return
         tf = tensorflow()
         with self._summaries():
-            eager = self._eager_points.get(tags, 0)
-            if tags not in self._compiled and eager + numbers.size <= _EAGER_POINTS:
-                self._eager_points[tags] = eager + numbers.size
+            eager = _EAGER_WRITTEN.get(tags, 0)
+            if tags not in _COMPILED_WRITERS and eager + numbers.size <= _EAGER_POINTS:
+                _EAGER_WRITTEN[tags] = eager + numbers.size
                 scalar = _scalar_metadata()
                 for column, number in enumerate(numbers):
                     for row, tag in enumerate(tags):
@@ -443,10 +442,10 @@ class TensorBoardSink:
                             tag, values[row, column], step=int(number), metadata=scalar
                         )
                 return
-            write = self._compiled.get(tags)
+            write = _COMPILED_WRITERS.get(tags)
             if write is None:
-                write = self._compiled[tags] = _compiled_scalar_writer(tf, tags)
-            write(numbers, values)
+                write = _COMPILED_WRITERS[tags] = _compiled_scalar_writer(tf, tags)
+            write(self._writer._resource, numbers, values)  # pylint: disable=protected-access
 
     def _current_step(self, clock: StepClock) -> int:
         numbers = clock.step_numbers(TRAIN)
@@ -526,10 +525,10 @@ def _scalar_metadata():
 class _OwnRetracing(logging.Filter):
     """Drops TensorFlow's "triggered tf.function retracing" warning about our writer only.
 
-    Each fit with a `log_dir` has a writer of its own, whose compiled function
-    is traced once (it captures that writer); after five fits in one process
-    TensorFlow warns of frequent retracing, which reads as a fault in the
-    user's code. Warnings about any other function pass.
+    The compiled writer is traced once per process and tag set; should
+    TensorFlow still count its traces as retracing (a new writer's resource
+    handle, say), the warning would read as a fault in the user's code.
+    Warnings about any other function pass.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -540,26 +539,42 @@ class _OwnRetracing(logging.Filter):
 _RETRACING_FILTER = _OwnRetracing()
 
 
+# The compiled scalar writers of this process, by tag set; and how many points
+# were written one by one before the tag set's writer was compiled.
+_COMPILED_WRITERS = {}
+_EAGER_WRITTEN = {}
+
+
 def _compiled_scalar_writer(tf, tags):
+    """A compiled function writing points of `tags` to the summary writer it is given.
+
+    The writer's resource is an argument, so one trace serves every fit's
+    writer in the process. It writes what `tf.summary.write` writes (the same
+    op, the scalar plugin's metadata), whatever the user's `record_if` (e.g.
+    keras.callbacks.TensorBoard's update_freq), which is no reason to drop
+    these rows.
+    """
     # Added once: the logging module keeps one filter object once.
     logging.getLogger("tensorflow").addFilter(_RETRACING_FILTER)
-    scalar = _scalar_metadata()
+    scalar = _scalar_metadata().SerializeToString()
 
     @tf.function(
         input_signature=[
+            tf.TensorSpec([], tf.resource),
             tf.TensorSpec([None], tf.int64),
             tf.TensorSpec([len(tags), None], tf.float32),
         ]
     )
-    def write(numbers, values):
-        # The user's `record_if` (e.g. keras.callbacks.TensorBoard's
-        # update_freq) is no reason to drop these rows.
-        with tf.summary.record_if(True):
-            for column in tf.range(tf.shape(numbers)[0]):
-                for row, tag in enumerate(tags):
-                    tf.summary.write(
-                        tag, values[row, column], step=numbers[column], metadata=scalar
-                    )
+    def write(writer, numbers, values):
+        for column in tf.range(tf.shape(numbers)[0]):
+            for row, tag in enumerate(tags):
+                tf.raw_ops.WriteSummary(
+                    writer=writer,
+                    step=numbers[column],
+                    tensor=values[row, column],
+                    tag=tag,
+                    summary_metadata=scalar,
+                )
         return tf.constant(True)
 
     return write
