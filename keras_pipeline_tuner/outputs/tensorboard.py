@@ -29,8 +29,9 @@ nor the event file grows with every step: each of the first `full_steps`
 a block of steps (fraction: total wait over total step time), 10 steps a block
 up to 10x `full_steps`, 100 up to 100x, and so on, about 900 points a decade.
 The timeline image takes about 0.1 s to draw, so within fit it is drawn only
-while drawing has cost under 2 % of the elapsed training time; the final one is
-always drawn.
+where drawing it (as long as the last one took, 0.1 s before any) keeps the
+images under 2 % of the elapsed training time: after an epoch of a few seconds
+or more, not after short ones; the final one is always drawn.
 """
 
 import contextlib
@@ -84,6 +85,8 @@ FULL_RESOLUTION_STEPS = 1000
 # writer is an argument of the compiled function, not captured by it).
 _EAGER_POINTS = 250
 _IMAGE_BUDGET = 0.02
+# What an image is expected to cost before one has been drawn (seconds).
+_FIRST_IMAGE_S = 0.1
 
 
 class TensorBoardSink:
@@ -127,6 +130,7 @@ class TensorBoardSink:
         self._written = 0
         self._pending = 0
         self._image_s = 0.0
+        self._last_image_s = _FIRST_IMAGE_S
         self._last_text_step: Optional[int] = None
         self._last_text = None
         self._last_image: Optional[Tuple[int, str]] = None  # Its step and profile title.
@@ -166,7 +170,7 @@ class TensorBoardSink:
         self.write_scalars(clock, final=True)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
-        if self._image_s <= _IMAGE_BUDGET * _training_seconds(clock):
+        if self._image_s + self._last_image_s <= _IMAGE_BUDGET * _training_seconds(clock):
             self.write_timeline(clock, report)
         self.flush()
 
@@ -385,7 +389,8 @@ class TensorBoardSink:
                 with self._summaries():
                     tf.summary.image(TIMELINE_TAG, image, step=step, description=description)
             self._last_image = (step, profile_title)
-            self._image_s += time.perf_counter() - began
+            self._last_image_s = time.perf_counter() - began
+            self._image_s += self._last_image_s
 
     def flush(self) -> None:
         """Flushes the event file, so TensorBoard sees what was written."""
