@@ -398,13 +398,16 @@ class Run:
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         if not self.writes_outputs:
             return
+        began = time.monotonic()
         report = self.built_report()
         if report is not None:
             self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.write_scalars(self.clock)
             self.tensorboard.flush()
-        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        ended = time.monotonic()
+        self._next_checkpoint = ended + CHECKPOINT_S
+        self.cost.output_during_training(ended - began)
 
     def finish(self, summary: bool = True) -> Report:
         """Builds the final report and writes every output.
@@ -477,12 +480,14 @@ class Run:
 
     def _write_early(self, report: Optional[Report]) -> None:
         # The early verdict's outputs: the report file and the TensorBoard report.
-        if report is None:
+        if report is None or not self.writes_outputs:
             return
+        began = time.monotonic()
         self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.write_report(report, report.train.steps)
             self.tensorboard.flush()
+        self.cost.output_during_training(time.monotonic() - began)
 
     def _restart_cpu_meter(self) -> None:
         if self.guard.enabled(features.CPU_USAGE):

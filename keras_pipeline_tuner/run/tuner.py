@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from typing import Callable
 from typing import Optional
 from typing import Tuple
@@ -209,6 +210,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        began = time.monotonic()
         _refuse_a_second_tuner()
         if self._in_fit:
             refuse_another_live_thread(
@@ -239,6 +241,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._steps = self._step_hooks(run)
         self._inspect_fit_input(run, model)
         self._begin_user_calls(run, model)
+        run.cost.before_training(time.monotonic() - began)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._run.begin_epoch(TRAIN, epoch)
