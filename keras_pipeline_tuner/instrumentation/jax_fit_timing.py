@@ -325,6 +325,9 @@ class JaxFitTiming(FitTiming):
     def before_step(self, kind: str) -> None:
         """The stand-in for the call about to run, unless the adapter stamps the fetches."""
         if kind in self._adapters and kind in self._past_first:
+            if kind == TRAIN:
+                # Nothing more to do before a training call in this fit.
+                self.train_calls_need_before_step = False
             return
         super().before_step(kind)
 

@@ -97,6 +97,7 @@ class AsyncSteps:
         self._steps_left = steps_left
         self._fit_steps = fit_steps
         self._steps = 0
+        self._steps_per_call = run.steps_per_execution
         # The first batch of the call the window last saw begin, until counted.
         self._window_call: Optional[int] = None
         # Whether a window can mark this fit's calls at all (a tf.data input on
@@ -115,10 +116,10 @@ class AsyncSteps:
     def train_begin(self, batch: int) -> None:
         """On every step only a count and a clock reading; the rest about once a second."""
         timing = self._timing
-        if timing is not None:
+        if timing is not None and timing.train_calls_need_before_step:
             timing.before_step(TRAIN)
         if batch:
-            self._steps += self._run.steps_per_execution
+            self._steps += self._steps_per_call
         if self._run.rows_due():
             self._between_steps()
         if self._markable:
