@@ -45,6 +45,7 @@ from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
+from keras_pipeline_tuner.run.step_hooks import epoch_length
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -440,9 +441,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self.guard.disable(features.USER_CALLS, reason)
 
     def _step_hooks(self, run: Run):
+        # Keras gives the epoch's length when it knows it.
+        fit_steps = epoch_length((self.params or {}).get("steps"))
         if not self.async_safe:
-            return SyncSteps(run, self._timing, self._steps_left)
-        steps = AsyncSteps(run, self._timing, self._steps_left, (self.params or {}).get("steps"))
+            return SyncSteps(run, self._timing, fit_steps)
+        steps = AsyncSteps(run, self._timing, fit_steps)
         if self.profile != "off" and self._in_fit and steps.marker is None:
             # The window is not opened on this fit (see `run.step_hooks`).
             run.notes.append(
@@ -453,13 +456,6 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 "tf.data lint needs TensorFlow installed."
             )
         return steps
-
-    def _steps_left(self, batch: int) -> Optional[int]:
-        # Keras gives the epoch's length when it knows it.
-        steps = (self.params or {}).get("steps")
-        if not isinstance(steps, int) or steps <= 0:
-            return None
-        return steps - batch
 
     def _new_timing(self, model) -> FitTiming:
         return fit_timing_for(
