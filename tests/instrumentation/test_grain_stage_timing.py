@@ -57,7 +57,7 @@ def test_a_loops_passes_are_timed_and_the_datasets_recorders_put_back():
     assert "2 iterators" in evidence.trigger and "the loop read" in evidence.trigger
     timed = next(row for row in evidence.iterators if row.stage == "map(slow_parse)")
     assert timed.calls == 2 * 16
-    assert "the 8 batches training read" in evidence.summary()
+    assert evidence.span() == "the 8 batches training read"
     # Put back: the dataset's nodes hold what they held, the warning shows again.
     after = [vars(node)["_stats"] for node in (dataset, *_ancestors(dataset))]
     assert all(a is b for a, b in zip(before, after))
