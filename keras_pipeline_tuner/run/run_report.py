@@ -91,7 +91,8 @@ def build_report(run) -> Report:
     # Read once: the verdict and the report show the same figures.
     cpu = run.cpu_usage()
     judgement = judgement_of(run, cpu)
-    figures = figures_of(run, judgement, train, cpu, _fixes_line(run, judgement))
+    user_calls = _user_calls(run, train)
+    figures = figures_of(run, judgement, train, cpu, _fixes_line(run, judgement), user_calls)
     report = Report(
         verdict=figures.verdict,
         input_fraction=figures.input_fraction,
@@ -114,7 +115,7 @@ def build_report(run) -> Report:
         figures=figures,
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
-        user_calls=_user_calls(run, train),
+        user_calls=user_calls,
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
@@ -139,7 +140,9 @@ def build_report(run) -> Report:
     return report
 
 
-def figures_of(run, judgement: Judgement, train: StepStats, cpu, fixes_line: str = "") -> Figures:
+def figures_of(
+    run, judgement: Judgement, train: StepStats, cpu, fixes_line: str = "", user_calls=()
+) -> Figures:
     """The run's `Figures`, built once from its judgement and its evidence.
 
     Args:
@@ -148,6 +151,7 @@ def figures_of(run, judgement: Judgement, train: StepStats, cpu, fixes_line: str
         train: the clock's training `StepStats`.
         cpu: the run's `CpuUsage`, or `None`.
         fixes_line: what the fix timing measured, in one line.
+        user_calls: the user's Python calls timed during training.
 
     Returns:
         The `Figures`.
@@ -173,6 +177,7 @@ def figures_of(run, judgement: Judgement, train: StepStats, cpu, fixes_line: str
         cpu_budget=cpu.budget.cpus if cpu is not None and cpu.budget is not None else None,
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
+        user_calls=user_calls,
     )
 
 
@@ -194,6 +199,7 @@ def _job(run, report: Report, figures: Figures):
         what_if=report.what_if,
         throttled=throttled(report.cpu),
         cpu_budget=figures.cpu_budget,
+        user_calls=report.user_calls,
     )
 
 
