@@ -32,6 +32,7 @@ from typing import Optional
 from typing import Sequence
 from typing import Tuple
 
+from keras_pipeline_tuner.advice import python_stages
 from keras_pipeline_tuner.advice.gains import free_input_ceiling
 from keras_pipeline_tuner.advice.gains import replayed_gain
 from keras_pipeline_tuner.advice.recommendation import BOUND
@@ -55,6 +56,9 @@ KERAS_EXPLAINED_RATIO = 1.2
 KERAS_EXPLAINED_MS = 1.0
 # A part of that difference is named when it is at least this many ms a step.
 _KERAS_PART_MS = 0.5
+# The largest input-free figure said (a share of 1 is no finite bound), as
+# `gains.free_input_ceiling` caps it.
+_MOST = free_input_ceiling(1.0)
 # Profiler windows that time steps (a Grain pass has no steps).
 _STEP_WINDOWS = ("input_pipeline_analyzer", "trace", "")
 
@@ -215,6 +219,7 @@ def build_figures(
     cpu_budget: Optional[int] = None,
     fixes_line: str = "",
     keras_verbose: Optional[int] = None,
+    user_calls: Sequence = (),
 ) -> Figures:
     """Builds the run's `Figures` once, from its judgement and evidence.
 
@@ -235,6 +240,8 @@ def build_figures(
         fixes_line: what the fix timing measured, in one line.
         keras_verbose: the fit's `verbose` (`StepClock.keras_verbose`): how
             Keras counted the ms/step it showed.
+        user_calls: the user's Python calls timed during training
+            (`Report.user_calls`), for the input-free figure.
 
     Returns:
         The `Figures`.
@@ -271,7 +278,12 @@ def build_figures(
         setup_ms=sum(setups) / len(setups) if setups else None,
         first_step_ms=first.wall_ms if first is not None else None,
         input_free=input_free(
-            judgement, step_ms, shown.compute.median_ms, what_if, throttled
+            judgement,
+            step_ms,
+            shown.compute.median_ms,
+            what_if,
+            throttled,
+            next(iter(python_stages.stage_costs(user_calls, stats.steps)), None),
         ),
         window=window,
         cpu_budget=cpu_budget,
@@ -289,20 +301,24 @@ def input_free(
     compute_ms: Optional[float] = None,
     what_if=None,
     throttled: bool = False,
+    python=None,
 ) -> Optional[ExpectedGain]:
     """The run's one "input free" figure: the step with input free, and how much faster.
 
-    Three measurements bound it from below, each of the same steady state:
+    Four measurements bound it from below, each of the same steady state:
     the verdict's input share (a step that spends `share` of its time on input
     is `1 / (1 - share)` times faster without it), the step over its compute
     (the steady state's medians: with input free a step takes its compute),
-    and the replay's step with input free against the real one, timed side by
-    side (the pipeline's threads also slow the compute). The largest is the
-    ceiling: no change to the input pipeline goes beyond what any of them
-    measured free input to bring. On a run that is not input-bound it is at
-    most `1 / (1 - max(share, 5 %))`: the verdict says input costs no more.
-    A replay that ran no faster with input free measured no gain, which the
-    wait does not overrule.
+    the replay's step with input free against the real one, timed side by
+    side (the pipeline's threads also slow the compute), and the user's
+    Python in the pipeline, timed during training: the time a step its calls
+    computed, holding the GIL (and a core) that the step's own Python and
+    threads wait for, which the wait at the fetch misses when the map runs
+    ahead. The largest is the ceiling: no change to the input pipeline goes
+    beyond what any of them measured free input to bring. On a run that is
+    not input-bound it is at most `1 / (1 - max(share, 5 %))`: the verdict
+    says input costs no more. A replay that ran no faster with input free
+    measured no gain, which the wait does not overrule.
 
     Args:
         judgement: the run's `Judgement`.
@@ -310,6 +326,8 @@ def input_free(
         compute_ms: the steady state's median compute, if measured.
         what_if: the run's `WhatIfResult`, if a replay ran.
         throttled: a CPU quota stopped the job often.
+        python: the costliest Python stage's `PythonStageCost`
+            (`python_stages.stage_costs` of the run's timed calls), if any.
 
     Returns:
         The `ExpectedGain` (a ceiling; measured when the replay set it), or
@@ -333,7 +351,9 @@ def input_free(
     share = free_input_ceiling(fraction)
     over_compute = step_ms / compute_ms if compute_ms and 0 < compute_ms < step_ms else 1.0
     measured = replayed.speedup if replayed is not None and replayed.speedup else 1.0
-    ceiling = max(share, over_compute, measured)
+    python_ms = python.step_ms * python.cpu_share if python is not None else 0.0
+    over_python = step_ms / max(step_ms - python_ms, step_ms / _MOST) if python_ms else 1.0
+    ceiling = min(max(share, over_compute, measured, over_python), _MOST)
     capped = ""
     if not judgement.verdict.input_bound:
         most = free_input_ceiling(max(fraction, MODERATELY_INPUT_BOUND_FRACTION))
@@ -347,6 +367,11 @@ def input_free(
         basis, how = MEASURED, (
             f"the replay with input free ran {measured:.2f}x faster than the real pipeline, "
             "side by side"
+        )
+    elif ceiling == over_python and over_python > max(share, over_compute):
+        basis, how = BOUND, (
+            f"your Python in {python.stage} computed {python_ms:.2f} ms a step during "
+            "training, holding the GIL and a core the step's own work waits for"
         )
     elif ceiling == over_compute and over_compute > share:
         basis, how = BOUND, (

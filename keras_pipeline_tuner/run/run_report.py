@@ -99,7 +99,10 @@ def build_report(run) -> Report:
     profile_pending = run.profile_pending
     evidence = run.profile_evidence()
     judgement = _judgement(run, cpu, evidence)
-    figures = figures_of(run, judgement, train, cpu, _fixes_line(run, judgement), evidence)
+    user_calls = _user_calls(run, train)
+    figures = figures_of(
+        run, judgement, train, cpu, _fixes_line(run, judgement), user_calls, evidence
+    )
     report = Report(
         verdict=figures.verdict,
         input_fraction=figures.input_fraction,
@@ -123,7 +126,7 @@ def build_report(run) -> Report:
         figures=figures,
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
-        user_calls=_user_calls(run, train),
+        user_calls=user_calls,
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
@@ -149,7 +152,13 @@ def build_report(run) -> Report:
 
 
 def figures_of(
-    run, judgement: Judgement, train: StepStats, cpu, fixes_line: str = "", profile=None
+    run,
+    judgement: Judgement,
+    train: StepStats,
+    cpu,
+    fixes_line: str = "",
+    user_calls=(),
+    profile=None,
 ) -> Figures:
     """The run's `Figures`, built once from its judgement and its evidence.
 
@@ -159,6 +168,7 @@ def figures_of(
         train: the clock's training `StepStats`.
         cpu: the run's `CpuUsage`, or `None`.
         fixes_line: what the fix timing measured, in one line.
+        user_calls: the user's Python calls timed during training.
         profile: the run's profile evidence (`run.profile_evidence()`), or
             `None` to read it now.
 
@@ -186,6 +196,7 @@ def figures_of(
         cpu_budget=cpu.budget.cpus if cpu is not None and cpu.budget is not None else None,
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
+        user_calls=user_calls,
     )
 
 
@@ -207,6 +218,7 @@ def _job(run, report: Report, figures: Figures):
         what_if=report.what_if,
         throttled=throttled(report.cpu),
         cpu_budget=figures.cpu_budget,
+        user_calls=report.user_calls,
     )
 
 
