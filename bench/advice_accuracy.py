@@ -130,31 +130,28 @@ def sleep_python(x, y):
     return x, y
 
 
-def gil_python(x, y):
-    def work(value):
-        end = time.perf_counter() + ELEMENT_S
-        while time.perf_counter() < end:  # pure Python: holds the GIL
-            pass
-        return value
+def busy_python(name: str, seconds: float):
+    """A map of pure Python that computes (holding the GIL) `seconds` an element, named `name`."""
 
-    x = tf.py_function(work, [x], tf.float32)
-    x.set_shape((FEATURES,))
-    return x, y
+    def mapped(x, y):
+        def work(value):
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:  # pure Python: holds the GIL
+                pass
+            return value
+
+        x = tf.py_function(work, [x], tf.float32)
+        x.set_shape((FEATURES,))
+        return x, y
+
+    # The stage is named after the function, as the advice shows it.
+    mapped.__name__ = mapped.__qualname__ = name
+    return mapped
 
 
 PYTHON_MAP_S = 0.005  # the 5 ms Python map given 16 parallel calls
-
-
-def python_5_ms(x, y):
-    def work(value):
-        end = time.perf_counter() + PYTHON_MAP_S
-        while time.perf_counter() < end:  # pure Python: holds the GIL
-            pass
-        return value
-
-    x = tf.py_function(work, [x], tf.float32)
-    x.set_shape((FEATURES,))
-    return x, y
+gil_python = busy_python("gil_python", ELEMENT_S)
+python_5_ms = busy_python("python_5_ms", PYTHON_MAP_S)
 
 
 def random_tf_ops(x, y):
