@@ -303,6 +303,9 @@ class GrainStageTimer:
         """Turns the timing on for an iterator Keras just made (never raises)."""
         if not self._active or self._failed or self._left <= 0:
             return
+        # The step clock's stamping stand-in (JAX) may hold Grain's iterator.
+        while not hasattr(iterator, "_ctx") and hasattr(iterator, "iterator"):
+            iterator = iterator.iterator
         try:
             with self._lock:
                 for node in _map_nodes(iterator):
