@@ -85,6 +85,11 @@ def _cache_leads(recommendation: Recommendation, run) -> bool:
 
 
 def cannot_help(recommendation: Recommendation) -> bool:
+    """Whether even the change's ceiling is under `LEAST_SHOWN_GAIN`: no advice at all.
+
+    A change only predicted to bring nothing stays, after every speed fix
+    (`no_speed_fix`): its stage's other fix leads, and its figure says why.
+    """
     gain = recommendation.expected_gain
     return (
         recommendation.severity != "error"
@@ -92,7 +97,7 @@ def cannot_help(recommendation: Recommendation) -> bool:
         and gain.basis == BOUND
         and gain.likely_speedup is None
         and gain.speedup is not None
-        and (gain.predicted_speedup or gain.speedup) < LEAST_SHOWN_GAIN
+        and gain.speedup < LEAST_SHOWN_GAIN
     )
 
 
