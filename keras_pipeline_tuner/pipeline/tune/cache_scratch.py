@@ -22,7 +22,6 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
-from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE
 from keras_pipeline_tuner.pipeline.tune.element_checks import element_arrays
 from keras_pipeline_tuner.pipeline.tune.graph_editing import cut_at

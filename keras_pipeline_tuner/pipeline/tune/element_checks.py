@@ -172,7 +172,7 @@ class ElementChecks:
                 element = next(iterator)
             except StopIteration:
                 break
-            found.append(_digest(element))
+            found.append(element_digest(element))
             check_time(stop_at, "a check of the elements")
             elapsed_s = time.perf_counter() - began
             if time_limit_s is not None and elapsed_s > time_limit_s:
@@ -220,7 +220,7 @@ class ElementChecks:
         found = []
         for _ in range(_REPEAT_CHECK_ELEMENTS):
             try:
-                found.append(_digest(next(iterator))[0])
+                found.append(element_digest(next(iterator))[0])
             except StopIteration:
                 break
         return found
@@ -331,7 +331,7 @@ def _row_digests(element) -> List[str]:
     arrays = element_arrays(element)
     rows = {array.shape[0] if array.ndim else None for array in arrays}
     if len(rows) != 1 or None in rows:
-        return [_digest(element)[0]]
+        return [element_digest(element)[0]]
     (count,) = rows
     found = []
     for index in range(count):
@@ -349,7 +349,7 @@ def _row_digests(element) -> List[str]:
     return found
 
 
-def _digest(element) -> Tuple[str, str]:
+def element_digest(element) -> Tuple[str, str]:
     """Digests of an element's values and of its structure (types and shapes)."""
     values = hashlib.blake2b(digest_size=16)
     structure = hashlib.blake2b(digest_size=16)
