@@ -22,6 +22,11 @@ from typing import Tuple
 from keras_pipeline_tuner.pipeline.tune import paired_timing
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
 
+# A pass this many times longer than the fastest of its rung so far (plus
+# `_SLOW_FLOOR_S`) is stopped: that setting cannot win, and would spend the budget.
+SLOW_MULTIPLE = 3.0
+_SLOW_FLOOR_S = 0.5
+
 
 @dataclasses.dataclass
 class SettingTiming:
@@ -36,6 +41,8 @@ class SettingTiming:
             (this process's threads and its worker processes), measured.
         rungs: how many rungs of the halving it was timed in (the best went
             furthest).
+        stopped: its pass was stopped at `SLOW_MULTIPLE` times the fastest of
+            its rung: `pass_s` is then where it was stopped, a lower bound.
     """
 
     setting: str
@@ -44,6 +51,7 @@ class SettingTiming:
     pass_s: float
     cpu_cores: Optional[float] = None
     rungs: int = 1
+    stopped: bool = False
 
     @property
     def batch_ms(self) -> float:
@@ -82,33 +90,20 @@ def successive_halving(
         measured of each.
 
     Raises:
-        OutOfTime: if `stop_at` came before the first rung ended.
+        OutOfTime: if `stop_at` came before the first setting's pass ended.
     """
     alive = list(factories)
     dropped: List[str] = []
     table: Dict[str, SettingTiming] = {}
     batches = max(1, min(first_batches, most_batches))
+    rung = 0
     while True:
         began = time.perf_counter()
-        times = paired_timing.side_by_side(
-            {name: _bound(factories[name], batches) for name in alive},
-            plan,
-            rounds=1,
-            stop_at=stop_at,
-            on_pass=on_pass,
+        _time_rung(
+            factories, alive, batches, plan, rung, table, (deadline, stop_at), cpu_cores, on_pass
         )
         rung_s = time.perf_counter() - began
-        for name in alive:
-            previous = table.get(name)
-            table[name] = SettingTiming(
-                setting=name,
-                batches=batches,
-                epochs=plan.epochs,
-                pass_s=times[name][0],
-                cpu_cores=cpu_cores(name) if cpu_cores else None,
-                rungs=previous.rungs + 1 if previous else 1,
-            )
-        alive.sort(key=lambda name: table[name].pass_s)
+        alive.sort(key=lambda name: (table[name].stopped, table[name].pass_s))
         if len(alive) == 1 or batches >= most_batches:
             break
         keep = math.ceil(len(alive) / 2)
@@ -120,7 +115,59 @@ def successive_halving(
         dropped = alive[keep:] + dropped
         alive = alive[:keep]
         batches = following
+        rung += 1
     return alive + dropped, table
+
+
+def _time_rung(factories, alive, batches, plan, rung, table, ends, cpu_cores, on_pass):
+    """Times each setting of a rung once, in an order rotated from the last rung's.
+
+    A pass that runs `SLOW_MULTIPLE` times longer than the fastest of the
+    rung so far is stopped there (a setting whose workers take seconds to
+    start, say): the setting is then last, `stopped`. Past the deadline
+    (`ends`: deadline and stop_at), the settings left are not timed: last
+    too, `stopped`, at an infinite time.
+    """
+    deadline, stop_at = ends
+    shift = rung % len(alive)
+    fastest = None
+    for name in alive[shift:] + alive[:shift]:
+        previous = table.get(name)
+        if fastest is not None and time.perf_counter() > deadline:
+            table[name] = SettingTiming(
+                name, batches, plan.epochs, math.inf, None,
+                previous.rungs if previous else 0, stopped=True,
+            )
+            continue
+        limit = stop_at
+        if fastest is not None:
+            own = time.perf_counter() + SLOW_MULTIPLE * fastest + _SLOW_FLOOR_S
+            limit = own if limit is None else min(limit, own)
+        began = time.perf_counter()
+        try:
+            times = paired_timing.side_by_side(
+                {name: _bound(factories[name], batches)},
+                plan,
+                rounds=1,
+                stop_at=limit,
+                on_pass=on_pass,
+            )
+        except paired_timing.OutOfTime:
+            if fastest is None or (stop_at is not None and time.perf_counter() > stop_at):
+                raise
+            pass_s, stopped = time.perf_counter() - began, True
+        else:
+            pass_s, stopped = times[name][0], False
+            fastest = pass_s if fastest is None else min(fastest, pass_s)
+        table[name] = SettingTiming(
+            setting=name,
+            batches=batches,
+            epochs=plan.epochs,
+            pass_s=pass_s,
+            cpu_cores=None if stopped or cpu_cores is None else cpu_cores(name),
+            rungs=previous.rungs + 1 if previous else 1,
+            stopped=stopped,
+        )
 
 
 def _bound(factory: Callable[[int], object], batches: int) -> Callable[[], object]:

@@ -1,4 +1,4 @@
-"""What `tune` measured and chose for a loader (PyDataset, torch DataLoader): plain data."""
+"""What `tune` measured and chose for a loader (PyDataset, torch or Grain DataLoader)."""
 
 import dataclasses
 import math
@@ -19,7 +19,7 @@ class LoaderTuneResult:
     simulated training step of `consumer_step_s` seconds.
 
     Attributes:
-        kind: "PyDataset" or "DataLoader".
+        kind: "PyDataset", "DataLoader" (torch) or "Grain DataLoader".
         original: the settings as written, e.g. `{"workers": 1, ...}`.
         chosen: the settings of `dataset`: `original` when no other setting
             was measured faster beyond the noise.

@@ -21,6 +21,7 @@ user asked, by calling `tune`.
 """
 
 import logging
+import math
 import statistics
 import sys
 import time
@@ -35,6 +36,7 @@ from keras_pipeline_tuner.pipeline.tune.budget import MIN_ROUNDS
 from keras_pipeline_tuner.pipeline.tune.budget import REFERENCE_SHARE
 from keras_pipeline_tuner.pipeline.tune.budget import Budget
 from keras_pipeline_tuner.pipeline.tune.element_checks import element_digest
+from keras_pipeline_tuner.pipeline.tune.grain_loader import GrainLoaderKind
 from keras_pipeline_tuner.pipeline.tune.halving import successive_halving
 from keras_pipeline_tuner.pipeline.tune.loader_results import LoaderTuneResult
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
@@ -180,6 +182,13 @@ class LoaderTuning:
             notes=self.notes,
         )
         self._note_counts(cpu_budget, waits, cores, counts)
+        untimed = [row.setting for row in result.table if row.pass_s == math.inf]
+        if untimed:
+            self.notes.append(
+                f"{len(untimed)} of {len(table)} settings were not timed within "
+                f"budget_s={self.budget.budget_s:g} (slower ones before them took it): "
+                f"{'; '.join(untimed)}."
+            )
         if best == original:
             self.notes.append(
                 f"The settings as written ({kind.describe(original)}) were the fastest measured."
@@ -344,7 +353,7 @@ def _median(values) -> float:
 
 
 def kind_of(loader):
-    """The `LoaderKind` of a PyDataset or torch DataLoader, or `None` for anything else.
+    """The `LoaderKind` of a PyDataset, torch or Grain DataLoader; `None` for anything else.
 
     Raises:
         ValueError: for a DataLoader over an `IterableDataset` (see `torch_loader`).
@@ -362,6 +371,9 @@ def kind_of(loader):
                 "could change its batches. Split it by worker, then time num_workers yourself."
             )
         return TorchLoaderKind()
+    grain = sys.modules.get("grain")
+    if grain is not None and isinstance(loader, grain.DataLoader):
+        return GrainLoaderKind()
     return None
 
 

@@ -13,7 +13,6 @@ import copy
 from typing import Any
 from typing import Dict
 from typing import List
-from typing import Optional
 
 NAME = "PyDataset"
 KNOBS = ("workers", "use_multiprocessing", "max_queue_size")
@@ -87,9 +86,6 @@ class PyDatasetKind:
             yield from adapter.get_numpy_iterator()
         finally:
             adapter.on_epoch_end()
-
-    def length(self, loader) -> Optional[int]:
-        return loader.num_batches
 
     def keeps_order(self, loader) -> bool:
         return True

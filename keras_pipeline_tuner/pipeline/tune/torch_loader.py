@@ -12,7 +12,6 @@ unless it splits itself, so more workers could change its batches.
 from typing import Any
 from typing import Dict
 from typing import List
-from typing import Optional
 
 NAME = "DataLoader"
 KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
@@ -95,12 +94,6 @@ class TorchLoaderKind:
 
     def epoch(self, loader):
         return iter(loader)
-
-    def length(self, loader) -> Optional[int]:
-        try:
-            return len(loader)
-        except TypeError:
-            return None
 
     def keeps_order(self, loader) -> bool:
         return getattr(loader, "in_order", True)
