@@ -13,13 +13,15 @@ from typing import Any
 from typing import Dict
 from typing import List
 
+from keras_pipeline_tuner.pipeline.tune.loader_kind import LoaderKind
+
 NAME = "Grain DataLoader"
 KNOBS = ("worker_count", "worker_buffer_size")
 # worker_buffer_size values tried with workers: Grain's default, and two more.
 BUFFER_SIZES = (1, 3)
 
 
-class GrainLoaderKind:
+class GrainLoaderKind(LoaderKind):
     """The `LoaderKind` of a `grain.DataLoader` (see `loader_tuning`).
 
     Example:
@@ -29,8 +31,7 @@ class GrainLoaderKind:
     """
 
     name = NAME
-    # The loader's warnings about a setting tried, left out while tuning.
-    tried_settings_warnings = ()
+    knobs = KNOBS
     least_workers = 0
 
     def settings(self, loader) -> Dict[str, Any]:
@@ -40,9 +41,6 @@ class GrainLoaderKind:
             "worker_count": options.num_workers,
             "worker_buffer_size": options.per_worker_buffer_size,
         }
-
-    def describe(self, setting: Dict[str, Any]) -> str:
-        return ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
 
     def with_workers(
         self, setting: Dict[str, Any], workers: int, buffer: int = BUFFER_SIZES[0]
@@ -75,12 +73,8 @@ class GrainLoaderKind:
             read_options=loader._read_options,
         )
 
-    def epoch(self, loader):
-        return iter(loader)
-
-    def keeps_order(self, loader) -> bool:
-        return True
-
     def code(self, loader, setting: Dict[str, Any]) -> str:
-        arguments = ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
-        return f"grain.DataLoader(data_source=..., sampler=..., operations=..., {arguments})"
+        return (
+            "grain.DataLoader(data_source=..., sampler=..., operations=..., "
+            f"{self.describe(setting)})"
+        )

@@ -14,11 +14,13 @@ from typing import Any
 from typing import Dict
 from typing import List
 
+from keras_pipeline_tuner.pipeline.tune.loader_kind import LoaderKind
+
 NAME = "PyDataset"
 KNOBS = ("workers", "use_multiprocessing", "max_queue_size")
 
 
-class PyDatasetKind:
+class PyDatasetKind(LoaderKind):
     """The `LoaderKind` of a `keras.utils.PyDataset` (see `loader_tuning`).
 
     Example:
@@ -37,15 +39,7 @@ class PyDatasetKind:
     """
 
     name = NAME
-    # The loader's warnings about a setting tried, left out while tuning.
-    tried_settings_warnings = ()
-    least_workers = 1
-
-    def settings(self, loader) -> Dict[str, Any]:
-        return {knob: getattr(loader, knob) for knob in KNOBS}
-
-    def describe(self, setting: Dict[str, Any]) -> str:
-        return ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
+    knobs = KNOBS
 
     def with_workers(self, setting: Dict[str, Any], workers: int) -> Dict[str, Any]:
         queue = max(setting["max_queue_size"], 2 * workers)
@@ -87,9 +81,6 @@ class PyDatasetKind:
         finally:
             adapter.on_epoch_end()
 
-    def keeps_order(self, loader) -> bool:
-        return True
-
     def code(self, loader, setting: Dict[str, Any]) -> str:
-        arguments = ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
-        return f"super().__init__({arguments}, **kwargs)  # in {type(loader).__name__}.__init__"
+        within = f"  # in {type(loader).__name__}.__init__"
+        return f"super().__init__({self.describe(setting)}, **kwargs){within}"

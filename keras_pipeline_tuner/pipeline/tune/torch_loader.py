@@ -13,13 +13,15 @@ from typing import Any
 from typing import Dict
 from typing import List
 
+from keras_pipeline_tuner.pipeline.tune.loader_kind import LoaderKind
+
 NAME = "DataLoader"
 KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 # prefetch_factor values tried with workers: torch's default, and twice it.
 PREFETCH_FACTORS = (2, 4)
 
 
-class TorchLoaderKind:
+class TorchLoaderKind(LoaderKind):
     """The `LoaderKind` of a torch `DataLoader` (see `loader_tuning`).
 
     Example:
@@ -31,15 +33,9 @@ class TorchLoaderKind:
     """
 
     name = NAME
-    # The loader's warnings about a setting tried, left out while tuning.
+    knobs = KNOBS
     tried_settings_warnings = ("This DataLoader will create",)
     least_workers = 0
-
-    def settings(self, loader) -> Dict[str, Any]:
-        return {knob: getattr(loader, knob) for knob in KNOBS}
-
-    def describe(self, setting: Dict[str, Any]) -> str:
-        return ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
 
     def with_workers(
         self, setting: Dict[str, Any], workers: int, prefetch: int = PREFETCH_FACTORS[0]
@@ -92,15 +88,11 @@ class TorchLoaderKind:
             **extra,
         )
 
-    def epoch(self, loader):
-        return iter(loader)
-
     def keeps_order(self, loader) -> bool:
         return getattr(loader, "in_order", True)
 
     def code(self, loader, setting: Dict[str, Any]) -> str:
-        arguments = ", ".join(f"{knob}={setting[knob]!r}" for knob in KNOBS)
-        return f"DataLoader(dataset, ..., {arguments})"
+        return f"DataLoader(dataset, ..., {self.describe(setting)})"
 
 
 def iterable_dataset(loader) -> bool:
