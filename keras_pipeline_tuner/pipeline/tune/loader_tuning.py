@@ -15,9 +15,9 @@ settings (workers, queues, prefetching), never by rewriting it. The steps:
 
 Each kind of loader is a `loader_kind.LoaderKind` (`py_dataset_loader`,
 `torch_loader`, `grain_loader`): what its settings are, how a copy with
-other settings is made, how an epoch of it is read, and the code of a setting. Tuning a loader runs the
-user's Python (its `__getitem__`, its worker processes): it runs because the
-user asked, by calling `tune`.
+other settings is made, how an epoch of it is read, and the code of a
+setting. Tuning a loader runs the user's Python (its `__getitem__`, its
+worker processes): it runs because the user asked, by calling `tune`.
 """
 
 import logging
