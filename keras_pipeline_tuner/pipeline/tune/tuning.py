@@ -65,8 +65,15 @@ def tune(
     and kept only if it is at least `min_gain` faster. No rewrite changes what the model sees:
     the tuned dataset's elements are checked against the original's.
 
+    A `keras.utils.PyDataset`, a torch `DataLoader` or a `grain.DataLoader` is tuned through
+    its own settings instead (`loader_tuning`): workers, queues and prefetching, searched by
+    successive halving on its own batches within the CPU budget (beyond it only for workers
+    that wait), the best timed against the settings as written; only `consumer_step_s`,
+    `budget_s`, `epochs`, `min_gain` and `verbose` apply to it.
+
     Args:
-        dataset: the `tf.data.Dataset` to tune, as passed to `model.fit`.
+        dataset: the `tf.data.Dataset` to tune, as passed to `model.fit`; or a
+            `keras.utils.PyDataset`, a torch `DataLoader` or a `grain.DataLoader`.
         consumer_step_s: seconds of a simulated training step after each batch (e.g. the step
             time the `PipelineTuner` measured); `None` times the dataset alone.
         budget_s: about how long tuning may take, in seconds.
@@ -96,10 +103,11 @@ def tune(
 
     Returns:
         `(tuned_dataset, result)`: the tuned `tf.data.Dataset` (the original object itself when
-        nothing was kept) and a `TuneResult`.
+        nothing was kept) and a `TuneResult`; for a loader, the loader with the chosen settings
+        (`result.dataset`: the original when none was faster) and a `LoaderTuneResult`.
 
     Raises:
-        TypeError: if `dataset` is not a `tf.data.Dataset`.
+        TypeError: if `dataset` is not a `tf.data.Dataset` or a loader named above.
         ValueError: for arguments out of range, an infinite dataset without `num_batches`, or an
             epoch too long for the budget (batches so slow that the first few take a third of
             it), said as soon as the first read shows it.
@@ -188,6 +196,12 @@ def _checked_session(
 ) -> TuningSession:
     """`tune`'s arguments checked (raising as `tune` says), as a `TuningSession`."""
     tf = tensorflow()
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            "tune() takes a tf.data.Dataset, a keras.utils.PyDataset, a torch DataLoader or a "
+            f"grain.DataLoader, got {type(dataset).__name__}. Wrap in-memory data with "
+            "tf.data.Dataset.from_tensor_slices(...) first."
+        )
     checked_dataset(dataset, "tune")
     plan = PassPlan(
         epochs=positive_int(epochs, "epochs"),
