@@ -194,7 +194,7 @@ class LoaderTuning:
                 f"The settings as written ({kind.describe(original)}) were the fastest measured."
             )
         else:
-            self._final(result, best, final_batches, reference, repeatable)
+            self._final(result, best, reference, repeatable)
         if result.rounds == 0:
             row = table[kind.describe(original)]
             result.original_s = result.tuned_s = row.pass_s
@@ -276,17 +276,24 @@ class LoaderTuning:
 
         return make
 
-    def _final(self, result, best, final_batches, reference, repeatable) -> None:
-        """Times `best` against the original, alternated; keeps it if faster and equal."""
+    def _final(self, result, best, reference, repeatable) -> None:
+        """Times `best` against the original, alternated; keeps it if faster and equal.
+
+        Its passes read as many batches of an epoch as the budget left allows
+        (at the rates the halving measured), up to the reference's: worker
+        start-ups weigh less in longer passes, as in training's epochs.
+        """
         kind = self.kind
         self.progress.timing(f"{kind.describe(best)} against the settings as written")
-        # A round: a pass of each, as their halving rows measured them a batch.
         rows = {row.setting: row for row in result.table}
-        round_s = sum(
-            rows[kind.describe(setting)].batch_ms / 1e3 * self.epochs * final_batches
-            for setting in (result.original, best)
+        both_batch_s = sum(
+            rows[kind.describe(setting)].batch_ms / 1e3 for setting in (result.original, best)
         )
         left_s = self.budget.deadline - time.perf_counter()
+        fitting = int(left_s / (MIN_ROUNDS * self.epochs * max(both_batch_s, 1e-6)))
+        final_batches = max(rows[kind.describe(best)].batches, min(len(reference), fitting))
+        result.batches_per_epoch = final_batches
+        round_s = both_batch_s * self.epochs * final_batches
         rounds = int(max(MIN_ROUNDS, min(_MAX_FINAL_ROUNDS, left_s // max(round_s, 1e-3))))
         factories = {
             "original": lambda: Epochs(kind, kind.build(self.loader, result.original),
