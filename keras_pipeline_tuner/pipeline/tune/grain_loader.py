@@ -32,6 +32,7 @@ class GrainLoaderKind(LoaderKind):
 
     name = NAME
     knobs = KNOBS
+    worker_knob = "worker_count"
     least_workers = 0
 
     def settings(self, loader) -> Dict[str, Any]:

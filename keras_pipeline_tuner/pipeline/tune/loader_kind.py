@@ -35,6 +35,7 @@ class LoaderKind:
 
     name = ""
     knobs: Tuple[str, ...] = ()
+    worker_knob = "workers"
     least_workers = 1
     tried_settings_warnings: Tuple[str, ...] = ()
 
@@ -60,6 +61,10 @@ class LoaderKind:
     def epoch(self, loader):
         """The batches of one epoch (an iterator)."""
         return iter(loader)
+
+    def persists(self, setting: Dict[str, Any]) -> bool:
+        """Whether its workers outlive an epoch with `setting` (they start once a fit)."""
+        return False
 
     def keeps_order(self, loader) -> bool:
         """Whether its batches come in the same order whatever its settings."""

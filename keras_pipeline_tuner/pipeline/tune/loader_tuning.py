@@ -153,6 +153,13 @@ class LoaderTuning:
         waits = waiting(cores, probe_workers(cpu_budget.cpus), cpu_budget.cpus)
         counts = worker_counts(cpu_budget.cpus, waits, least=kind.least_workers)
         candidates = kind.candidates(original, counts, cpu_budget.cpus, waits)
+        # The first rung times them in this order after the original, and a
+        # budget spent early leaves the last untimed: the likeliest first
+        # (the most workers for waiting ones, else the budget's count).
+        candidates.sort(
+            key=lambda s: -s[kind.worker_knob] if waits
+            else abs(s[kind.worker_knob] - cpu_budget.cpus)
+        )
         settings = {kind.describe(s): s for s in [original] + candidates}
         final_batches = self._final_batches(batch_s, batches)
         reserve_s = 2 * MIN_ROUNDS * self.epochs * final_batches * batch_s
@@ -186,7 +193,7 @@ class LoaderTuning:
         if untimed:
             self.notes.append(
                 f"{len(untimed)} of {len(table)} settings were not timed within "
-                f"budget_s={self.budget.budget_s:g} (slower ones before them took it): "
+                f"budget_s={self.budget.budget_s:g} (the likeliest were timed first): "
                 f"{'; '.join(untimed)}."
             )
         if best == original:
@@ -290,16 +297,22 @@ class LoaderTuning:
             rows[kind.describe(setting)].batch_ms / 1e3 for setting in (result.original, best)
         )
         left_s = self.budget.deadline - time.perf_counter()
-        fitting = int(left_s / (MIN_ROUNDS * self.epochs * max(both_batch_s, 1e-6)))
+        warm = any(kind.persists(setting) for setting in (result.original, best))
+        fitting = int(left_s / (MIN_ROUNDS * (self.epochs + warm) * max(both_batch_s, 1e-6)))
         final_batches = max(rows[kind.describe(best)].batches, min(len(reference), fitting))
         result.batches_per_epoch = final_batches
-        round_s = both_batch_s * self.epochs * final_batches
+        # Workers that persist are warmed up by an untimed epoch before each pass.
+        round_s = both_batch_s * (self.epochs + warm) * final_batches
         rounds = int(max(MIN_ROUNDS, min(_MAX_FINAL_ROUNDS, left_s // max(round_s, 1e-3))))
         factories = {
-            "original": lambda: Epochs(kind, kind.build(self.loader, result.original),
-                                       final_batches),
-            "tuned": lambda: Epochs(kind, kind.build(self.loader, best), final_batches),
+            "original": self._warm(result.original, final_batches),
+            "tuned": self._warm(best, final_batches),
         }
+        if kind.persists(best) or kind.persists(result.original):
+            self.notes.append(
+                "Workers kept across epochs start once a fit: each pass of the final "
+                "comparison began after one untimed epoch, as training's epochs after its first."
+            )
         try:
             times = paired_timing.side_by_side(
                 factories,
@@ -339,6 +352,21 @@ class LoaderTuning:
         result.chosen = best
         result.dataset = tuned
         result.code = kind.code(self.loader, best)
+
+    def _warm(self, setting, batches: int):
+        """A factory of the loader with `setting`, past one untimed epoch if its workers persist.
+
+        `paired_timing.side_by_side` calls it before a pass's clock starts.
+        """
+
+        def make() -> Epochs:
+            epochs = Epochs(self.kind, self.kind.build(self.loader, setting), batches)
+            if self.kind.persists(setting):
+                for _ in epochs:
+                    paired_timing.check_time(self.stop_at, "a warm-up epoch")
+            return epochs
+
+        return make
 
     def _check(self, tuned, reference, repeatable):
         """Why `tuned`'s batches differ from the reference (or `None`), and how compared."""

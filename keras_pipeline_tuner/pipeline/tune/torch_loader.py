@@ -34,6 +34,7 @@ class TorchLoaderKind(LoaderKind):
 
     name = NAME
     knobs = KNOBS
+    worker_knob = "num_workers"
     tried_settings_warnings = ("This DataLoader will create",)
     least_workers = 0
 
@@ -87,6 +88,9 @@ class TorchLoaderKind(LoaderKind):
             pin_memory_device=loader.pin_memory_device,
             **extra,
         )
+
+    def persists(self, setting: Dict[str, Any]) -> bool:
+        return bool(setting["num_workers"] and setting["persistent_workers"])
 
     def keeps_order(self, loader) -> bool:
         return getattr(loader, "in_order", True)
