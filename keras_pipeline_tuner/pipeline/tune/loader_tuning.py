@@ -54,9 +54,9 @@ from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
-# Share of the budget the final comparison's passes may take: the halving
-# before it gets the rest after the reference reads.
-FINAL_SHARE = 0.4
+# Share of the budget left after the reference reads and the probe that the
+# final comparison keeps: the halving gets the rest.
+FINAL_SHARE = 0.45
 _MAX_FINAL_ROUNDS = 9
 
 
@@ -138,14 +138,39 @@ class LoaderTuning:
         kind, loader = self.kind, self.loader
         cpu_budget = read_cpu_budget()
         original = kind.settings(loader)
-        reference, repeatable, epoch_s = self._read_reference()
+        reference, repeatable = self._read_reference()
         batches = len(reference)
         if batches < MIN_BATCHES:
             raise ValueError(
                 f"The {kind.name} gave {batches} batches in an epoch, too few to time "
                 f"(at least {MIN_BATCHES})."
             )
-        batch_s = epoch_s / batches + (self.consumer_step_s or 0.0)
+        try:
+            return self._search(cpu_budget, original, reference, repeatable)
+        except paired_timing.OutOfTime as error:
+            used_s = time.perf_counter() - self.budget.started
+            self.notes.append(
+                f"The settings as written are kept: the budget ran out before any other "
+                f"setting was timed ({error}; {used_s:.1f} s of budget_s="
+                f"{self.budget.budget_s:g} used): pass a larger budget_s."
+            )
+            return LoaderTuneResult(
+                kind=kind.name,
+                original=original,
+                chosen=original,
+                dataset=loader,
+                cpu_budget=cpu_budget.describe(),
+                epochs=self.epochs,
+                batches_per_epoch=len(reference),
+                consumer_step_s=self.consumer_step_s,
+                elapsed_s=used_s,
+                notes=self.notes,
+            )
+
+    def _search(self, cpu_budget, original, reference, repeatable) -> LoaderTuneResult:
+        """The probe, the halving and the final comparison (`OutOfTime` past the budget)."""
+        kind, loader = self.kind, self.loader
+        batches = len(reference)
         probe = kind.with_workers(original, probe_workers(cpu_budget.cpus))
         self.progress.start(40)
         self.progress.timing(kind.describe(probe))
@@ -161,15 +186,18 @@ class LoaderTuning:
             else abs(s[kind.worker_knob] - cpu_budget.cpus)
         )
         settings = {kind.describe(s): s for s in [original] + candidates}
-        final_batches = self._final_batches(batch_s, batches)
-        reserve_s = 2 * MIN_ROUNDS * self.epochs * final_batches * batch_s
+        # The search may take all but `FINAL_SHARE` of what is left; the final
+        # comparison sizes its passes to the rest (`_final`).
+        search_s = (1 - FINAL_SHARE) * (self.budget.deadline - time.perf_counter())
         self.progress.timing(f"{len(settings)} settings")
         ranking, table = successive_halving(
             {name: self._factory(s, name) for name, s in settings.items()},
-            PassPlan(epochs=self.epochs, consumer_step_s=self.consumer_step_s),
+            # One epoch a pass: which settings read faster shows in one; the
+            # final comparison times `epochs`, persistent workers warm.
+            PassPlan(epochs=1, consumer_step_s=self.consumer_step_s),
             first_batches=max(MIN_BATCHES, 2 * max(counts)),
-            most_batches=final_batches,
-            deadline=self.budget.deadline - reserve_s,
+            most_batches=batches,
+            deadline=time.perf_counter() + search_s,
             stop_at=self.stop_at,
             cpu_cores=lambda name: self._epochs[name].cpu_cores,
             on_pass=self.progress.advance,
@@ -184,7 +212,7 @@ class LoaderTuning:
             cpu_budget=cpu_budget.describe(),
             waiting=waits,
             epochs=self.epochs,
-            batches_per_epoch=final_batches,
+            batches_per_epoch=batches,
             consumer_step_s=self.consumer_step_s,
             notes=self.notes,
         )
@@ -231,7 +259,6 @@ class LoaderTuning:
                     f"budget): its first {len(reference)} batches were read and compared."
                 )
                 break
-        epoch_s = time.perf_counter() - began
         again = []
         for batch in Epochs(self.kind, self.loader, len(reference)):
             again.append(element_digest(batch))
@@ -242,7 +269,7 @@ class LoaderTuning:
                 "shuffles), so the chosen settings' batches were checked for number, types "
                 "and shapes only."
             )
-        return reference, repeatable, epoch_s
+        return reference, repeatable
 
     def _probe(self, setting) -> Optional[float]:
         """CPU cores a short pass with `setting` used (whether its workers wait)."""
@@ -265,13 +292,6 @@ class LoaderTuning:
                 f"With {probe_workers(cpu_budget.cpus)} workers the loader used {figure}: its "
                 f"workers compute, so at most {max(counts)} were tried ({cpu_budget.describe()})."
             )
-
-    def _final_batches(self, batch_s: float, batches: int) -> int:
-        """Batches an epoch of the final comparison's passes: what fits `FINAL_SHARE`."""
-        fitting = int(
-            FINAL_SHARE * self.budget.budget_s / (2 * MIN_ROUNDS * self.epochs * batch_s)
-        )
-        return max(MIN_BATCHES, min(batches, fitting))
 
     def _factory(self, setting, name: str):
         """For a number of batches, a fresh loader with `setting`, read in cut epochs."""
