@@ -35,6 +35,8 @@ _MEASUREMENT_NAMES = {
     "tune": "keras_pipeline_tuner.pipeline.tune.tuning",
     "TuneResult": "keras_pipeline_tuner.pipeline.tune.results",
     "RewriteOutcome": "keras_pipeline_tuner.pipeline.tune.results",
+    "LoaderTuneResult": "keras_pipeline_tuner.pipeline.tune.loader_results",
+    "SettingTiming": "keras_pipeline_tuner.pipeline.tune.halving",
     "what_if": "keras_pipeline_tuner.after_training.what_if_replay",
     "WhatIfResult": "keras_pipeline_tuner.after_training.what_if_replay",
     "write_tune_result": "keras_pipeline_tuner.outputs.dashboard.summaries",

@@ -52,6 +52,16 @@ def stage_gain(
     `change` is PARALLEL for AUTOTUNE parallel calls of a sequential map, CACHE
     for a cache after the stage, `None` for any other change (no prediction).
     """
+    gain = _stage_gain(run, stage, change, node)
+    if gain is not None and change == SPREAD and parse_stage(stage)[0] in LOADER_KINDS:
+        if MEASURE_WITH_TUNE not in gain.statement:
+            # A DataLoader's dataset is not timed call by call (its load is
+            # the wait): a bound only, and `kpt.tune` for the measured gain.
+            gain = dataclasses.replace(gain, statement=gain.statement + MEASURE_WITH_TUNE)
+    return gain
+
+
+def _stage_gain(run, stage: str, change: Optional[str], node: Optional[str]):
     cost = run.python_cost(stage)
     if cost is not None and change is not None and run.bound is not None:
         # Its own calls, timed in training, say what it costs a step: a
@@ -75,6 +85,14 @@ def stage_gain(
             + f"): a step of {after:.2f} ms, {predicted:.2f}x faster."
         ),
     )
+
+
+# Loaders whose worker settings `kpt.tune` measures on their own batches.
+LOADER_KINDS = (kinds.PY_DATASET, kinds.DATA_LOADER)
+MEASURE_WITH_TUNE = (
+    " kpt.tune(loader) measures it: each worker setting timed on the loader's own batches, "
+    "within the CPU budget, the best proven against yours."
+)
 
 
 def _python_gain(run, cost, change: str, within=None) -> Optional[ExpectedGain]:
@@ -104,7 +122,8 @@ def _python_gain(run, cost, change: str, within=None) -> Optional[ExpectedGain]:
         gain = within(run, gain)
     threads = {PARALLEL: run.cpu_count, SPREAD: run.cpu_count, CACHE: python_stages.CACHED}
     workers = threads.get(change)
-    if change == SPREAD and parse_stage(cost.stage)[0] == kinds.PY_DATASET:
+    loader = parse_stage(cost.stage)[0] in LOADER_KINDS
+    if change == SPREAD and loader:
         workers = ADVISED_WORKERS
     if workers is None:
         return gain
@@ -113,7 +132,7 @@ def _python_gain(run, cost, change: str, within=None) -> Optional[ExpectedGain]:
     if after is None:
         return gain
     predicted = min(step_ms / after, gain.speedup or math.inf)
-    over = "PyDataset workers" if workers == ADVISED_WORKERS and change == SPREAD else "threads"
+    over = f"{parse_stage(cost.stage)[0]} workers" if change == SPREAD and loader else "threads"
     spread = (
         "served by a cache read back" if workers == python_stages.CACHED
         else f"spread over {workers} {over}, the {cost.serial_share * 100:.0f} % of its time "
@@ -126,6 +145,7 @@ def _python_gain(run, cost, change: str, within=None) -> Optional[ExpectedGain]:
             f"{gain.statement} Predicted from those calls timed during training, {spread}: "
             f"a step of {after:.2f} ms, {predicted:.2f}x faster (a prediction: your Python "
             "is not run again to measure it)."
+            + (MEASURE_WITH_TUNE if change == SPREAD and loader else "")
         ),
     )
 

@@ -14,6 +14,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_INTERLEAVE
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
+from keras_pipeline_tuner.pipeline.lint.catalogue import TORCH_DATALOADER_WORKERS
 
 if TYPE_CHECKING:
     pass
@@ -24,7 +25,7 @@ PARALLEL = "parallel calls"
 
 
 # Work spread over parallel readers or workers (an interleave, a generator's
-# work moved into a parallel map, a PyDataset's workers): predicted over the
+# work moved into a parallel map, a PyDataset's or a DataLoader's workers): predicted over the
 # cores like a map's parallel calls, but its ceiling is not capped by them
 # (waiting reads overlap beyond the cores).
 SPREAD = "spread over workers"
@@ -39,7 +40,7 @@ CACHE = "cache"
 _AUTOTUNED = frozenset({SEQUENTIAL_MAP})
 
 
-_SPREAD = frozenset({SEQUENTIAL_INTERLEAVE, PY_DATASET_WORKERS})
+_SPREAD = frozenset({SEQUENTIAL_INTERLEAVE, PY_DATASET_WORKERS, TORCH_DATALOADER_WORKERS})
 
 
 PARALLEL_KINDS = frozenset(

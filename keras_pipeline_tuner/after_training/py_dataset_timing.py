@@ -38,6 +38,7 @@ from keras_pipeline_tuner.pipeline.tune import results as tune_results
 from keras_pipeline_tuner.pipeline.tune.budget import MIN_ROUNDS
 from keras_pipeline_tuner.pipeline.tune.pass_size import MIN_BATCHES
 from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
+from keras_pipeline_tuner.pipeline.tune.py_dataset_loader import PyDatasetKind
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
 # Share of the budget the passes are sized to fill: starting the adapters
@@ -171,14 +172,9 @@ def _side_by_side(py_dataset, num_batches: int, deadline: float) -> Dict[str, Li
 
 def _timed_pass(py_dataset, num_batches: int) -> float:
     """Seconds to read `num_batches` batches through Keras' adapter, after the warm-up."""
-    # Keras' own reading path, which fit takes (not public API): its enqueuer
-    # when workers > 1, else one call at a time; it reads `workers` when made.
-    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
-
-    adapter = PyDatasetAdapter(py_dataset, shuffle=False)
-    adapter.on_epoch_begin()
+    # Keras' own reading path, which fit takes: it reads `workers` when made.
+    batches = PyDatasetKind().epoch(py_dataset)
     try:
-        batches = adapter.get_numpy_iterator()
         for _ in range(WARMUP_BATCHES):
             next(batches)
         began = time.perf_counter()
@@ -186,4 +182,4 @@ def _timed_pass(py_dataset, num_batches: int) -> float:
             next(batches)
         return time.perf_counter() - began
     finally:
-        adapter.on_epoch_end()
+        batches.close()

@@ -616,6 +616,7 @@ def test_a_py_dataset_s_advised_workers_are_predicted_from_its_calls_in_training
     gain = _top_gain_predicted(batches, "py-dataset-workers")
     # Four threads load four 40 ms sleeps at once: clearly faster.
     assert "spread over 4 PyDataset workers" in gain.statement, gain.statement
+    assert "kpt.tune(loader) measures it" in gain.statement, gain.statement
     assert gain.predicted_speedup > 1.5, gain.statement
     # Nothing loaded it after training: training's PyDataset loaded what a fit
     # without the tuner loads, and is read by one worker still.

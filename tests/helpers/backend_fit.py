@@ -408,6 +408,10 @@ def _loader_advice(make, before: int, after: int) -> dict:
             "recommendations": [r.id for r in report.recommendations],
             "findings": [f.id for f in report.findings],
             "reasons": [f.reason for f in report.findings],
+            "gain": [
+                (r.expected_gain.basis, r.expected_gain.statement) if r.expected_gain else None
+                for r in report.recommendations
+            ],
         }
     return results
 

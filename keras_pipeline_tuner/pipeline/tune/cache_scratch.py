@@ -22,8 +22,8 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
-from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.pipeline.tune.budget import EPOCH_BUDGET_SHARE
+from keras_pipeline_tuner.pipeline.tune.element_checks import element_arrays
 from keras_pipeline_tuner.pipeline.tune.graph_editing import cut_at
 from keras_pipeline_tuner.pipeline.tune.rebuild import rebuild
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
@@ -190,14 +190,13 @@ def _scan_bytes(
 
     The scan stops past `limit` bytes, `seconds`, or `most` elements.
     """
-    tf = tensorflow()
     began = time.perf_counter()
     total = 0
     read = 0
     for element in dataset:
         read += 1
-        for tensor in tf.nest.flatten(element, expand_composites=True):
-            array = tensor.numpy()
+        # Text and CSV pipelines give strings: scalar ones come as `bytes`.
+        for array in element_arrays(element):
             if array.dtype == object:
                 total += sum(len(item) for item in array.ravel())
             else:

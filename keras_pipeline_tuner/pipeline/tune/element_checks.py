@@ -64,6 +64,8 @@ class ElementChecks:
         repeatable: whether the original gives the same elements every pass.
         ordered: False once a kept rewrite may reorder elements: later checks
             then compare the elements as a multiset.
+        tolerance: "equal within rtol=..." once a kept rewrite's values were
+            equal only within that tolerance (a vectorised map), else `None`.
         cut: the batches of the reference when its epoch was cut at the
             time limit (the epoch is longer), else `None`.
 
@@ -89,6 +91,9 @@ class ElementChecks:
         self.repeatable = True
         self.ordered = True
         self._reference_rows: Optional[List[str]] = None
+        # How a kept rewrite's values were compared when not exactly ("equal
+        # within rtol=..."): the tuned pipeline is then equal only within it.
+        self.tolerance: Optional[str] = None
         self.cut: Optional[int] = None
         # Whether the last read stopped at its time limit before the epoch's end.
         self._cut_short = False
@@ -98,7 +103,9 @@ class ElementChecks:
         """How the elements were checked, as `TuneResult.elements_check` says it."""
         if not self.ordered:
             return "same elements, any order"
-        return "equal" if self.repeatable else "structure"
+        if not self.repeatable:
+            return "structure"
+        return self.tolerance or "equal"
 
     def read_reference(self, dataset, time_limit_s: Optional[float]) -> float:
         """Reads the original's first epoch twice: the reference, and whether it repeats.
@@ -165,7 +172,7 @@ class ElementChecks:
                 element = next(iterator)
             except StopIteration:
                 break
-            found.append(_digest(element))
+            found.append(element_digest(element))
             check_time(stop_at, "a check of the elements")
             elapsed_s = time.perf_counter() - began
             if time_limit_s is not None and elapsed_s > time_limit_s:
@@ -213,7 +220,7 @@ class ElementChecks:
         found = []
         for _ in range(_REPEAT_CHECK_ELEMENTS):
             try:
-                found.append(_digest(next(iterator))[0])
+                found.append(element_digest(next(iterator))[0])
             except StopIteration:
                 break
         return found
@@ -288,7 +295,7 @@ class ElementChecks:
                 tf.nest.flatten(one, expand_composites=True),
                 tf.nest.flatten(other, expand_composites=True),
             ):
-                a, b = a.numpy(), b.numpy()
+                a, b = as_array(a), as_array(b)
                 if a.dtype != b.dtype or a.shape != b.shape:
                     return f"batch {position} has other types or shapes"
                 if a.dtype.kind in "fc":
@@ -321,11 +328,10 @@ def _take(dataset, count: Optional[int], stop_at: Optional[float]):
 
 def _row_digests(element) -> List[str]:
     """Digests of an element's rows (a batch's examples), or of the element itself."""
-    tf = tensorflow()
-    arrays = [t.numpy() for t in tf.nest.flatten(element, expand_composites=True)]
+    arrays = element_arrays(element)
     rows = {array.shape[0] if array.ndim else None for array in arrays}
     if len(rows) != 1 or None in rows:
-        return [_digest(element)[0]]
+        return [element_digest(element)[0]]
     (count,) = rows
     found = []
     for index in range(count):
@@ -343,14 +349,12 @@ def _row_digests(element) -> List[str]:
     return found
 
 
-def _digest(element) -> Tuple[str, str]:
+def element_digest(element) -> Tuple[str, str]:
     """Digests of an element's values and of its structure (types and shapes)."""
-    tf = tensorflow()
     values = hashlib.blake2b(digest_size=16)
     structure = hashlib.blake2b(digest_size=16)
-    for tensor in tf.nest.flatten(element, expand_composites=True):
-        array = tensor.numpy() if hasattr(tensor, "numpy") else tensor
-        structure.update(f"{tensor.dtype.name}{tuple(array.shape)};".encode())
+    for array in element_arrays(element):
+        structure.update(f"{_dtype_name(array)}{tuple(array.shape)};".encode())
         if array.dtype == object:
             for item in array.ravel():
                 values.update(len(item).to_bytes(8, "little"))
@@ -358,3 +362,34 @@ def _digest(element) -> Tuple[str, str]:
         else:
             values.update(array.tobytes())
     return values.hexdigest(), structure.hexdigest()
+
+
+def element_arrays(element) -> List[np.ndarray]:
+    """An element's tensors as NumPy arrays, in `tf.nest` order (`as_array` each)."""
+    tf = tensorflow()
+    return [as_array(tensor) for tensor in tf.nest.flatten(element, expand_composites=True)]
+
+
+def as_array(tensor) -> np.ndarray:
+    """A tensor's value as a NumPy array; strings as an array of `bytes` objects.
+
+    A scalar string tensor's `numpy()` is `bytes`, not an array (text and CSV
+    pipelines give them): it becomes a 0-d object array, as a batch of
+    strings is an object array.
+
+    Example:
+
+    >>> as_array(tf.constant(b"a line")).dtype, as_array(tf.constant([1.5])).shape
+    (dtype('O'), (1,))
+    """
+    value = tensor.numpy() if hasattr(tensor, "numpy") else tensor
+    if isinstance(value, (bytes, str)):
+        array = np.empty((), dtype=object)
+        array[()] = value.encode() if isinstance(value, str) else value
+        return array
+    return np.asarray(value)
+
+
+def _dtype_name(array: np.ndarray) -> str:
+    """The element's type, named as TensorFlow names it for strings (object arrays)."""
+    return "string" if array.dtype == object else array.dtype.name

@@ -53,8 +53,10 @@ def sized_plan(
         left_s: seconds of the budget left.
         comparisons: side-by-side comparisons still to run (candidates and
             the final one).
-        warmup_batches: batches that fill the pipeline's buffers (at least
-            `WARMUP_BATCHES`), or `None` when they are not known (whole epochs).
+        warmup_batches: batches that fill the pipeline's shuffle buffers (the
+            warm-up is `WARMUP_BATCHES` at least), or `None` when they are not
+            known: whole epochs then, or, for an epoch read in part, passes
+            timed from their start.
         whole_epoch: `False` when `batches` and `epoch_s` are only the first
             part of an epoch (its first read was cut at its time limit): the
             passes are then always cut, to that part at most.
@@ -75,17 +77,26 @@ def sized_plan(
     True
     >>> sized_plan(PassPlan(epochs=2), 0.1, 30, 50.0, 3, whole_epoch=False)[0].num_batches
     28
+    >>> plan, note = sized_plan(PassPlan(epochs=2), 6.0, 35, 50.0, 3, 64, whole_epoch=False)
+    >>> plan.warmup_batches, plan.num_batches, note.split(", so ")[1][:36]
+    (0, 8, 'each timed pass read its first 8 bat')
     """
     passes = 2 * MIN_ROUNDS * max(comparisons, 1)
     if plan.num_batches is not None:
         return plan, None
     fits = plan.epochs * epoch_s * passes <= PASSES_SHARE * left_s
-    if (whole_epoch and fits) or warmup_batches is None:
+    if whole_epoch and (fits or warmup_batches is None):
         return plan, None
-    warmup = max(WARMUP_BATCHES, warmup_batches)
+    warmup = max(WARMUP_BATCHES, warmup_batches or 0)
     # A whole epoch is kept when cutting it would leave few batches to time.
-    if batches < (LEAST_CUT_BATCHES if whole_epoch else warmup + MIN_BATCHES):
+    if whole_epoch and (batches < LEAST_CUT_BATCHES or batches < warmup + MIN_BATCHES):
         return plan, None
+    # An epoch read in part whose shuffle buffers hold more batches than were
+    # read (or an unknown number): no warm-up can fill them and leave batches
+    # to time, so each pass is timed from its iterator's start, fill included.
+    fill_timed = warmup_batches is None or batches < warmup + MIN_BATCHES
+    if fill_timed:
+        warmup = 0
     batch_s = epoch_s / batches
     fitting = int(PASSES_SHARE * left_s / passes / batch_s) - warmup
     num_batches = max(MIN_BATCHES, min(fitting, batches - warmup))
@@ -105,7 +116,16 @@ def sized_plan(
             f"The first {batches} batches of an epoch took {epoch_s:.2f} s, the most its "
             f"first read may take ({REFERENCE_SHARE:.0%} of the budget)"
         )
-    note = (
-        f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed ones."
-    )
+    if fill_timed:
+        buffer = "" if warmup_batches is None else f" (some {warmup_batches} batches)"
+        note = (
+            f"{why}, so each timed pass read its first {num_batches} batches, timed from "
+            f"its start: its shuffle buffer{buffer} fills in the first, which no untimed "
+            "warm-up within the budget could fill."
+        )
+    else:
+        note = (
+            f"{why}, so each timed pass read {num_batches} batches after {warmup} untimed "
+            "ones."
+        )
     return sized, note

@@ -7,8 +7,10 @@ statuses an outcome can have, and the rule by which a rewrite is kept.
 
 import dataclasses
 import math
+import statistics
 from typing import List
 from typing import Optional
+from typing import Sequence
 
 # What became of a rewrite (`RewriteOutcome.status`).
 KEPT = "kept"
@@ -35,6 +37,62 @@ def fast_enough_to_keep(ratio: float, min_gain: float = DEFAULT_MIN_GAIN) -> boo
     (True, False)
     """
     return ratio <= 1.0 - min_gain
+
+
+# Share of a final comparison's rounds in which the tuned pipeline must be the
+# faster one: a median alone can come from one lucky round in three.
+FASTER_ROUNDS_SHARE = 0.75
+
+
+def not_delivered(
+    original_times: Sequence[float], tuned_times: Sequence[float], min_gain: float
+) -> Optional[str]:
+    """Why a tuned pipeline is not faster than the original beyond the noise, or `None`.
+
+    The tuned pipeline and the original are timed in alternating rounds; the
+    tuned one is delivered only when the median of the per-round ratios
+    (tuned over original) is at least `min_gain` under 1 and it was the faster
+    one in `FASTER_ROUNDS_SHARE` of the rounds or more.
+
+    Args:
+        original_times: the original's pass times, one per round.
+        tuned_times: the tuned pipeline's, from the same rounds.
+        min_gain: the least speed-up to deliver (0.03 = 3 % less time).
+
+    Returns:
+        The reason, with its figures, or `None` when the tuned pipeline is faster.
+
+    Example:
+
+    >>> not_delivered([1.0, 1.0, 1.0], [0.8, 0.82, 0.79], 0.03) is None
+    True
+    >>> not_delivered([1.0, 1.0, 1.0], [1.5, 1.52, 1.49], 0.03)
+    "the tuned pipeline took 1.50x the original's time (median of 3 alternated rounds)"
+    >>> not_delivered([1.0, 1.0, 1.0], [0.8, 0.9, 1.05], 0.03)
+    'the tuned pipeline was faster in only 2 of 3 alternated rounds (median ratio 0.90)'
+    """
+    ratios = [tuned / original for tuned, original in zip(tuned_times, original_times) if original]
+    if not ratios:
+        return "the final comparison has no timed round"
+    median = statistics.median(ratios)
+    rounds = len(ratios)
+    if median >= 1.0:
+        return (
+            f"the tuned pipeline took {median:.2f}x the original's time (median of {rounds} "
+            "alternated rounds)"
+        )
+    if not fast_enough_to_keep(median, min_gain):
+        return (
+            f"the tuned pipeline took {median:.2f}x the original's time (median of {rounds} "
+            f"alternated rounds): not at least {min_gain:.0%} faster"
+        )
+    faster = sum(ratio < 1.0 for ratio in ratios)
+    if faster < math.ceil(FASTER_ROUNDS_SHARE * rounds):
+        return (
+            f"the tuned pipeline was faster in only {faster} of {rounds} alternated rounds "
+            f"(median ratio {median:.2f})"
+        )
+    return None
 
 
 @dataclasses.dataclass
@@ -114,7 +172,9 @@ class TuneResult:
         rounds: how many rounds `ratio` comes from.
         rewrites: every rewrite considered, with its own measured ratio.
         elements_check: how the tuned elements were checked: "equal" (same
-            elements in the same order as the original's first epoch), "same
+            elements in the same order as the original's first epoch), "equal
+            within rtol=..." (the same, floating-point values within that
+            tolerance: a kept vectorised map), "same
             elements, any order" (a kept rewrite may reorder them) or
             "structure" (the pipeline is random: same number, types and shapes).
         pipeline: the original pipeline, as code.

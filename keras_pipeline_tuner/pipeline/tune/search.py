@@ -21,9 +21,11 @@ from keras_pipeline_tuner.pipeline.tune.paired_timing import median_ratio
 from keras_pipeline_tuner.pipeline.tune.planning import plan_rewrites
 from keras_pipeline_tuner.pipeline.tune.rebuild import pipeline_for_rebuild
 from keras_pipeline_tuner.pipeline.tune.results import FAILED
+from keras_pipeline_tuner.pipeline.tune.results import SLOWER
 from keras_pipeline_tuner.pipeline.tune.results import UNVERIFIED
 from keras_pipeline_tuner.pipeline.tune.results import RewriteOutcome
 from keras_pipeline_tuner.pipeline.tune.results import TuneResult
+from keras_pipeline_tuner.pipeline.tune.results import not_delivered
 from keras_pipeline_tuner.pipeline.tune.rewrites import CACHE
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -70,8 +72,37 @@ class Search:
                 "speed-up is the product of each kept rewrite's own measured ratio, each "
                 "against the pipeline before it."
             )
+        else:
+            kept = self._delivered(kept, outcomes, original_times, tuned_times)
         session.progress.stop()
         return self._result(pipeline, python, kept, outcomes, original_times, tuned_times)
+
+    def _delivered(self, kept, outcomes, original_times, tuned_times):
+        """The kept rewrites, or none when the final comparison did not find them faster.
+
+        Each rewrite was kept against the pipeline before it; together, timed
+        against the original, they may still not be faster (a zip pipeline
+        came back 1.5x slower): then the original is returned, and a note
+        says what was measured.
+        """
+        if not kept:
+            return kept
+        reason = not_delivered(original_times, tuned_times, self.session.min_gain)
+        if reason is None:
+            return kept
+        changes = ", ".join(rewrite.change for rewrite in kept)
+        self.session.notes.append(
+            f"The original pipeline is returned unchanged: with {changes}, {reason}."
+        )
+        for outcome in outcomes:
+            if outcome.applied:
+                outcome.applied = False
+                outcome.status = SLOWER
+                outcome.reason += (
+                    "; not kept: the tuned pipeline was not faster than the original in "
+                    "the final comparison"
+                )
+        return []
 
     def _plan(self, pipeline):
         """The candidate rewrites, the outcomes of those not made, why no rebuild works."""
@@ -193,6 +224,9 @@ class Search:
     def _result(self, pipeline, python, kept, outcomes, original_times, tuned_times):
         """The tuned dataset and the `TuneResult`, with its notes; logs the outcome."""
         session = self.session
+        if not kept:
+            # Nothing is delivered: the original's own times, on both sides.
+            tuned_times = original_times
         if kept:
             ratio = median_ratio(tuned_times, original_times)
             tuned = session.build(kept, final=True)

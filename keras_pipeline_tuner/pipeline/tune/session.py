@@ -185,12 +185,12 @@ class TuningSession:
     def size_passes(self, comparisons: int) -> None:
         """Cuts the timed passes to a few batches when whole epochs do not fit (`pass_size`).
 
+        An epoch cut at its first read (`ElementChecks.cut`) is always timed
+        in part, with a note, a shuffled one's passes from their start where
+        its buffer holds more batches than were read.
+
         Args:
             comparisons: side-by-side comparisons still to run.
-
-        Raises:
-            ValueError: if the epoch was cut at its first read (`ElementChecks.cut`)
-                before enough batches for a timed pass came.
         """
         batches = len(self.checks.reference)
         if not batches:
@@ -207,12 +207,6 @@ class TuningSession:
             whole_epoch=self.checks.cut is None,
         )
         if note is None:
-            if self.checks.cut is not None:
-                raise ValueError(
-                    f"The first {batches} batches of the dataset took {epoch_s:.1f} s, too "
-                    f"few for a timed pass within budget_s={self.budget.budget_s:g}: pass a "
-                    "larger budget_s, or num_batches=... to time fewer batches per epoch."
-                )
             return
         # One plan object is shared with the budget and the checks: changed in place.
         for field in dataclasses.fields(sized):
@@ -362,6 +356,8 @@ class TuningSession:
                 # Its draws land on other elements: later checks compare structure.
                 self.checks.repeatable = False
             if outcome.elements_check.startswith("equal within"):
+                # The tuned pipeline's values then equal the original's within it.
+                self.checks.tolerance = outcome.elements_check
                 # Later rewrites are compared with this pipeline's values.
                 self.checks.reference, _ = self.checks.epoch_digests(self.build(trial), None)
         else:
@@ -430,14 +426,16 @@ class TuningSession:
 
 
 def _buffer_batches(pipeline) -> Optional[int]:
-    """Batches that fill the pipeline's shuffle buffers; `None` when not known.
+    """Batches that fill the pipeline's costly shuffle buffers; `None` when not known.
 
     A buffer of elements before a batch stage holds `buffer / batch_size`
-    batches; one after it holds `buffer` batches.
+    batches; one after it holds `buffer` batches. A buffer filled by cheap
+    stages only (a shuffle of `range` or of file names) fills in the first
+    batch's time: it needs no warm-up of its own.
     """
     batches = 0
     for stage in pipeline.stages:
-        if stage.kind != kinds.SHUFFLE:
+        if stage.kind != kinds.SHUFFLE or not _costly_upstream(pipeline, stage):
             continue
         buffer = stage.params.get("buffer_size")
         if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 0:
@@ -448,6 +446,20 @@ def _buffer_batches(pipeline) -> Optional[int]:
             return None
         batches += -(-buffer // size)
     return batches
+
+
+def _costly_upstream(pipeline, stage) -> bool:
+    """Whether a stage before `stage` reads files, runs Python or computes much."""
+    for item in pipeline.upstream(stage):
+        if item.kind in _READS:
+            return True
+        function = item.function
+        if function is not None and not (function.cheap or function.trivial):
+            return True
+    return False
+
+
+_READS = (kinds.FROM_GENERATOR, kinds.TFRECORD, kinds.TEXT_LINE, kinds.FIXED_LENGTH_RECORD)
 
 
 def _python_stages(pipeline) -> List[str]:

@@ -23,6 +23,8 @@ from keras_pipeline_tuner._util.argument_checks import seconds
 from keras_pipeline_tuner._util.argument_checks import verbosity
 from keras_pipeline_tuner._util.stderr_lines import dropped_lines
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.pipeline.tune.loader_tuning import kind_of
+from keras_pipeline_tuner.pipeline.tune.loader_tuning import tune_loader
 from keras_pipeline_tuner.pipeline.tune.paired_timing import PassPlan
 from keras_pipeline_tuner.pipeline.tune.pass_size import WARMUP_BATCHES
 from keras_pipeline_tuner.pipeline.tune.results import DEFAULT_MIN_GAIN
@@ -63,8 +65,15 @@ def tune(
     and kept only if it is at least `min_gain` faster. No rewrite changes what the model sees:
     the tuned dataset's elements are checked against the original's.
 
+    A `keras.utils.PyDataset`, a torch `DataLoader` or a `grain.DataLoader` is tuned through
+    its own settings instead (`loader_tuning`): workers, queues and prefetching, searched by
+    successive halving on its own batches within the CPU budget (beyond it only for workers
+    that wait), the best timed against the settings as written; only `consumer_step_s`,
+    `budget_s`, `epochs`, `min_gain` and `verbose` apply to it.
+
     Args:
-        dataset: the `tf.data.Dataset` to tune, as passed to `model.fit`.
+        dataset: the `tf.data.Dataset` to tune, as passed to `model.fit`; or a
+            `keras.utils.PyDataset`, a torch `DataLoader` or a `grain.DataLoader`.
         consumer_step_s: seconds of a simulated training step after each batch (e.g. the step
             time the `PipelineTuner` measured); `None` times the dataset alone.
         budget_s: about how long tuning may take, in seconds.
@@ -94,10 +103,11 @@ def tune(
 
     Returns:
         `(tuned_dataset, result)`: the tuned `tf.data.Dataset` (the original object itself when
-        nothing was kept) and a `TuneResult`.
+        nothing was kept) and a `TuneResult`; for a loader, the loader with the chosen settings
+        (`result.dataset`: the original when none was faster) and a `LoaderTuneResult`.
 
     Raises:
-        TypeError: if `dataset` is not a `tf.data.Dataset`.
+        TypeError: if `dataset` is not a `tf.data.Dataset` or a loader named above.
         ValueError: for arguments out of range, an infinite dataset without `num_batches`, or an
             epoch too long for the budget (batches so slow that the first few take a third of
             it), said as soon as the first read shows it.
@@ -111,9 +121,48 @@ def tune(
     model.fit(tuned_ds, epochs=10)
     ```
     """
-    # Every argument, checked in the order of the signature, goes to the session.
-    session = _checked_session(**locals())
+    # Every argument, checked in the order of the signature, goes to the session
+    # (or, for a PyDataset or a DataLoader, to the search of its settings).
+    arguments = dict(locals())
+    loader_kind = kind_of(dataset)
+    if loader_kind is not None:
+        return _tune_loader(loader_kind, **arguments)
+    session = _checked_session(**arguments)
     return _quietly(session, Search(session).run)
+
+
+def _tune_loader(kind, dataset, consumer_step_s, budget_s, epochs, min_gain, verbose, **rest):
+    """`tune` of a PyDataset or DataLoader: the arguments for tf.data only must be left out."""
+    defaults = {
+        "num_batches": None,
+        "cache_path": None,
+        "cache_memory_bytes": None,
+        "allow_nondeterministic": False,
+        "allow_reordering": False,
+        "allow_unverified": False,
+        "max_python_epochs": DEFAULT_PYTHON_EPOCHS,
+    }
+    given = [name for name, default in defaults.items() if rest.get(name) != default]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} apply to a tf.data.Dataset only; a {kind.name} is tuned "
+            "through its own settings: leave them out."
+        )
+    consumer_step_s = seconds(consumer_step_s, "consumer_step_s")
+    if not seconds(budget_s, "budget_s"):
+        raise ValueError(f"`budget_s` must be a positive number of seconds, got {budget_s!r}.")
+    numeric = isinstance(min_gain, (int, float)) and not isinstance(min_gain, bool)
+    if not numeric or not 0 <= min_gain < 1:
+        raise ValueError(f"`min_gain` must be in [0, 1), e.g. 0.03 for 3 %, got {min_gain!r}.")
+    return tune_loader(
+        kind,
+        dataset,
+        consumer_step_s,
+        float(budget_s),
+        positive_int(epochs, "epochs"),
+        float(min_gain),
+        verbosity(verbose),
+    )
 
 
 def _quietly(session, work):
@@ -147,6 +196,12 @@ def _checked_session(
 ) -> TuningSession:
     """`tune`'s arguments checked (raising as `tune` says), as a `TuningSession`."""
     tf = tensorflow()
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            "tune() takes a tf.data.Dataset, a keras.utils.PyDataset, a torch DataLoader or a "
+            f"grain.DataLoader, got {type(dataset).__name__}. Wrap in-memory data with "
+            "tf.data.Dataset.from_tensor_slices(...) first."
+        )
     checked_dataset(dataset, "tune")
     plan = PassPlan(
         epochs=positive_int(epochs, "epochs"),

@@ -220,7 +220,7 @@ def test_bad_arguments_are_named(kwargs, error, message):
 
 
 def test_not_a_dataset():
-    with pytest.raises(TypeError, match="from_tensor_slices"):
+    with pytest.raises(TypeError, match="a keras.utils.PyDataset, a torch DataLoader or a grain"):
         kpt.tune(np.zeros((4, 2)))
 
 
