@@ -23,9 +23,12 @@ apart with their size:
   by wall time a step: the kernel's stops fall between steps too.
 - **The fetch itself.** Fetching a batch that is already in memory still takes
   a little time inside the step (the fetch op, and the step's first ops
-  starting beside it). The replay measures it on cached batches; when it ran,
-  only the wait beyond it counts as waiting for the pipeline, and the line
-  says so with both figures.
+  starting beside it). The replay measures it on cached batches; where it did
+  not run, it is measured after training through the fit's own kind of fetch
+  (`timing.fetch_floor`). Only the wait beyond it counts as waiting for the
+  pipeline, and the line says so with both figures; where neither measured
+  it, a wait up to `FETCH_FLOOR_BOUND_MS` a step is left out only where that
+  changes the class, and the line says so.
 
 The thresholds are the TF Profiler's (see `timing.step_stats`). When the step
 clock timed whole steps only, the profiler window's split decides.
@@ -110,7 +113,10 @@ class Judgement:
         wait_fraction: the steady-state share of step time waiting at the fetch.
         contention_fraction: `1 - replayed / real` step time, when a replay ran.
         fetch_floor_ms: the wait per step for a batch already in memory, as
-            the replay measured it; left out of `wait_fraction`.
+            the replay or the fetch floor's own measurement found it; left out
+            of `wait_fraction`.
+        fetch_floor_how: how `fetch_floor_ms` was measured (e.g. "the
+            replay"), or `None`.
         borderline: the class boundary the input share is near (within
             `BORDERLINE_MARGIN` of it), e.g. 0.2, or `None`: repeated fits of
             the same pipeline may read either class, and the line says so.
@@ -133,6 +139,7 @@ class Judgement:
     borderline: Optional[float] = None
     from_epoch: Optional[int] = None
     warm_up_epoch: Optional[int] = None
+    fetch_floor_how: Optional[str] = None
 
 
 def judge(
@@ -143,6 +150,7 @@ def judge(
     epoch_starts: Optional[Share] = None,
     what_if=None,
     throttled: bool = False,
+    fetch_floor=None,
 ) -> Judgement:
     """Decides the steady-state verdict of a run from all the evidence it has.
 
@@ -156,6 +164,8 @@ def judge(
         throttled: whether a CPU quota stopped the job in a meaningful share
             of its periods (`CpuUsage.throttled`): the contention check's
             rounds are then compared by wall time a step.
+        fetch_floor: the `timing.fetch_floor.FetchFloor` measured after
+            training, used where no replay measured the floor.
 
     Returns:
         The `Judgement`.
@@ -170,7 +180,7 @@ def judge(
         return _from_profile(profile)
     one_off: List[str] = []
     from_epoch = warm_up_epoch = None
-    floor_ms = _fetch_floor_ms(what_if)
+    floor_ms, floor_how = _fetch_floor(what_if, fetch_floor)
     share = steady if steady is not None and steady.steps else None
     scope = "over all steps"
     if share is not None:
@@ -205,7 +215,8 @@ def judge(
         fraction, source = contention, REPLAY
     verdict = verdict_for(fraction)
     line = _line(
-        verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
+        verdict, fraction, source, scope, wait_fraction, contention, what_if, compared,
+        _beyond(floor_ms, floor_how),
     )
     near = borderline(fraction)
     line += _bound_line(raw_wait, step_ms) if bounded is not None else ""
@@ -222,6 +233,7 @@ def judge(
         near,
         from_epoch,
         warm_up_epoch,
+        floor_how if floor_ms else None,
     )
 
 
@@ -332,11 +344,35 @@ def _borderline_line(near: Optional[float]) -> str:
     )
 
 
-def _fetch_floor_ms(what_if) -> Optional[float]:
-    """The replay's mean wait for a cached batch: what any pipeline's fetch costs."""
-    if what_if is None:
-        return None
-    return what_if.replay_input_wait.mean_ms or None
+# How the replay measured the fetch floor, as the verdict line says.
+REPLAY_FLOOR = "the replay"
+
+
+def _fetch_floor(what_if, measured):
+    """`(ms, how)` of the fetch of a cached batch: what any pipeline's fetch costs.
+
+    The replay's mean wait, where it ran (the fit's own step, fetched from
+    cached batches); else the fetch floor measured after training; else
+    `(None, None)`.
+    """
+    if what_if is not None and what_if.replay_input_wait.mean_ms:
+        return what_if.replay_input_wait.mean_ms, REPLAY_FLOOR
+    if measured is not None and measured.ms > 0:
+        return measured.ms, measured.describe()
+    return None, None
+
+
+def _beyond(floor_ms: Optional[float], how: Optional[str]) -> str:
+    if not floor_ms:
+        return ""
+    if how == REPLAY_FLOOR:
+        took = f"the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
+    else:
+        took = f"the fetch of a batch already in memory, measured at {how}"
+    return (
+        f" beyond {took} (and {FLOOR_MARGIN:.0%} or {FLOOR_MARGIN_MS:.1f} ms more, its "
+        "spread from fit to fit)"
+    )
 
 
 def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[float]):
@@ -372,8 +408,9 @@ def _within_fetch_bound(wait_fraction, step_ms: Optional[float]) -> Optional[flo
 
 def _bound_line(raw_wait: float, step_ms: float) -> str:
     return (
-        f" No replay measured the fetch of a batch already in memory here (the contention "
-        f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
+        f" Nothing measured the fetch of a batch already in memory here (no replay ran, and "
+        f"no fetch floor is measured for this kind of input), and up to "
+        f"{FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
         f"at the fetch is {raw_wait * step_ms:.2f} ms a step."
     )
@@ -508,14 +545,8 @@ def shows_contention(real_ms: float, replayed_ms: float) -> bool:
 
 
 def _line(
-    verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
+    verdict, fraction, source, scope, wait_fraction, contention, what_if, compared, beyond
 ) -> str:
-    beyond = (
-        f" beyond the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
-        f" (and {FLOOR_MARGIN:.0%} or {FLOOR_MARGIN_MS:.1f} ms more, its spread from fit to fit)"
-        if floor_ms
-        else ""
-    )
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "

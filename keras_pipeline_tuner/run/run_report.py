@@ -67,6 +67,7 @@ def _judgement(run, cpu, profile) -> Judgement:
         clock.epoch_start_share(TRAIN),
         run.what_if,
         throttled=throttled(cpu),
+        fetch_floor=run.fetch_floor,
     )
 
 

@@ -685,4 +685,15 @@ def _probed_inputs(model) -> dict:
     return {
         "dataset": given.source if kind == fit_input.TF_DATASET else None,
         "py_dataset": given.source if kind == fit_input.PY_DATASET else None,
+        "fetched": _fetched(given),
     }
+
+
+def _fetched(given) -> Optional[tuple]:
+    """`(backend, kind, element_spec)` of the fit's fetch, for the fetch floor, or `None`."""
+    if given is None:
+        return None
+    import keras
+
+    dataset = given.replay_dataset if given.replay_dataset is not None else given.source
+    return keras.backend.backend(), given.kind, getattr(dataset, "element_spec", None)
