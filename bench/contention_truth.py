@@ -22,6 +22,11 @@ Cases (each fits a small model for a few seconds):
 - `loader` (torch): a torch DataLoader (`num_workers=0`) of in-memory
   tensors into a step of a few ms.
 - `jax_map` (JAX): a CPU-heavy tf.data map of TensorFlow ops, small CNN.
+- `python_map` (TensorFlow): a parallel `py_function` map computing in pure
+  Python (about 3 ms a batch, holding the GIL), prefetched: it keeps ahead of
+  the step, so it costs the step through the CPU, not as a wait.
+- `workers` (torch): a DataLoader with two worker processes, each sample
+  computed with NumPy, into a small CNN.
 - `cached` (every backend): a cached, prefetched in-memory pipeline: healthy.
 
 Acceptance (issue: contention measured where it happens): the tuner's share
@@ -48,6 +53,8 @@ BACKEND_OF = {
     "loader": "torch",
     "cached_torch": "torch",
     "jax_map": "jax",
+    "python_map": "tensorflow",
+    "workers": "torch",
     "cached_jax": "jax",
 }
 EPOCHS = 3
@@ -165,6 +172,45 @@ def _case(name: str):
             )
 
         return dense, real, {}
+    if name == "python_map":
+
+        def spin(x):
+            end = time.perf_counter() + 0.003
+            while time.perf_counter() < end:
+                pass
+            return x
+
+        def real():
+            data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32)
+
+            def mapped(x, y):
+                x = tf.py_function(spin, [x], tf.float32)
+                x.set_shape((None, 32, 32, 3))
+                return x, y
+
+            return data.map(mapped, num_parallel_calls=2).prefetch(tf.data.AUTOTUNE)
+
+        return cnn(), real, {}
+    if name == "workers":
+        import torch
+
+        class Samples(torch.utils.data.Dataset):
+            def __len__(self):
+                return len(images)
+
+            def __getitem__(self, index):
+                image = images[index]
+                for _ in range(3):
+                    image = np.sqrt(np.abs(np.fft.ifft2(np.fft.fft2(image, axes=(0, 1)),
+                                                        axes=(0, 1)))).astype(np.float32)
+                return torch.from_numpy(image), int(labels[index])
+
+        def real():
+            return torch.utils.data.DataLoader(
+                Samples(), batch_size=32, num_workers=2, persistent_workers=False
+            )
+
+        return cnn(), real, {}
     if name.startswith("cached"):
 
         def real():

@@ -21,6 +21,12 @@ apart with their size:
   `1 - replayed / real`, is the input's cost, and decides when it is larger
   than the wait's. Where a CPU quota throttled the job, the two are compared
   by wall time a step: the kernel's stops fall between steps too.
+- **Contention from CPU use.** Training itself shows how much CPU the input's
+  threads and workers took while the step computed; against the job's CPU
+  budget it predicts the compute the input cost (`advice.cpu_contention`),
+  with no run after training. Where no replay ran, the wait plus that
+  prediction decides when larger than the wait; where a replay ran, its
+  measurement decides and the prediction is shown beside it.
 - **The fetch itself.** Fetching a batch that is already in memory still takes
   a little time inside the step (the fetch op, and the step's first ops
   starting beside it). The replay measures it on cached batches; where it did
@@ -39,6 +45,8 @@ from typing import List
 from typing import Optional
 from typing import Sequence
 
+from keras_pipeline_tuner.advice.cpu_contention import CpuContention
+from keras_pipeline_tuner.advice.recommendation import CPU_USE
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
@@ -117,6 +125,9 @@ class Judgement:
             of `wait_fraction`.
         fetch_floor_how: how `fetch_floor_ms` was measured (e.g. "the
             replay"), or `None`.
+        cpu_contention: the share of step time the input's CPU use predicts
+            it cost the compute (`advice.cpu_contention.CpuContention`), or
+            `None` where nothing measured it or it is negligible.
         borderline: the class boundary the input share is near (within
             `BORDERLINE_MARGIN` of it), e.g. 0.2, or `None`: repeated fits of
             the same pipeline may read either class, and the line says so.
@@ -140,6 +151,7 @@ class Judgement:
     from_epoch: Optional[int] = None
     warm_up_epoch: Optional[int] = None
     fetch_floor_how: Optional[str] = None
+    cpu_contention: Optional[CpuContention] = None
 
 
 def judge(
@@ -151,6 +163,7 @@ def judge(
     what_if=None,
     throttled: bool = False,
     fetch_floor=None,
+    cpu_contention=None,
 ) -> Judgement:
     """Decides the steady-state verdict of a run from all the evidence it has.
 
@@ -166,6 +179,8 @@ def judge(
             rounds are then compared by wall time a step.
         fetch_floor: the `timing.fetch_floor.FetchFloor` measured after
             training, used where no replay measured the floor.
+        cpu_contention: the `advice.cpu_contention.CpuContention` of the
+            run, or `None`.
 
     Returns:
         The `Judgement`.
@@ -213,11 +228,14 @@ def judge(
     contention = _contention(compared)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
+    elif contention is None and cpu_contention is not None:
+        fraction, source = min(wait_fraction + cpu_contention.fraction, 1.0), CPU_USE
     verdict = verdict_for(fraction)
     line = _line(
         verdict, fraction, source, scope, wait_fraction, contention, what_if, compared,
-        _beyond(floor_ms, floor_how),
+        _beyond(floor_ms, floor_how), cpu_contention,
     )
+    line += _cpu_line(cpu_contention, source)
     near = borderline(fraction)
     line += _bound_line(raw_wait, step_ms) if bounded is not None else ""
     line += _borderline_line(near)
@@ -234,7 +252,14 @@ def judge(
         from_epoch,
         warm_up_epoch,
         floor_how if floor_ms else None,
+        cpu_contention,
     )
+
+
+def _cpu_line(cpu_contention, source: str) -> str:
+    if cpu_contention is None or source == CPU_USE:
+        return ""
+    return f" Beside it, from CPU use: {cpu_contention.describe()}."
 
 
 def judge_epoch(epoch, stats: StepStats, judgement: Judgement):
@@ -545,8 +570,15 @@ def shows_contention(real_ms: float, replayed_ms: float) -> bool:
 
 
 def _line(
-    verdict, fraction, source, scope, wait_fraction, contention, what_if, compared, beyond
+    verdict, fraction, source, scope, wait_fraction, contention, what_if, compared, beyond,
+    cpu_contention=None,
 ) -> str:
+    if source == CPU_USE:
+        return (
+            f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
+            f"the wait at the fetch, {wait_fraction * 100:.1f} %{beyond} (step clock), and "
+            f"{cpu_contention.describe()}."
+        )
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "

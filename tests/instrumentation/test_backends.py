@@ -38,7 +38,8 @@ LOOP_SOURCE_MS = 50.0
 # The others (loaders' advice, custom loops, the profiler window, Grain,
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
 CORE = (
-    "inputs", "slow", "fast", "cached", "first_step", "identical", "outputs", "source_rows", "user_calls"
+    "inputs", "slow", "fast", "cached", "first_step", "identical", "outputs", "source_rows",
+    "user_calls",
 )
 
 
