@@ -25,6 +25,8 @@ Cases (each fits a small model for a few seconds):
 - `python_map` (TensorFlow): a parallel `py_function` map computing in pure
   Python (about 3 ms a batch, holding the GIL), prefetched: it keeps ahead of
   the step, so it costs the step through the CPU, not as a wait.
+- `loop` (TensorFlow): the `guide` pipeline and model in a custom loop
+  (`tf.GradientTape` step, `@tuner.instrument`, `tuner.iterate`).
 - `workers` (torch): a DataLoader with two worker processes, each sample
   computed with NumPy, into a small CNN.
 - `cached` (every backend): a cached, prefetched in-memory pipeline: healthy.
@@ -54,6 +56,7 @@ BACKEND_OF = {
     "cached_torch": "torch",
     "jax_map": "jax",
     "python_map": "tensorflow",
+    "loop": "tensorflow",
     "workers": "torch",
     "cached_jax": "jax",
 }
@@ -118,7 +121,7 @@ def _case(name: str):
         digits = rng.random((2048, 28, 28, 1), dtype=np.float32)
         classes = rng.integers(0, 10, 2048)
         return cnn(28, 1, 32), lambda: (digits, classes), {"batch_size": 32}
-    if name in ("guide", "jax_map"):
+    if name in ("guide", "jax_map", "loop"):
 
         def heavy(x, y):
             for _ in range(4):
@@ -260,7 +263,39 @@ class _EpochTimes:
         self.callback = Timer()
 
 
+def _loop(model, data, steps, tuner=None):
+    """`EPOCHS` epochs of a custom training loop; the median later epoch, ms a step."""
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = model.optimizer
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_weights)
+        optimizer.apply_gradients(zip(grads, model.trainable_weights))
+        return loss
+
+    if tuner is not None:
+        step = tuner.instrument(step)
+    seconds = []
+    for _ in range(EPOCHS):
+        began = time.perf_counter()
+        for x, y in (tuner.iterate(data) if tuner is not None else data):
+            step(x, y)
+        seconds.append(time.perf_counter() - began)
+    if tuner is not None:
+        tuner.close()
+    return statistics.median(seconds[1:]) / steps * 1e3
+
+
 def _fit(model, data, kwargs, steps, callbacks=()):
+    if _LOOP[0]:
+        tuners = [c for c in callbacks if hasattr(c, "iterate")]
+        return _loop(model, data, steps, tuners[0] if tuners else None)
     timer = _EpochTimes()
     if isinstance(data, tuple):
         model.fit(*data, epochs=EPOCHS, verbose=0, callbacks=[timer.callback, *callbacks],
@@ -270,9 +305,14 @@ def _fit(model, data, kwargs, steps, callbacks=()):
     return statistics.median(timer.seconds[1:]) / steps * 1e3
 
 
+# Whether the case trains in a custom loop rather than fit.
+_LOOP = [False]
+
+
 def run_case(name: str, rounds: int) -> str:
     import keras_pipeline_tuner as kpt
 
+    _LOOP[0] = name == "loop"
     make_model, real_input, kwargs = _case(name)
     first = real_input()
     if isinstance(first, tuple):

@@ -110,7 +110,10 @@ class AfterTraining:
             return
         with self.guard(features.FETCH_FLOOR), run.cost.part("fetch floor"):
             run.flush_rows()
-            compute_ms = run.clock.stats(TRAIN).compute.median_ms
+            steady = run.clock.steady_share(TRAIN)
+            compute_ms = None
+            if steady is not None and steady.steps:
+                compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
             run.fetch_floor = fetch_floor.measure_fetch_floor(*fetched, compute_ms=compute_ms)
 
     # Grain.

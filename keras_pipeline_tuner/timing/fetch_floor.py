@@ -239,7 +239,7 @@ def measure_fetch_floor(
             "arrays", "DataLoader", ...).
         element_spec: the tf.data `element_spec` of the fit's dataset, where it
             has one.
-        compute_ms: the steps' median compute: the thread sleeps that long
+        compute_ms: the steady steps' mean compute: the thread sleeps that long
             (at most `MAX_GAP_S`) between fetches.
 
     Returns:
