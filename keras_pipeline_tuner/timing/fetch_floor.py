@@ -99,16 +99,23 @@ def time_fetches(
     >>> time_fetches(iter(range(10)), fetches=5, warm_up=1) < 1.0
     True
     """
-    for _ in range(warm_up):
-        next(iterator)
-    times = []
-    for _ in range(fetches):
+
+    def fetch() -> float:
         start = time.perf_counter()
         next(iterator)
-        times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    return _mean_ms(fetch, fetches, warm_up, gap_s)
+
+
+def _mean_ms(fetch: Callable[[], float], fetches: int, warm_up: int, gap_s: float) -> float:
+    """The mean of the seconds `fetch()` reports, in ms, `gap_s` apart, the first `warm_up` out."""
+    seconds = []
+    for _ in range(fetches + warm_up):
+        seconds.append(fetch())
         if gap_s > 0:
             time.sleep(gap_s)
-    return statistics.fmean(times) * 1e3
+    return statistics.fmean(seconds[warm_up:]) * 1e3
 
 
 def zero_batches(element_spec, count: int):
@@ -168,13 +175,8 @@ def measure_graph_fetch(element_spec, fetches: int = FETCHES, gap_s: float = 0.0
         with tf.control_dependencies(tf.nest.flatten(element)):
             return tf.timestamp() - start
 
-    seconds = []
-    for _ in range(fetches + WARM_UP):
-        seconds.append(float(fetch()))
-        if gap_s > 0:
-            time.sleep(gap_s)
-    seconds = seconds[WARM_UP:]
-    return FetchFloor(statistics.fmean(seconds) * 1e3, fetches, GRAPH_FETCH)
+    mean_ms = _mean_ms(lambda: float(fetch()), fetches, WARM_UP, gap_s)
+    return FetchFloor(mean_ms, fetches, GRAPH_FETCH)
 
 
 def measure_keras_iterator(
