@@ -11,6 +11,8 @@ fetching in-memory batches through the same code the fit's fetch runs:
 - TensorFlow: a compiled function takes `tf.timestamp()` around `next()` on an
   iterator of in-memory batches, as the step clock's function does around the
   fit's fetch;
+- a custom loop's `tuner.iterate(dataset)`: `next()` on a tf.data iterator
+  over in-memory batches, in Python, as the loop's;
 - JAX and torch: Keras' tf.data adapter over in-memory batches
   (`get_jax_iterator`, `get_torch_dataloader`), or for a torch `DataLoader` a
   loader over a list of in-memory batches (in this process: `num_workers=0`),
@@ -47,6 +49,9 @@ MAX_GAP_S = 0.005
 GRAPH_FETCH = "TensorFlow's fetch op, in a compiled function"
 KERAS_ITERATOR = "Keras' iterator over a tf.data pipeline"
 TORCH_LOADER = "a torch DataLoader in this process"
+PYTHON_ITERATOR = "a tf.data iterator, as a custom loop's"
+# The kind of input a custom loop's `tuner.iterate` fetches from.
+LOOP = "loop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +261,9 @@ def measure_fetch_floor(
     gap_s = min((compute_ms or 0.0) / 1e3, MAX_GAP_S)
     if kind == "DataLoader" and backend == "torch":
         return measure_torch_loader(gap_s=gap_s)
+    if kind == LOOP and element_spec is not None:
+        data = zero_batches(element_spec, FETCHES + WARM_UP).prefetch(1)
+        return FetchFloor(time_fetches(iter(data), gap_s=gap_s), FETCHES, PYTHON_ITERATOR)
     if element_spec is None or kind not in ("tf.data", "arrays"):
         return None
     if backend == "tensorflow":
