@@ -1,7 +1,9 @@
 """Verdict stability: the class of repeated fits, quiet and beside a CPU load, and the tuner's cost.
 
 Three pipelines whose input share is known by construction, on a tiny Keras
-model (TensorFlow backend, CPU):
+model (CPU), on the backend `--backend` names (each in a process of its own
+with `all`); the model's known compute sleeps inside its step on every backend
+(`tests.helpers.backend_fit.SleepingCompute`):
 
 - healthy: in-memory data, batched, cached and prefetched, into a Dense model
   whose step takes well under a millisecond; 2000 steps an epoch, 3 epochs.
@@ -41,7 +43,8 @@ of 2 s and 2 % of the plain fit) and whether every fit kept within it, the
 whole fits' difference, and the verdict line of each fit whose class left the
 majority's; then one summary line per condition.
 
-    python bench/verdict_stability.py [--condition quiet|loaded|both] [--fits 5]
+    python bench/verdict_stability.py [--backend tensorflow|jax|torch|all]
+                                      [--condition quiet|loaded|both] [--fits 5]
                                       [--busy-loops 2] [--log-dir] [--quick]
 """
 
@@ -61,9 +64,23 @@ from typing import List
 from typing import Optional
 from typing import Tuple
 
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def _backend_argument() -> str:
+    """`--backend`, read before Keras is imported: the backend is fixed at import."""
+    for index, argument in enumerate(sys.argv):
+        if argument == "--backend" and index + 1 < len(sys.argv):
+            return sys.argv[index + 1]
+        if argument.startswith("--backend="):
+            return argument.split("=", 1)[1]
+    return "tensorflow"
+
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# The pipelines are tf.data and the model's compute a tf.numpy_function.
-os.environ["KERAS_BACKEND"] = "tensorflow"
+# The pipelines are tf.data on every backend.
+BACKEND = _backend_argument()
+os.environ["KERAS_BACKEND"] = BACKEND if BACKEND in BACKENDS else "tensorflow"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,7 +90,7 @@ import tensorflow as tf  # noqa: E402
 from overhead import timed_fit  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
-from tests.helpers.training_data import Sleep  # noqa: E402
+from tests.helpers.backend_fit import SleepingCompute  # noqa: E402
 
 FEATURES = 8
 BATCH = 8
@@ -99,7 +116,7 @@ def tiny_model(compute_s: Optional[float] = None):
     keras.utils.set_random_seed(0)
     layers = [keras.Input((FEATURES,)), keras.layers.Dense(4)]
     if compute_s:
-        layers.append(Sleep(compute_s))
+        layers.append(SleepingCompute(compute_s))
     net = keras.Sequential(layers + [keras.layers.Dense(1)])
     net.compile("sgd", "mse")
     return net
@@ -448,6 +465,7 @@ def warm_up(cases: List[Pipeline], log_root: Optional[str]) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=BACKENDS + ("all",), default="tensorflow")
     parser.add_argument("--condition", choices=("quiet", "loaded", "both"), default="both")
     parser.add_argument("--fits", type=int, default=None, help="fits per pipeline (5; 2 quick)")
     parser.add_argument("--busy-loops", type=int, default=2)
@@ -456,11 +474,25 @@ def main():
     )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     args = parser.parse_args()
+    if args.backend == "all":
+        for backend in BACKENDS:
+            print(f"\n=== backend {backend}", flush=True)
+            given = sys.argv[1:]
+            others = [
+                argument
+                for index, argument in enumerate(given)
+                if not argument.startswith("--backend")
+                and (index == 0 or given[index - 1] != "--backend")
+            ]
+            command = [sys.executable, __file__, "--backend", backend, *others]
+            subprocess.run(command, check=False)
+        return
     fits = args.fits or (2 if args.quick else 5)
     cases = pipelines(args.quick)
     conditions = ("quiet", "loaded") if args.condition == "both" else (args.condition,)
     print(
-        f"verdict stability: {fits} tuned fits per pipeline, each paired with a plain fit, "
+        f"verdict stability ({BACKEND}): {fits} tuned fits per pipeline, each paired with a "
+        "plain fit, "
         f"alternated, GC off; log_dir {'temporary' if args.log_dir else 'none'}; "
         f"budget max({BUDGET_FLOOR_S:.0f} s, {BUDGET_SHARE:.0%} of the plain fit)"
     )

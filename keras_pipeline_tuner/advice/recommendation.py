@@ -14,6 +14,8 @@ from keras_pipeline_tuner.timing.step_stats import StepStats
 STEP_CLOCK = "step clock"
 PROFILER = "profiler"
 LINT = "pipeline inspection"
+# The input's CPU use, against the budget, decided (`advice.cpu_contention`).
+CPU_USE = "CPU use"
 REPLAY = "what-if replay"
 # The advised change itself, timed on the pipeline (`measure_fixes`).
 FIX_TIMING = "fix timing"

@@ -21,11 +21,20 @@ apart with their size:
   `1 - replayed / real`, is the input's cost, and decides when it is larger
   than the wait's. Where a CPU quota throttled the job, the two are compared
   by wall time a step: the kernel's stops fall between steps too.
+- **Contention from CPU use.** Training itself shows how much CPU the input's
+  threads and workers took while the step computed; against the job's CPU
+  budget it predicts the compute the input cost (`advice.cpu_contention`),
+  with no run after training. Where no replay ran, the wait plus that
+  prediction decides when larger than the wait; where a replay ran, its
+  measurement decides and the prediction is shown beside it.
 - **The fetch itself.** Fetching a batch that is already in memory still takes
   a little time inside the step (the fetch op, and the step's first ops
-  starting beside it). The replay measures it on cached batches; when it ran,
-  only the wait beyond it counts as waiting for the pipeline, and the line
-  says so with both figures.
+  starting beside it). The replay measures it on cached batches; where it did
+  not run, it is measured after training through the fit's own kind of fetch
+  (`timing.fetch_floor`). Only the wait beyond it counts as waiting for the
+  pipeline, and the line says so with both figures; where neither measured
+  it, a wait up to `FETCH_FLOOR_BOUND_MS` a step is left out only where that
+  changes the class, and the line says so.
 
 The thresholds are the TF Profiler's (see `timing.step_stats`). When the step
 clock timed whole steps only, the profiler window's split decides.
@@ -36,6 +45,8 @@ from typing import List
 from typing import Optional
 from typing import Sequence
 
+from keras_pipeline_tuner.advice.cpu_contention import CpuContention
+from keras_pipeline_tuner.advice.recommendation import CPU_USE
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
@@ -110,7 +121,13 @@ class Judgement:
         wait_fraction: the steady-state share of step time waiting at the fetch.
         contention_fraction: `1 - replayed / real` step time, when a replay ran.
         fetch_floor_ms: the wait per step for a batch already in memory, as
-            the replay measured it; left out of `wait_fraction`.
+            the replay or the fetch floor's own measurement found it; left out
+            of `wait_fraction`.
+        fetch_floor_how: how `fetch_floor_ms` was measured (e.g. "the
+            replay"), or `None`.
+        cpu_contention: the share of step time the input's CPU use predicts
+            it cost the compute (`advice.cpu_contention.CpuContention`), or
+            `None` where nothing measured it or it is negligible.
         borderline: the class boundary the input share is near (within
             `BORDERLINE_MARGIN` of it), e.g. 0.2, or `None`: repeated fits of
             the same pipeline may read either class, and the line says so.
@@ -133,6 +150,8 @@ class Judgement:
     borderline: Optional[float] = None
     from_epoch: Optional[int] = None
     warm_up_epoch: Optional[int] = None
+    fetch_floor_how: Optional[str] = None
+    cpu_contention: Optional[CpuContention] = None
 
 
 def judge(
@@ -143,6 +162,8 @@ def judge(
     epoch_starts: Optional[Share] = None,
     what_if=None,
     throttled: bool = False,
+    fetch_floor=None,
+    cpu_contention=None,
 ) -> Judgement:
     """Decides the steady-state verdict of a run from all the evidence it has.
 
@@ -156,6 +177,10 @@ def judge(
         throttled: whether a CPU quota stopped the job in a meaningful share
             of its periods (`CpuUsage.throttled`): the contention check's
             rounds are then compared by wall time a step.
+        fetch_floor: the `timing.fetch_floor.FetchFloor` measured after
+            training, used where no replay measured the floor.
+        cpu_contention: the `advice.cpu_contention.CpuContention` of the
+            run, or `None`.
 
     Returns:
         The `Judgement`.
@@ -170,7 +195,7 @@ def judge(
         return _from_profile(profile)
     one_off: List[str] = []
     from_epoch = warm_up_epoch = None
-    floor_ms = _fetch_floor_ms(what_if)
+    floor_ms, floor_how = _fetch_floor(what_if, fetch_floor)
     share = steady if steady is not None and steady.steps else None
     scope = "over all steps"
     if share is not None:
@@ -203,10 +228,14 @@ def judge(
     contention = _contention(compared)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
+    elif contention is None and cpu_contention is not None:
+        fraction, source = min(wait_fraction + cpu_contention.fraction, 1.0), CPU_USE
     verdict = verdict_for(fraction)
     line = _line(
-        verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
+        verdict, fraction, source, scope, wait_fraction, contention, what_if, compared,
+        _beyond(floor_ms, floor_how), cpu_contention,
     )
+    line += _cpu_line(cpu_contention, source)
     near = borderline(fraction)
     line += _bound_line(raw_wait, step_ms) if bounded is not None else ""
     line += _borderline_line(near)
@@ -222,7 +251,15 @@ def judge(
         near,
         from_epoch,
         warm_up_epoch,
+        floor_how if floor_ms else None,
+        cpu_contention,
     )
+
+
+def _cpu_line(cpu_contention, source: str) -> str:
+    if cpu_contention is None or source == CPU_USE:
+        return ""
+    return f" Beside it, from CPU use: {cpu_contention.describe()}."
 
 
 def judge_epoch(epoch, stats: StepStats, judgement: Judgement):
@@ -332,11 +369,35 @@ def _borderline_line(near: Optional[float]) -> str:
     )
 
 
-def _fetch_floor_ms(what_if) -> Optional[float]:
-    """The replay's mean wait for a cached batch: what any pipeline's fetch costs."""
-    if what_if is None:
-        return None
-    return what_if.replay_input_wait.mean_ms or None
+# How the replay measured the fetch floor, as the verdict line says.
+REPLAY_FLOOR = "the replay"
+
+
+def _fetch_floor(what_if, measured):
+    """`(ms, how)` of the fetch of a cached batch: what any pipeline's fetch costs.
+
+    The replay's mean wait, where it ran (the fit's own step, fetched from
+    cached batches); else the fetch floor measured after training; else
+    `(None, None)`.
+    """
+    if what_if is not None and what_if.replay_input_wait.mean_ms:
+        return what_if.replay_input_wait.mean_ms, REPLAY_FLOOR
+    if measured is not None and measured.ms > 0:
+        return measured.ms, measured.describe()
+    return None, None
+
+
+def _beyond(floor_ms: Optional[float], how: Optional[str]) -> str:
+    if not floor_ms:
+        return ""
+    if how == REPLAY_FLOOR:
+        took = f"the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
+    else:
+        took = f"the fetch of a batch already in memory, measured at {how}"
+    return (
+        f" beyond {took} (and {FLOOR_MARGIN:.0%} or {FLOOR_MARGIN_MS:.1f} ms more, its "
+        "spread from fit to fit)"
+    )
 
 
 def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[float]):
@@ -372,8 +433,9 @@ def _within_fetch_bound(wait_fraction, step_ms: Optional[float]) -> Optional[flo
 
 def _bound_line(raw_wait: float, step_ms: float) -> str:
     return (
-        f" No replay measured the fetch of a batch already in memory here (the contention "
-        f"check did not run), and up to {FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
+        f" Nothing measured the fetch of a batch already in memory here (no replay ran, and "
+        f"no fetch floor is measured for this kind of input), and up to "
+        f"{FETCH_FLOOR_BOUND_MS:.0f} ms a step of the wait may be "
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
         f"at the fetch is {raw_wait * step_ms:.2f} ms a step."
     )
@@ -508,14 +570,15 @@ def shows_contention(real_ms: float, replayed_ms: float) -> bool:
 
 
 def _line(
-    verdict, fraction, source, scope, wait_fraction, contention, what_if, floor_ms, compared
+    verdict, fraction, source, scope, wait_fraction, contention, what_if, compared, beyond,
+    cpu_contention=None,
 ) -> str:
-    beyond = (
-        f" beyond the {floor_ms:.2f} ms a fetch of a batch already in memory took in the replay"
-        f" (and {FLOOR_MARGIN:.0%} or {FLOOR_MARGIN_MS:.1f} ms more, its spread from fit to fit)"
-        if floor_ms
-        else ""
-    )
+    if source == CPU_USE:
+        return (
+            f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
+            f"the wait at the fetch, {wait_fraction * 100:.1f} %{beyond} (step clock), and "
+            f"{cpu_contention.describe()}."
+        )
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "

@@ -7,6 +7,9 @@
 - the timing of the advised fixes (`measure_fixes`), on the tf.data dataset fit
   was given or the loop iterated through `tuner.iterate`, where its stages are
   TensorFlow ops;
+- the fetch floor: the fetch of an in-memory batch, timed through the fit's
+  own kind of fetch on zeros of its batches' structure, where no replay
+  measured it (`timing.fetch_floor`; no user code runs);
 - the advice on a Grain pipeline's slow stage, from Grain's timing of the
   iterators training read;
 - only when the user asks (`ProbeSettings.reruns_python`): the fixes of a
@@ -33,9 +36,11 @@ from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findings
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.evidence import GRAIN
+from keras_pipeline_tuner.timing import fetch_floor
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_budget import quota_span_s
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
+from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
 
@@ -69,6 +74,7 @@ class AfterTraining:
         dataset=None,
         traced_step=None,
         py_dataset=None,
+        fetched: Optional[tuple] = None,
     ) -> None:
         """Runs each probe that applies to `run`, or notes why it did not.
 
@@ -82,13 +88,33 @@ class AfterTraining:
                 (`FitTiming.traced_train_step()`), which the replay reuses
                 rather than trace the step again; `None` traces its own.
             py_dataset: the `keras.utils.PyDataset` fit read, or `None`.
+            fetched: `(backend, kind, element_spec)` of the fetch training ran,
+                for the fetch floor (`timing.fetch_floor.measure_fetch_floor`),
+                or `None`.
         """
         self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
+        self._fetch_floor(run, fetched)
         self._grain_stages(run)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
         else:
             self._fix_timing(run, dataset)
+
+    # The fetch floor.
+
+    def _fetch_floor(self, run, fetched: Optional[tuple]) -> None:
+        """Times the fetch of an in-memory batch where no replay did (up to 0.3 s)."""
+        if fetched is None or run.what_if is not None:
+            return
+        if not self.guard.enabled(features.FETCH_FLOOR):
+            return
+        with self.guard(features.FETCH_FLOOR), run.cost.part("fetch floor"):
+            run.flush_rows()
+            steady = run.clock.steady_share(TRAIN)
+            compute_ms = None
+            if steady is not None and steady.steps:
+                compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
+            run.fetch_floor = fetch_floor.measure_fetch_floor(*fetched, compute_ms=compute_ms)
 
     # Grain.
 

@@ -53,12 +53,15 @@ from typing import List
 from typing import Optional
 
 from keras_pipeline_tuner._util import files
+from keras_pipeline_tuner._util import own_processes
 from keras_pipeline_tuner.profiling import evidence as profile_evidence
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 
 _REQUEST = "request.pickle"
 _RESULT = "result.pickle"
 _STDERR = "stderr.txt"
+# The process's own CPU seconds, written as it ends (`_util.own_processes`).
+_CPU = "cpu_s.txt"
 # The child's scheduling priority, below the training's: on cores the training
 # keeps busy, the conversion mostly takes what is left, so that it slows the
 # steps (and the pipeline whose wait the step clock measures meanwhile) little.
@@ -152,13 +155,14 @@ class Conversion:
             raise
         self._process = process
         self._directory = directory
+        own_processes.started(process.pid)
         # Also run at interpreter exit (after `run.late_profile`'s bounded wait
         # for it): no conversion outlives the process that asked.
         self._stop = weakref.finalize(self, _stop_process, process, directory)
 
     def done(self) -> bool:
         """Whether the process has ended (without waiting)."""
-        return self._process.poll() is not None
+        return self._ended(self._process.poll() is not None)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits up to `timeout` seconds (`None`: until it ends) for the process.
@@ -170,7 +174,7 @@ class Conversion:
             self._process.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
-        return True
+        return self._ended(True)
 
     def result(self) -> ConversionResult:
         """Waits for the process and returns its result; its files are removed.
@@ -182,11 +186,17 @@ class Conversion:
             ConversionFailed: the conversion raised (its exception's type and
                 message), or its process ended without a result (e.g. killed).
         """
-        self._process.wait()
+        self._ended(self._process.wait() is not None)
         try:
             return self._read_result()
         finally:
             self._stop()
+
+    def _ended(self, ended: bool) -> bool:
+        """Once the process has ended: its CPU time leaves the job's (`_util.own_processes`)."""
+        if ended:
+            own_processes.ended(self._process.pid, _cpu_s(self._directory))
+        return ended
 
     def cancel(self) -> None:
         """Stops the process if it still runs, and removes its files (idempotent)."""
@@ -246,6 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     answer["ended_at"] = time.time()
     with open(os.path.join(directory, _RESULT), "wb") as file:
         pickle.dump(answer, file)
+    times = os.times()
+    with open(os.path.join(directory, _CPU), "w", encoding="ascii") as file:
+        file.write(repr(sum(times[:4])))
     return 0
 
 
@@ -294,7 +307,17 @@ def _stop_process(process: subprocess.Popen, directory: str) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
+    own_processes.ended(process.pid, _cpu_s(directory))
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _cpu_s(directory: str) -> float:
+    """The CPU seconds the process reported as it ended (0 if killed first)."""
+    try:
+        with open(os.path.join(directory, _CPU), encoding="ascii") as file:
+            return float(file.read())
+    except (OSError, ValueError):
+        return 0.0
 
 
 def _last_line(path: str) -> str:

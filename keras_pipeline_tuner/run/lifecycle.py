@@ -139,6 +139,8 @@ class Run:
         self.notes: List[str] = []
         self.findings = []
         self.what_if = None
+        # The measured fetch of a batch already in memory (`timing.fetch_floor`).
+        self.fetch_floor = None
         # A Grain dataset being trained on, and Grain's timing of its stages.
         self.grain_dataset = None
         self.stage_timing = None

@@ -15,6 +15,7 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import RunEvidence
 from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.data_reuse import reuse_of
 from keras_pipeline_tuner.advice.figures import Figures
@@ -59,15 +60,29 @@ def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
 
 def _judgement(run, cpu, profile) -> Judgement:
     clock = run.clock
+    train = clock.stats(TRAIN)
     return judge(
-        clock.stats(TRAIN),
+        train,
         profile,
         clock.epochs,
         clock.steady_share(TRAIN),
         clock.epoch_start_share(TRAIN),
         run.what_if,
         throttled=throttled(cpu),
+        fetch_floor=run.fetch_floor,
+        cpu_contention=_cpu_contention(run, cpu, train),
     )
+
+
+def _cpu_contention(run, cpu, train: StepStats):
+    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`)."""
+    steady = run.clock.steady_share(TRAIN)
+    if steady is not None and steady.steps:
+        step_ms = steady.step_ms / steady.steps
+        compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
+    else:
+        step_ms, compute_ms = train.step.mean_ms, train.compute.mean_ms
+    return cpu_contention(cpu, _user_calls(run, train), step_ms, compute_ms)
 
 
 def build_report(run) -> Report:

@@ -47,6 +47,7 @@ from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
+from keras_pipeline_tuner.timing import fetch_floor
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -468,7 +469,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             # The loop has ended and `close()` asked for the final report: it
             # waits for a conversion still running (fit's end does not).
             run.wait_for_profile()
-        self._probes.run(run, model=None, dataset=dataset)
+        self._probes.run(run, model=None, dataset=dataset, fetched=_loop_fetched(dataset))
         return run.finish()
 
     # The fit's timing source and step hooks.
@@ -685,4 +686,25 @@ def _probed_inputs(model) -> dict:
     return {
         "dataset": given.source if kind == fit_input.TF_DATASET else None,
         "py_dataset": given.source if kind == fit_input.PY_DATASET else None,
+        "fetched": _fetched(given),
     }
+
+
+def _loop_fetched(dataset) -> Optional[tuple]:
+    """`(backend, "loop", element_spec)` of a loop's `tuner.iterate` dataset, or `None`."""
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None:
+        return None
+    import keras
+
+    return keras.backend.backend(), fetch_floor.LOOP, spec
+
+
+def _fetched(given) -> Optional[tuple]:
+    """`(backend, kind, element_spec)` of the fit's fetch, for the fetch floor, or `None`."""
+    if given is None:
+        return None
+    import keras
+
+    dataset = given.replay_dataset if given.replay_dataset is not None else given.source
+    return keras.backend.backend(), given.kind, getattr(dataset, "element_spec", None)

@@ -26,6 +26,7 @@ from typing import Dict
 from typing import Optional
 from typing import Tuple
 
+from keras_pipeline_tuner._util import own_processes
 from keras_pipeline_tuner.timing.cpu_budget import HOST
 from keras_pipeline_tuner.timing.cpu_budget import QUOTA
 from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
@@ -85,6 +86,9 @@ class CpuUsage:
         throttling: how often the kernel throttled the process's cgroup for
             exceeding its quota over the span; `None` where the cgroup has no
             throttling counters (no cgroup, or not Linux).
+        children_cores: the part of `process_cores` its child processes used
+            (a DataLoader's or a PyDataset's worker processes), or `None`
+            where it was not read apart (no psutil).
 
     Example:
 
@@ -98,6 +102,7 @@ class CpuUsage:
     host_busy: Optional[float] = None
     budget: Optional[CpuBudget] = None
     throttling: Optional[Throttling] = None
+    children_cores: Optional[float] = None
 
     @property
     def busy(self) -> float:
@@ -217,7 +222,7 @@ class CpuMeter:
         self._throttle = ThrottleMeter(self._budget.cgroup)
         self._throttle.start()
         self._started = time.monotonic()
-        self._process_s = _process_cpu_s()
+        self._process_s, self._children_s = _process_cpu_s()
         self._host = _host_counters(self._cpus)
         self._stopped: Optional[CpuUsage] = None
 
@@ -243,13 +248,18 @@ class CpuMeter:
             total = host[1] - self._host[1]
             if total > 0:
                 host_busy = min(max(busy / total, 0.0), 1.0)
+        process_s, children_s = _process_cpu_s()
+        children_cores = None
+        if children_s is not None and self._children_s is not None:
+            children_cores = max(children_s - self._children_s, 0.0) / wall
         return CpuUsage(
             wall_s=wall,
             cpu_count=len(self._cpus) or (os.cpu_count() or 1),
-            process_cores=max(_process_cpu_s() - self._process_s, 0.0) / wall,
+            process_cores=max(process_s - self._process_s, 0.0) / wall,
             host_busy=host_busy,
             budget=self._budget,
             throttling=self._throttle.elapsed(),
+            children_cores=children_cores,
         )
 
 
@@ -260,27 +270,33 @@ def _allowed_cpus() -> Tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
-def _process_cpu_s() -> float:
-    """CPU seconds of this process's threads and of its children, live or waited for."""
+def _process_cpu_s() -> Tuple[float, Optional[float]]:
+    """CPU seconds of this process with its children, and of the children alone (or `None`).
+
+    Children count live or waited for; the tuner's own (`_util.own_processes`)
+    do not. The part of the children is `None` where psutil is missing.
+    """
     try:
         import psutil
     except ImportError:
-        return _os_cpu_s()
+        return _os_cpu_s(), None
     process = psutil.Process()
     try:
         own = process.cpu_times()
         children = process.children(recursive=True)
     except psutil.Error:
-        return _os_cpu_s()
-    total = own.user + own.system + own.children_user + own.children_system
+        return _os_cpu_s(), None
+    theirs = own.children_user + own.children_system - own_processes.ended_cpu_s()
     for child in children:
+        if own_processes.is_own(child.pid):
+            continue
         try:
             times = child.cpu_times()
         except psutil.Error:
             # Ended since listed: counted in children_* once waited for.
             continue
-        total += times.user + times.system
-    return total
+        theirs += times.user + times.system
+    return own.user + own.system + theirs, theirs
 
 
 def _os_cpu_s() -> float:

@@ -215,13 +215,38 @@ def test_a_share_near_a_class_boundary_is_said_to_be_borderline():
     assert "Borderline" not in inside.line
 
 
+def test_a_measured_fetch_floor_is_left_out_of_the_wait_and_named():
+    from keras_pipeline_tuner.timing.fetch_floor import KERAS_ITERATOR
+    from keras_pipeline_tuner.timing.fetch_floor import FetchFloor
+
+    # 0.45 ms a step at the fetch of 1.6 ms steps (28 %): the measured fetch of a
+    # ready batch on torch (0.44 ms) and its margin explain it all.
+    clock = clock_of([[0.45] * 40] * 3, compute_ms=1.15)
+    floor = FetchFloor(0.44, 40, KERAS_ITERATOR)
+    judgement = judge(
+        clock.stats("train"), None, clock.epochs, clock.steady_share("train"),
+        clock.epoch_start_share("train"), fetch_floor=floor,
+    )
+    assert judgement.verdict == NOT
+    assert judgement.fetch_floor_ms == pytest.approx(0.44)
+    assert "measured at 0.44 ms (mean of 40 fetches" in judgement.line
+    # A wait well beyond it counts beyond it: 2.45 ms against 0.66 ms left out.
+    slow = clock_of([[2.45] * 40] * 3, compute_ms=1.15)
+    judgement = judge(
+        slow.stats("train"), None, slow.epochs, slow.steady_share("train"),
+        slow.epoch_start_share("train"), fetch_floor=floor,
+    )
+    assert judgement.verdict == HIGH
+    assert judgement.input_fraction == pytest.approx((2.45 - 0.66) / 3.6, rel=0.01)
+
+
 def test_without_a_replay_a_wait_any_fetch_may_take_does_not_decide():
     # A healthy cached pipeline of sub-millisecond steps beside two busy loops:
     # 0.65 ms a step at the fetch against 0.12 ms of compute, 84 % of the step.
     busy = judged(clock_of([[0.65] * 40] * 3, compute_ms=0.12))
     assert busy.verdict == NOT
     assert busy.input_fraction == 0.0
-    assert "No replay measured the fetch of a batch already in memory" in busy.line
+    assert "Nothing measured the fetch of a batch already in memory" in busy.line
     # In milliseconds: the verdict's share is the one share the line gives.
     assert "the wait at the fetch is 0.65 ms a step" in busy.line
     # A wait far beyond what any fetch takes keeps its class, and its figure.

@@ -1,0 +1,390 @@
+"""The input's true cost against the tuner's figure, on the pipelines users write, per backend.
+
+The input's true share of a step is measured from outside the tuner:
+
+    truth = 1 - (step on an in-memory copy of the same batches) / (step on the real input)
+
+same model, same process, fits alternated (real, copy, real, copy, ...), the
+median of each side's per-step time over its later epochs (the first epoch of
+each fit is left out: iterator set-up, cache fill). Beside each real fit a
+tuned fit (`PipelineTuner(verbose=0)`, defaults) of the same pipeline gives
+the tuner's input share, its class and its "with input free: at most N x"
+figure, which is checked against what free input delivered, `1 / (1 - truth)`.
+
+Cases (each fits a small model for a few seconds):
+
+- `augment` (TensorFlow): the keras.io augmentation recipe, Keras' `RandomFlip`
+  and `RandomRotation` in a tf.data `map`, into a small CNN.
+- `numpy` (TensorFlow): `fit(x, y)` from NumPy arrays into a small CNN.
+- `guide` (TensorFlow): a tf.data map of TensorFlow ops into a small CNN,
+  parallel, prefetched (the guide's shape).
+- `generator` (torch): a tf.data generator that sleeps 80 ms a batch, small CNN.
+- `loader` (torch): a torch DataLoader (`num_workers=0`) of in-memory
+  tensors into a step of a few ms.
+- `jax_map` (JAX): a CPU-heavy tf.data map of TensorFlow ops, small CNN.
+- `python_map` (TensorFlow): a parallel `py_function` map computing in pure
+  Python (about 3 ms a batch, holding the GIL), prefetched: it keeps ahead of
+  the step, so it costs the step through the CPU, not as a wait.
+- `loop` (TensorFlow): the `guide` pipeline and model in a custom loop
+  (`tf.GradientTape` step, `@tuner.instrument`, `tuner.iterate`).
+- `workers` (torch): a DataLoader with two worker processes, each sample
+  computed with NumPy, into a small CNN.
+- `cached` (every backend): a cached, prefetched in-memory pipeline: healthy.
+
+Acceptance (issue: contention measured where it happens): the tuner's share
+within max(0.05, 25 % of truth) of the truth, the class right (either side is
+fair within 0.02 of a boundary), and "at most N x" within [0.67, 1.5] of what
+free input delivered.
+
+    python bench/contention_truth.py [--cases augment numpy ...] [--rounds 3] [--busy-loops 0]
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+BACKEND_OF = {
+    "augment": "tensorflow",
+    "numpy": "tensorflow",
+    "guide": "tensorflow",
+    "cached": "tensorflow",
+    "generator": "torch",
+    "loader": "torch",
+    "cached_torch": "torch",
+    "jax_map": "jax",
+    "python_map": "tensorflow",
+    "loop": "tensorflow",
+    "workers": "torch",
+    "cached_jax": "jax",
+}
+EPOCHS = 3
+BOUNDARIES = (0.05, 0.2)
+FAIR_NEAR_BOUNDARY = 0.02
+
+
+def _classify(fraction: float) -> str:
+    if fraction >= BOUNDARIES[1]:
+        return "highly"
+    return "moderately" if fraction >= BOUNDARIES[0] else "not"
+
+
+def _class_right(tuner: float, truth: float) -> bool:
+    if _classify(tuner) == _classify(truth):
+        return True
+    return any(abs(truth - edge) <= FAIR_NEAR_BOUNDARY for edge in BOUNDARIES)
+
+
+def _case(name: str):
+    """(model factory, real input factory, fit kwargs) of a case; imports the backend."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+
+    def cnn(side=32, channels=3, filters=16):
+        def make():
+            keras.utils.set_random_seed(0)
+            net = keras.Sequential(
+                [
+                    keras.Input((side, side, channels)),
+                    keras.layers.Conv2D(filters, 3, activation="relu"),
+                    keras.layers.Conv2D(filters, 3, activation="relu"),
+                    keras.layers.GlobalAveragePooling2D(),
+                    keras.layers.Dense(10),
+                ]
+            )
+            net.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return net
+
+        return make
+
+    images = rng.random((64 * 32, 32, 32, 3), dtype=np.float32)
+    labels = rng.integers(0, 10, 64 * 32)
+    if name == "augment":
+        augment = keras.Sequential(
+            [keras.layers.RandomFlip("horizontal"), keras.layers.RandomRotation(0.1)]
+        )
+
+        def real():
+            data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32)
+            data = data.map(
+                lambda x, y: (augment(x, training=True), y), num_parallel_calls=tf.data.AUTOTUNE
+            )
+            return data.prefetch(tf.data.AUTOTUNE)
+
+        return cnn(), real, {}
+    if name == "numpy":
+        digits = rng.random((2048, 28, 28, 1), dtype=np.float32)
+        classes = rng.integers(0, 10, 2048)
+        return cnn(28, 1, 32), lambda: (digits, classes), {"batch_size": 32}
+    if name in ("guide", "jax_map", "loop"):
+
+        def heavy(x, y):
+            for _ in range(4):
+                x = tf.image.resize(x, (48, 48))
+                x = tf.image.resize(x, (32, 32))
+            return x, y
+
+        def real():
+            data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32)
+            return data.map(heavy, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+                tf.data.AUTOTUNE
+            )
+
+        return cnn(), real, {}
+    if name == "generator":
+
+        def real():
+            def batches():
+                for index in range(64):
+                    time.sleep(0.08)
+                    rows = slice(index * 32, (index + 1) * 32)
+                    yield images[rows], labels[rows]
+
+            return tf.data.Dataset.from_generator(
+                batches,
+                output_signature=(
+                    tf.TensorSpec((None, 32, 32, 3), tf.float32),
+                    tf.TensorSpec((None,), tf.int64),
+                ),
+            )
+
+        return cnn(filters=32), real, {}
+    if name == "loader":
+        import torch
+
+        small = torch.from_numpy(rng.random((256 * 32, 64), dtype=np.float32))
+        targets = torch.from_numpy(rng.random((256 * 32, 1), dtype=np.float32))
+
+        def dense():
+            keras.utils.set_random_seed(0)
+            net = keras.Sequential(
+                [keras.Input((64,)), keras.layers.Dense(512), keras.layers.Dense(512),
+                 keras.layers.Dense(1)]
+            )
+            net.compile("adam", "mse")
+            return net
+
+        def real():
+            return torch.utils.data.DataLoader(
+                torch.utils.data.TensorDataset(small, targets), batch_size=32, shuffle=True
+            )
+
+        return dense, real, {}
+    if name == "python_map":
+
+        def spin(x):
+            end = time.perf_counter() + 0.003
+            while time.perf_counter() < end:
+                pass
+            return x
+
+        def real():
+            data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32)
+
+            def mapped(x, y):
+                x = tf.py_function(spin, [x], tf.float32)
+                x.set_shape((None, 32, 32, 3))
+                return x, y
+
+            return data.map(mapped, num_parallel_calls=2).prefetch(tf.data.AUTOTUNE)
+
+        return cnn(), real, {}
+    if name == "workers":
+        import torch
+
+        class Samples(torch.utils.data.Dataset):
+            def __len__(self):
+                return len(images)
+
+            def __getitem__(self, index):
+                image = images[index]
+                for _ in range(3):
+                    image = np.sqrt(np.abs(np.fft.ifft2(np.fft.fft2(image, axes=(0, 1)),
+                                                        axes=(0, 1)))).astype(np.float32)
+                return torch.from_numpy(image), int(labels[index])
+
+        def real():
+            return torch.utils.data.DataLoader(
+                Samples(), batch_size=32, num_workers=2, persistent_workers=False
+            )
+
+        return cnn(), real, {}
+    if name.startswith("cached"):
+
+        def real():
+            data = tf.data.Dataset.from_tensor_slices((images, labels)).batch(32)
+            return data.cache().prefetch(tf.data.AUTOTUNE)
+
+        return cnn(), real, {}
+    raise SystemExit(f"unknown case {name!r}")
+
+
+def _in_memory(real_input):
+    """The batches one epoch of `real_input` yields, as a cached in-memory tf.data pipeline."""
+    import numpy as np
+    import tensorflow as tf
+
+    if isinstance(real_input, tuple):
+        return None  # fit(x, y): its copy is the same arrays, fed as one cached tf.data
+    if hasattr(real_input, "as_numpy_iterator"):
+        batches = list(real_input.as_numpy_iterator())
+    else:
+        batches = [tuple(part.numpy() for part in batch) for batch in real_input]
+    parts = tuple(np.stack([batch[i] for batch in batches]) for i in range(len(batches[0])))
+    return tf.data.Dataset.from_tensor_slices(parts).cache().prefetch(tf.data.AUTOTUNE)
+
+
+def _numpy_copy(x, y, batch_size):
+    import tensorflow as tf
+
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size).cache()
+    return data.prefetch(tf.data.AUTOTUNE)
+
+
+class _EpochTimes:
+    def __init__(self):
+        import keras
+
+        outer = self
+
+        class Timer(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                outer.began = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                outer.seconds.append(time.perf_counter() - outer.began)
+
+        self.seconds = []
+        self.callback = Timer()
+
+
+def _loop(model, data, steps, tuner=None):
+    """`EPOCHS` epochs of a custom training loop; the median later epoch, ms a step."""
+    import keras
+    import tensorflow as tf
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = model.optimizer
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_weights)
+        optimizer.apply_gradients(zip(grads, model.trainable_weights))
+        return loss
+
+    if tuner is not None:
+        step = tuner.instrument(step)
+    seconds = []
+    for _ in range(EPOCHS):
+        began = time.perf_counter()
+        for x, y in (tuner.iterate(data) if tuner is not None else data):
+            step(x, y)
+        seconds.append(time.perf_counter() - began)
+    if tuner is not None:
+        tuner.close()
+    return statistics.median(seconds[1:]) / steps * 1e3
+
+
+def _fit(model, data, kwargs, steps, callbacks=()):
+    if _LOOP[0]:
+        tuners = [c for c in callbacks if hasattr(c, "iterate")]
+        return _loop(model, data, steps, tuners[0] if tuners else None)
+    timer = _EpochTimes()
+    if isinstance(data, tuple):
+        model.fit(*data, epochs=EPOCHS, verbose=0, callbacks=[timer.callback, *callbacks],
+                  **kwargs)
+    else:
+        model.fit(data, epochs=EPOCHS, verbose=0, callbacks=[timer.callback, *callbacks])
+    return statistics.median(timer.seconds[1:]) / steps * 1e3
+
+
+# Whether the case trains in a custom loop rather than fit.
+_LOOP = [False]
+
+
+def run_case(name: str, rounds: int) -> str:
+    import keras_pipeline_tuner as kpt
+
+    _LOOP[0] = name == "loop"
+    make_model, real_input, kwargs = _case(name)
+    first = real_input()
+    if isinstance(first, tuple):
+        x, y = first
+        steps = -(-len(x) // kwargs["batch_size"])
+        copy = _numpy_copy(x, y, kwargs["batch_size"])
+    else:
+        copy = _in_memory(first)
+        steps = sum(1 for _ in copy)
+    model = make_model()
+    _fit(model, copy, {}, steps)  # traces the step once, not counted
+    real_ms, copy_ms, tuned = [], [], []
+    for _ in range(rounds):
+        real_ms.append(_fit(model, real_input(), kwargs, steps))
+        copy_ms.append(_fit(model, copy, {}, steps))
+        tuner = kpt.PipelineTuner(verbose=0)
+        _fit(model, real_input(), kwargs, steps, [tuner])
+        figures = tuner.report.figures
+        ceiling = figures.input_free.speedup if figures.input_free is not None else None
+        tuned.append((figures.input_fraction or 0.0, ceiling, figures.source))
+    real, free = statistics.median(real_ms), statistics.median(copy_ms)
+    truth = max(0.0, 1.0 - free / real)
+    delivered = real / free
+    rows = []
+    for share, ceiling, source in tuned:
+        within = abs(share - truth) <= max(0.05, 0.25 * truth)
+        ratio = (ceiling / delivered) if ceiling else float("nan")
+        rows.append(
+            f"{share * 100:5.1f} % {_classify(share):10s} ({source}) "
+            f"share {'ok' if within else 'OFF'}, "
+            f"class {'ok' if _class_right(share, truth) else 'WRONG'}, "
+            f"at most {ceiling or 0:.2f}x = {ratio:.2f} of delivered"
+            f" {'ok' if 0.67 <= ratio <= 1.5 else 'OFF'}"
+        )
+    head = (
+        f"{name:12s} truth {truth * 100:5.1f} % {_classify(truth):10s} "
+        f"(step {real:.2f} ms real, {free:.2f} ms in memory, free input {delivered:.2f}x)"
+    )
+    return "\n".join([head] + ["    tuner " + row for row in rows])
+
+
+def _busy_loops(count: int):
+    return [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
+    ]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", nargs="*", default=list(BACKEND_OF))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--busy-loops", type=int, default=0)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(run_case(args.one, args.rounds), flush=True)
+        return
+    loops = _busy_loops(args.busy_loops)
+    try:
+        print(f"{time.strftime('%Y-%m-%d %H:%M')}, busy loops {args.busy_loops}, "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+        for name in args.cases:
+            env = dict(os.environ, KERAS_BACKEND=BACKEND_OF[name], TF_CPP_MIN_LOG_LEVEL="3")
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", name, "--rounds", str(args.rounds)],
+                env=env, capture_output=True, text=True,
+            )
+            print(done.stdout.strip() or f"{name}: failed\n{done.stderr[-2000:]}", flush=True)
+    finally:
+        for loop in loops:
+            loop.kill()
+
+
+if __name__ == "__main__":
+    main()

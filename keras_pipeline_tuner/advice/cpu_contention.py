@@ -1,0 +1,136 @@
+"""Contention from CPU use: the compute slowdown the input's CPU work predicts.
+
+On the CPU, an input pipeline's threads and worker processes share the cores
+with the model's step: much of the pipeline's cost shows up as slower compute,
+not as a wait at the fetch. Training already shows how much CPU the input took,
+without running anything after it:
+
+- the user's Python calls made off the training thread (tf.data
+  `py_function` / `numpy_function` / `from_generator`, a PyDataset's worker
+  threads): their CPU time, timed where the fit made them
+  (`instrumentation.user_calls`), over the span the CPU meter read;
+- the process's children (a DataLoader's or a PyDataset's worker processes):
+  their CPU time over the run (`timing.cpu_usage`).
+
+Their average cores, against the CPU budget the job has (affinity and quota),
+is the share of the CPUs the input held while the step computed; scaled by how
+busy the CPUs were (idle cores absorb the input's work; from `BUSY_FRACTION`
+busy, all of it displaces the step), it predicts the share of the compute the
+input cost:
+
+    contention = compute / step x min(input cores / budget, 1) x min(busy / 0.8, 1)
+
+It is a prediction, and says so. Where the replay after training ran, its
+measured figure decides and this one is shown beside it. Calls the fetch makes
+on the training thread (a Python generator on JAX and torch) are the wait
+itself, not contention, and are left out.
+"""
+
+import dataclasses
+from typing import List
+from typing import Optional
+from typing import Sequence
+
+from keras_pipeline_tuner.timing.cpu_usage import BUSY_FRACTION
+
+# Calls made on the training thread, inside the fetch: already in the wait.
+ON_TRAINING_THREAD = frozenset({"generator next"})
+# Below this share of the step the estimate is not worth a word.
+NEGLIGIBLE = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuContention:
+    """The share of step time the input's CPU use predicts it cost the compute.
+
+    Attributes:
+        fraction: the predicted share of step time (of the compute part).
+        input_cores: the cores the input's threads and workers kept busy on
+            average while training ran.
+        budget_cpus: the CPUs the job may use.
+        busy: the share of those CPUs that was busy (`CpuUsage.busy`).
+        parts: what the input's cores consist of, each in words.
+
+    Example:
+
+    >>> found = CpuContention(0.21, 0.9, 2.0, 0.95, ["Python calls of map(load) 0.90 cores"])
+    >>> found.describe().split(": ")[1]
+    'predicted 21.0 % of step time (CPU use)'
+    """
+
+    fraction: float
+    input_cores: float
+    budget_cpus: float
+    busy: float
+    parts: List[str] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> str:
+        """The estimate in one phrase, with what it rests on."""
+        return (
+            f"the input's threads and workers kept {self.input_cores:.2f} of the job's "
+            f"{self.budget_cpus:g} CPUs busy while the step computed ({'; '.join(self.parts)}; "
+            f"the CPUs {self.busy * 100:.0f} % busy): predicted {self.fraction * 100:.1f} % "
+            "of step time (CPU use)"
+        )
+
+
+def cpu_contention(
+    cpu,
+    user_calls: Sequence,
+    step_ms: Optional[float],
+    compute_ms: Optional[float],
+) -> Optional[CpuContention]:
+    """Predicts the compute the input's CPU use cost, from what training measured.
+
+    Args:
+        cpu: the run's `CpuUsage`, or `None`.
+        user_calls: the run's `UserCallTiming`s, per training batch where known.
+        step_ms: the steady state's mean step.
+        compute_ms: the steady state's mean compute per step.
+
+    Returns:
+        The `CpuContention`, or `None` where nothing measured the input's CPU
+        or it is negligible.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    >>> from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    >>> cpu = CpuUsage(wall_s=10.0, cpu_count=2, process_cores=2.0, host_busy=1.0,
+    ...                budget=CpuBudget(2, 2), children_cores=0.5)
+    >>> round(cpu_contention(cpu, [], step_ms=10.0, compute_ms=10.0).fraction, 2)
+    0.25
+    """
+    if cpu is None or not step_ms or step_ms <= 0 or compute_ms is None:
+        return None
+    parts: List[str] = []
+    cores = 0.0
+    for timing in user_calls:
+        if timing.source in ON_TRAINING_THREAD or cpu.wall_s <= 0:
+            continue
+        # Over the span the CPU meter read, as the workers' cores are: calls
+        # run ahead of the steps that read their results.
+        used = timing.cpu_ms * timing.calls / 1e3 / cpu.wall_s
+        if used > 0:
+            cores += used
+            parts.append(f"Python calls of {timing.stage} {used:.2f} cores")
+    if cpu.children_cores:
+        cores += cpu.children_cores
+        parts.append(f"worker processes {cpu.children_cores:.2f} cores")
+    budget = _budget_cpus(cpu)
+    if cores <= 0 or budget <= 0:
+        return None
+    held = min(cores / budget, 1.0)
+    busy = cpu.busy
+    fraction = min(compute_ms / step_ms, 1.0) * held * min(busy / BUSY_FRACTION, 1.0)
+    if fraction < NEGLIGIBLE:
+        return None
+    return CpuContention(fraction, cores, budget, busy, parts)
+
+
+def _budget_cpus(cpu) -> float:
+    """The CPUs the job may use: its quota where one binds, else the CPUs it may run on."""
+    budget = cpu.budget
+    if budget is not None:
+        return float(budget.limit_cpus)
+    return float(cpu.cpu_count)

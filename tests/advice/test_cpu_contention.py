@@ -1,0 +1,153 @@
+"""Contention from CPU use: the input's threads and workers against the CPU budget."""
+
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
+from keras_pipeline_tuner.advice.recommendation import CPU_USE
+from keras_pipeline_tuner.advice.recommendation import REPLAY
+from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
+from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
+from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+from keras_pipeline_tuner.timing.step_clock import StepClock
+from keras_pipeline_tuner.timing.step_stats import Distribution
+from keras_pipeline_tuner.timing.step_stats import Verdict
+
+
+def usage(busy=1.0, children=0.0, quota=None):
+    return CpuUsage(
+        wall_s=10.0,
+        cpu_count=2,
+        process_cores=2.0 * busy,
+        host_busy=busy,
+        budget=CpuBudget(2, 2, quota_cpus=quota),
+        children_cores=children,
+    )
+
+
+def python_calls(cpu_ms, source="tf.py_function"):
+    """Calls of `cpu_ms` each, one a 10 ms step over the meter's 10 s: 1000 calls."""
+    return UserCallTiming(
+        "map(load)", "load", source, calls=1000, wall_ms=cpu_ms, wall_ms_median=cpu_ms,
+        cpu_ms=cpu_ms, threads=2, per_batch_calls=1.0,
+    )
+
+
+def test_the_inputs_cores_against_the_budget_predict_the_computes_loss():
+    # 5 ms of Python CPU a 10 ms step: half a core of the two, all busy, and
+    # the whole step computes: a quarter of it.
+    found = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=10.0)
+    assert found.input_cores == pytest.approx(0.5)
+    assert found.fraction == pytest.approx(0.25)
+    assert "Python calls of map(load) 0.50 cores" in found.describe()
+    # Worker processes count too, and a quota is the budget: 0.5 cores of 1.0.
+    workers = cpu_contention(usage(children=0.5, quota=1.0), [], step_ms=10.0, compute_ms=10.0)
+    assert workers.budget_cpus == 1.0 and workers.fraction == pytest.approx(0.5)
+    # Idle CPUs absorb the input's work: at 40 % busy, half of it counts.
+    idle = cpu_contention(usage(busy=0.4), [python_calls(5.0)], step_ms=10.0, compute_ms=10.0)
+    assert idle.fraction == pytest.approx(0.125)
+    # Only the compute part of the step can be slowed.
+    waiting = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0)
+    assert waiting.fraction == pytest.approx(0.1)
+
+
+def test_calls_on_the_training_thread_are_the_wait_not_contention():
+    # A generator's next() on JAX and torch runs inside the fetch, on the
+    # training thread: the step clock's wait holds it already.
+    fetched = python_calls(5.0, source="generator next")
+    assert cpu_contention(usage(), [fetched], step_ms=10.0, compute_ms=10.0) is None
+    # Nothing measured, or next to nothing: no estimate.
+    assert cpu_contention(usage(), [], step_ms=10.0, compute_ms=10.0) is None
+    assert cpu_contention(None, [python_calls(5.0)], step_ms=10.0, compute_ms=10.0) is None
+    assert cpu_contention(usage(), [python_calls(0.05)], step_ms=10.0, compute_ms=10.0) is None
+
+
+def clock_of(wait_ms, compute_ms, epochs=3, steps=30):
+    clock, now = StepClock(), 0.0
+    for epoch in range(epochs):
+        clock.begin_epoch(epoch)
+        rows = []
+        for _ in range(steps):
+            ready = now + wait_ms / 1e3
+            end = ready + compute_ms / 1e3
+            rows.append((now, ready, end))
+            now = end
+        clock.record("train", np.array(rows))
+        clock.end_epoch("train", epoch)
+    return clock
+
+
+def judged(clock, **kwargs):
+    return judge(
+        clock.stats("train"), None, clock.epochs, clock.steady_share("train"),
+        clock.epoch_start_share("train"), **kwargs,
+    )
+
+
+def test_without_a_replay_the_cpu_estimate_adds_to_the_wait_and_says_it_is_predicted():
+    clock = clock_of(wait_ms=0.5, compute_ms=9.5)
+    found = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=9.5)
+    judgement = judged(clock, cpu_contention=found)
+    assert judgement.source == CPU_USE
+    assert judgement.verdict == Verdict.HIGHLY_INPUT_BOUND
+    assert judgement.input_fraction == pytest.approx(judgement.wait_fraction + found.fraction)
+    assert "predicted" in judgement.line and "(CPU use)" in judgement.line
+    # Serialised with the report and read back whole.
+    report = kpt.Report(judgement=judgement)
+    assert kpt.Report.from_json(report.to_json()).judgement.cpu_contention == found
+
+
+def test_a_replay_measurement_decides_and_the_cpu_estimate_is_shown_beside_it():
+    clock = clock_of(wait_ms=0.5, compute_ms=9.5)
+    found = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=9.5)
+    replay = WhatIfResult(
+        replay_step=Distribution(mean_ms=6.0),
+        replay_input_wait=Distribution(mean_ms=0.05),
+        pipeline_step=Distribution(mean_ms=10.0),
+        pipeline_source="measured",
+    )
+    judgement = judged(clock, what_if=replay, cpu_contention=found)
+    assert judgement.source == REPLAY
+    assert judgement.input_fraction == pytest.approx(0.4)
+    assert "Beside it, from CPU use:" in judgement.line
+
+
+def test_a_python_map_that_keeps_ahead_is_measured_as_cpu_the_step_shares():
+    # A parallel py_function map that computes in Python (holding the GIL) for
+    # 2 ms a batch, prefetched, into a step that computes for a few ms: the
+    # estimate counts its CPU time as the input's cores, whatever the load.
+    def spin(x):
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return x
+
+    def mapped(x, y):
+        x = tf.py_function(spin, [x], tf.float32)
+        x.set_shape((None, 256))
+        return x, y
+
+    x = np.random.default_rng(0).random((64 * 40, 256), dtype=np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(64)
+    data = data.map(mapped, num_parallel_calls=2).prefetch(4)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((256,)), keras.layers.Dense(1024), keras.layers.Dense(1024),
+         keras.layers.Dense(1)]
+    )
+    model.compile("sgd", "mse")
+    tuner = kpt.PipelineTuner(verbose=0)
+    model.fit(data, epochs=3, verbose=0, callbacks=[tuner])
+    found = tuner.report.judgement.cpu_contention
+    assert found is not None, tuner.report.judgement.line
+    assert "Python calls of map(mapped, num_parallel_calls=2)" in found.parts[0]
+    cpu = tuner.report.cpu
+    assert found.input_cores == pytest.approx(120 * 0.002 / cpu.wall_s, rel=0.25)
+    assert found.input_cores <= 2.0

@@ -1,0 +1,36 @@
+"""The fetch floor is measured through the kind of fetch training ran, never assumed."""
+
+import numpy as np
+import tensorflow as tf
+
+import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.timing import fetch_floor
+
+
+def test_a_custom_loops_floor_is_its_own_kind_of_fetch():
+    x = np.zeros((32 * 30, 4), np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32).cache().prefetch(2)
+    tuner = kpt.PipelineTuner(verbose=0, profile="off")
+
+    @tuner.instrument
+    @tf.function
+    def step(x, y):
+        return tf.reduce_sum(x) + tf.reduce_sum(y)
+
+    for _ in range(3):
+        for x_batch, y_batch in tuner.iterate(data):
+            step(x_batch, y_batch)
+    tuner.close()
+    judgement = tuner.report.judgement
+    assert judgement.fetch_floor_how.endswith(f"through {fetch_floor.PYTHON_ITERATOR})")
+    assert judgement.fetch_floor_ms > 0
+    assert "fetch floor" in tuner.report.tuner_cost.parts
+
+
+def test_the_floor_is_timed_on_zeros_of_the_fits_structure_a_steps_compute_apart():
+    spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None,), tf.int64))
+    floor = fetch_floor.measure_fetch_floor("tensorflow", "tf.data", spec, compute_ms=2.0)
+    assert floor.how == fetch_floor.GRAPH_FETCH and floor.fetches == fetch_floor.FETCHES
+    # Nothing is measured for inputs whose fetch runs the user's Python.
+    assert fetch_floor.measure_fetch_floor("tensorflow", "PyDataset", spec) is None
+    assert fetch_floor.measure_fetch_floor("jax", "generator", None) is None
