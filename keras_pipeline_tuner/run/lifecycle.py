@@ -142,6 +142,10 @@ class Run:
         # A Grain dataset being trained on, and Grain's timing of its stages.
         self.grain_dataset = None
         self.stage_timing = None
+        # tf.data's live model of the fit's iterator: the latest read, and
+        # every read (`instrumentation.live_model_reader`).
+        self.stage_table = None
+        self.stage_table_history = []
         # The advised fixes timed after training (`measure_fixes`).
         self.fix_timings = []
         # The user's Python calls timed during training

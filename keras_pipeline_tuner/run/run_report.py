@@ -127,6 +127,7 @@ def build_report(run) -> Report:
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
         user_calls=user_calls,
+        stage_table=run.stage_table,
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
