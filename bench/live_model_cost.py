@@ -114,7 +114,10 @@ def main():
                 table = found
             gc.collect()
     off, on = statistics.median(walls[False]), statistics.median(walls[True])
-    print(f"fit wall, reads off: {off:.3f} s; on: {on:.3f} s; on/off {on / off:.3f} (medians of {rounds})")
+    print(
+        f"fit wall, reads off: {off:.3f} s; on: {on:.3f} s; on/off {on / off:.3f} "
+        f"(medians of {rounds})"
+    )
     spent = statistics.median(read_s)
     print(
         f"reads on the training thread: {spent * 1e3:.2f} ms in a fit of {on:.2f} s "
