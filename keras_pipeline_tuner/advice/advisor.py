@@ -79,6 +79,7 @@ from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import LINT
+from keras_pipeline_tuner.advice.recommendation import LIVE_MODEL
 from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
 from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
@@ -330,6 +331,13 @@ class _Run:
         self.bottleneck = profile.bottleneck if profile is not None else None
         self.bottleneck_node = profile.bottleneck_node if profile is not None else None
         self.bottleneck_by = PROFILER if self.bottleneck else None
+        capacity = figures.capacity
+        if not self.bottleneck and capacity is not None and capacity.slowest:
+            # No window ran (torch, or none opened): tf.data's own statistics
+            # of the fit's iterator name the stage that sustains the fewest batches.
+            slowest = capacity.stage(capacity.slowest)
+            self.bottleneck, self.bottleneck_by = capacity.slowest, LIVE_MODEL
+            self.bottleneck_node = slowest.node if slowest is not None else None
 
     def name_python_bottleneck(self, costs: List[python_stages.PythonStageCost]) -> None:
         """Keeps the Python stages' costs; names the bottleneck from them where no profile did.
@@ -449,9 +457,12 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     if change == CACHE:
         # A cache gains only where the fit reads its elements again.
         gain = cache_gain(run, gain)
-    named_by = (
-        "the profiler names it" if run.bottleneck_by == PROFILER
-        else "your Python in it takes most of the steps' wait, timed during training, so it is"
+    named_by = {
+        PROFILER: "the profiler names it",
+        LIVE_MODEL: "tf.data's live model of the fit's iterator names it",
+    }.get(
+        run.bottleneck_by,
+        "your Python in it takes most of the steps' wait, timed during training, so it is",
     )
     return Recommendation(
         id=BOTTLENECK_STAGE,
@@ -472,6 +483,17 @@ def _stage_evidence(run: _Run, stage, node=None) -> List[Evidence]:
     cost = run.python_cost(stage)
     if cost is not None:
         evidence.append(Evidence(USER_CALLS, cost.sentence()))
+    capacity = run.figures.capacity
+    held = capacity.stage(stage, node) if capacity is not None and stage else None
+    if held is not None:
+        evidence.append(
+            Evidence(
+                LIVE_MODEL,
+                f"{stage} takes {held.cpu_ms_per_batch:.2f} ms of CPU a batch at "
+                f"{held.threads} thread(s): it sustains {held.batches_per_s:.1f} batches/s "
+                f"(measured by tf.data; the rate predicted). {capacity.line()}",
+            )
+        )
     return evidence
 
 

@@ -152,6 +152,8 @@ def print_summary(
     stages = stage_table_line(report)
     if stages is not None:
         console.print(Text(stages))
+        if figures.capacity is not None:
+            console.print(Text(figures.capacity.line()))
     python = user_calls_line(report)
     if python is not None:
         console.print(Text(python))

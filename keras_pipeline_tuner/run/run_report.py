@@ -198,6 +198,7 @@ def figures_of(
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
         user_calls=user_calls,
+        stage_table=run.stage_table,
     )
 
 
