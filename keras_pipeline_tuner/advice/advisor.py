@@ -106,6 +106,7 @@ from keras_pipeline_tuner.advice.stages import severity_of
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
+from keras_pipeline_tuner.pipeline.lint.memory_forecast import fits
 from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
@@ -199,7 +200,7 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     quota_throttled = throttled(cpu)
     cpus = figures.cpu_budget or evidence.cpu_count or budget_cpus(cpu)
     run = _Run(evidence, figures, cpus, quota_throttled)
-    run.pipeline = pipeline
+    run.pipeline, run.memory = pipeline, getattr(findings, "memory", None)
     run.name_python_bottleneck(python_stages.stage_costs(evidence.user_calls, evidence.stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
     if run.verdict == Verdict.NOT_INPUT_BOUND:
@@ -248,7 +249,7 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
     ranked.sort(key=no_speed_fix)
     # A ceiling under LEAST_SHOWN_GAIN says the change cannot help: no advice
     # (the inspection still lists the finding).
-    ranked = [item for item in ranked if not cannot_help(item)]
+    ranked = [item for item in ranked if not cannot_help(item) and fits(run.memory, item)]
     if input_bound and not ranked:
         # Every finding was a change that cannot help (a prefetch where
         # compute is tiny): the wait still has a cause to point at.
@@ -318,6 +319,7 @@ class _Run:
         self.figures = figures
         self.cpu_count = cpu_count
         self.pipeline = None
+        self.memory = None
         self.reuse: Optional["DataReuse"] = evidence.reuse
         self.clock_evidence = _clock_evidence(figures)
         replayed = replayed_gain(evidence.what_if, throttled)

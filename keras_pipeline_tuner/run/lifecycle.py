@@ -37,6 +37,7 @@ from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.lint.memory_forecast import warn_of_memory
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
@@ -379,6 +380,8 @@ class Run:
                 self.findings = find()
             except InMemoryDataTooLarge as reason:
                 self.notes.append(f"The pipeline was not inspected. {reason}")
+            # Before the first step: a cache that will not fit kills the job when it fills.
+            warn_of_memory(self.findings)
 
     def source_description(self) -> Optional[tuple]:
         """`(measurement, notes)` of the timing source, when it knows better than the run."""
