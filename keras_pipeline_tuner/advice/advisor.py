@@ -106,11 +106,11 @@ from keras_pipeline_tuner.advice.stages import severity_of
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
-from keras_pipeline_tuner.pipeline.lint.memory_forecast import fits
 from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
+from keras_pipeline_tuner.pipeline.lint.memory_forecast import fits
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_stats import StepStats
