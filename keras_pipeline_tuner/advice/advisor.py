@@ -103,6 +103,7 @@ from keras_pipeline_tuner.advice.stages import parse_stage
 from keras_pipeline_tuner.advice.stages import same_place
 from keras_pipeline_tuner.advice.stages import same_stage
 from keras_pipeline_tuner.advice.stages import severity_of
+from keras_pipeline_tuner.advice.step_overhead import overhead_recommendation
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
@@ -157,6 +158,8 @@ class RunEvidence:
             it gets a gain predicted from them (`python_stages`).
         cpu_count: CPU cores a parallelised stage can use, where the figures
             hold no CPU budget (read now when neither says).
+        execution: the `ExecutionReplay` of cached batches at a larger
+            `steps_per_execution`, if one ran (`advice.step_overhead`).
     """
 
     stats: StepStats
@@ -169,6 +172,7 @@ class RunEvidence:
     reuse: Any = None
     user_calls: Sequence = ()
     cpu_count: Optional[int] = None
+    execution: Any = None
 
 
 def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
@@ -203,9 +207,10 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     run.pipeline, run.memory = pipeline, getattr(findings, "memory", None)
     run.name_python_bottleneck(python_stages.stage_costs(evidence.user_calls, evidence.stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
+    host = overhead_recommendation(evidence.stats, evidence.execution)
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return (
-            [_not_the_bottleneck(run)]
+            ([host] if host is not None else []) + [_not_the_bottleneck(run)]
             + [
                 _from_finding(run, finding)
                 for finding in findings
@@ -225,7 +230,11 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     # Advice from the CPU budget comes after the pipeline's own: it has no
     # speed figure of its own (see `cpu_limits`).
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound, fix_timings)
-    return ([straggler] if straggler else []) + one_per_stage(ranked) + limits + offload_last
+    ranked = one_per_stage(ranked)
+    if host is not None:
+        ranked.append(host)
+        sort_by_figure(ranked)
+    return ([straggler] if straggler else []) + ranked + limits + offload_last
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:
@@ -334,9 +343,10 @@ class _Run:
         self.bottleneck_node = profile.bottleneck_node if profile is not None else None
         self.bottleneck_by = PROFILER if self.bottleneck else None
         capacity = figures.capacity
-        if not self.bottleneck and capacity is not None and capacity.slowest:
+        if not self.bottleneck and capacity is not None and capacity.input_caps():
             # No window ran (torch, or none opened): tf.data's own statistics
-            # of the fit's iterator name the stage that sustains the fewest batches.
+            # of the fit's iterator name the stage that sustains the fewest
+            # batches, where the input's rate is what caps the step.
             slowest = capacity.stage(capacity.slowest)
             self.bottleneck, self.bottleneck_by = capacity.slowest, LIVE_MODEL
             self.bottleneck_node = slowest.node if slowest is not None else None
@@ -486,17 +496,8 @@ def _stage_evidence(run: _Run, stage, node=None) -> List[Evidence]:
     if cost is not None:
         evidence.append(Evidence(USER_CALLS, cost.sentence()))
     capacity = run.figures.capacity
-    held = capacity.stage(stage, node) if capacity is not None and stage else None
-    if held is not None:
-        evidence.append(
-            Evidence(
-                LIVE_MODEL,
-                f"{stage} takes {held.cpu_ms_per_batch:.2f} ms of CPU a batch at "
-                f"{held.threads} thread(s): it sustains {held.batches_per_s:.1f} batches/s "
-                f"(measured by tf.data; the rate predicted). {capacity.line()}",
-            )
-        )
-    return evidence
+    held = capacity.evidence(stage, node) if capacity is not None and stage else None
+    return evidence + ([Evidence(LIVE_MODEL, held)] if held else [])
 
 
 def _pipeline_stage(run: _Run, node: Optional[str]):

@@ -91,6 +91,10 @@ class Capacity:
     cores_for_input_free: Optional[int] = None
     faster_model_cap: Optional[float] = None
 
+    def input_caps(self) -> bool:
+        """Whether the input's rate, not the compute, sets the step the model predicts."""
+        return self.compute_ms is not None and self.input_ms >= self.compute_ms
+
     def stage(self, stage: str, node: Optional[str] = None) -> Optional[StageCapacity]:
         """A stage's capacity, by graph node or label."""
         for item in self.stages:
@@ -138,6 +142,17 @@ class Capacity:
             return None
         rate = _pipeline_rate(rates, cpu, self.cpu_budget)
         return _step_ms(self.compute_ms, 1000.0 / rate if rate else 0.0, cpu, self.cpu_budget)
+
+    def evidence(self, stage: str, node: Optional[str] = None) -> Optional[str]:
+        """What the model says of one stage, with its line, or `None` for a stage it lacks."""
+        held = self.stage(stage, node)
+        if held is None:
+            return None
+        return (
+            f"{stage} takes {held.cpu_ms_per_batch:.2f} ms of CPU a batch at "
+            f"{held.threads} thread(s): it sustains {held.batches_per_s:.1f} batches/s "
+            f"(its time measured by tf.data; the rate predicted). {self.line()}"
+        )
 
     def line(self) -> str:
         """The model's answer in one line, for people (every figure a prediction).

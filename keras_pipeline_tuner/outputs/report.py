@@ -15,6 +15,7 @@ from keras_pipeline_tuner.advice.figures import Figures
 from keras_pipeline_tuner.advice.figures import legacy_figures
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner.after_training.execution_replay import ExecutionReplay
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
 from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME  # noqa: F401 - re-exported
@@ -108,6 +109,9 @@ class Report:
             per stage its time per element, its share, the parallelism and
             buffer AUTOTUNE chose, and the final prefetch's fullness. On every
             backend, with or without a profiler window.
+        execution: Keras' fit on cached batches at `steps_per_execution` 1 and
+            at a larger setting, timed after training where the host's work
+            between steps bounded the step (`after_training.execution_replay`).
 
     Example:
 
@@ -141,6 +145,7 @@ class Report:
     user_calls: List[UserCallTiming] = dataclasses.field(default_factory=list)
     profile_pending: bool = False
     stage_table: Optional[StageTable] = None
+    execution: Optional[ExecutionReplay] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

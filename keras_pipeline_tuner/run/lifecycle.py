@@ -145,8 +145,9 @@ class Run:
         self.stage_timing = None
         # tf.data's live model of the fit's iterator: the latest read, and
         # every read (`instrumentation.live_model_reader`).
-        self.stage_table = None
-        self.stage_table_history = []
+        self.stage_table, self.stage_table_history = None, []
+        # Keras' fit on cached batches at a larger steps_per_execution (`execution_replay`).
+        self.execution = None
         # The advised fixes timed after training (`measure_fixes`).
         self.fix_timings = []
         # The user's Python calls timed during training

@@ -128,6 +128,7 @@ def build_report(run) -> Report:
         tuner_cost=run.cost.cost(),
         user_calls=user_calls,
         stage_table=run.stage_table,
+        execution=run.execution,
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
@@ -146,6 +147,7 @@ def build_report(run) -> Report:
                     fix_timings=run.fix_timings,
                     reuse=report.reuse,
                     user_calls=report.user_calls,
+                    execution=run.execution,
                 ),
                 job_figures,
             )
