@@ -25,6 +25,7 @@ from typing import List
 from typing import Optional
 
 from keras_pipeline_tuner._util.running_fit import running_call_local
+from keras_pipeline_tuner.instrumentation.made_iterators import IteratorsMade
 from keras_pipeline_tuner.profiling import live_model
 from keras_pipeline_tuner.profiling.live_model import StageTable
 
@@ -70,7 +71,7 @@ class LiveModelReader:
         self.history: List[StageTable] = []
         self.notes: List[str] = []
         self._pipeline = pipeline
-        self._on_failure = on_failure
+        self._on_failure = on_failure or _log_failure
         self._epoch_iterator = None
         self._holder = None
         self._name = ""
@@ -109,7 +110,7 @@ class LiveModelReader:
             return True
         if dataset is None:
             return False
-        self._stand_in = _RecordingDataset(dataset, self._made)
+        self._stand_in = IteratorsMade(dataset, self._made)
         self._holder, self._name = holder, name
         setattr(holder, name, self._stand_in)
         return True
@@ -210,42 +211,21 @@ class LiveModelReader:
         holder, self._holder = self._holder, None
         stand_in, self._stand_in = self._stand_in, None
         if holder is not None and vars(holder).get(self._name, _MISSING) is stand_in:
-            setattr(holder, self._name, stand_in.dataset)
+            setattr(holder, self._name, stand_in.iterable)
         self._latest = None
         self._epoch_iterator = None
 
     def _fail(self, reason: str) -> None:
-        if self._failed:
-            return
-        self._failed = True
-        if self._on_failure is not None:
+        # Once: the first failure turns the reads off.
+        if not self._failed:
+            self._failed = True
             self._on_failure(reason)
-        else:
-            logger.warning("keras-pipeline-tuner: reading tf.data's live model failed: %s", reason)
 
 
 def _is_dataset(value) -> bool:
     import tensorflow as tf
 
     return isinstance(value, tf.data.Dataset)
-
-
-class _RecordingDataset:
-    """Stands in for the dataset Keras iterates: `iter()` makes the same iterator, kept."""
-
-    __slots__ = ("dataset", "_made")
-
-    def __init__(self, dataset, made: Callable[[object], None]):
-        self.dataset = dataset
-        self._made = made
-
-    def __iter__(self):
-        iterator = iter(self.dataset)
-        self._made(iterator)
-        return iterator
-
-    def __getattr__(self, name):
-        return getattr(self.dataset, name)
 
 
 def _per_replica(iterator):
@@ -256,3 +236,6 @@ def _per_replica(iterator):
         return getattr(first, "_iterator", first)
     return iterator
 
+
+def _log_failure(reason: str) -> None:
+    logger.warning("keras-pipeline-tuner: reading tf.data's live model failed: %s", reason)
