@@ -74,9 +74,10 @@ class Capacity:
         compute_ms: the model's compute a step (measured by the step clock).
         step_ms: the step it allows: the largest of `compute_ms`, `input_ms`
             and the two sharing the budget's cores.
-        cores_for_input_free: the cores the input needs to deliver a batch
-            each compute time; `None` when no core count would (a sequential
-            stage slower than the step) or without a compute time.
+        cores_for_input_free: the cores of CPU time the input needs to
+            deliver a batch each compute time (a quota may give a fraction);
+            `None` when no core count would (a sequential stage slower than
+            the step) or without a compute time.
         faster_model_cap: a model up to this many times faster gains in full
             before the input caps its step (1 or less: it already does).
     """
@@ -88,7 +89,7 @@ class Capacity:
     input_ms: float = 0.0
     compute_ms: Optional[float] = None
     step_ms: Optional[float] = None
-    cores_for_input_free: Optional[int] = None
+    cores_for_input_free: Optional[float] = None
     faster_model_cap: Optional[float] = None
 
     def input_caps(self) -> bool:
@@ -172,7 +173,7 @@ class Capacity:
         if self.cores_for_input_free is None:
             text += "; no core count makes the input free (a sequential stage is slower)"
         else:
-            text += f"; {self.cores_for_input_free} core(s) for the input make it free"
+            text += f"; {self.cores_for_input_free:.1f} cores for the input make it free"
         if self.faster_model_cap is not None and self.faster_model_cap > 1.0:
             text += (
                 f"; a model up to {self.faster_model_cap:.1f}x faster gains in full before "
@@ -241,7 +242,7 @@ def _pipeline_rate(rates, cpu_ms: float, budget: int) -> float:
     return min([*rates, bound])
 
 
-def _cores_for(stages, compute_ms: Optional[float]) -> Optional[int]:
+def _cores_for(stages, compute_ms: Optional[float]) -> Optional[float]:
     """Cores whose work delivers a batch each `compute_ms`: the input is then free."""
     if not compute_ms:
         return None
@@ -250,7 +251,7 @@ def _cores_for(stages, compute_ms: Optional[float]) -> Optional[int]:
         if sequential and item.cpu_ms_per_batch > compute_ms:
             return None
     cpu = sum(item.cpu_ms_per_batch for item in stages)
-    return max(math.ceil(cpu / compute_ms - 1e-9), 1)
+    return cpu / compute_ms
 
 
 def _example():
