@@ -35,7 +35,7 @@ COMMON = textwrap.dedent(
 
     def work(i):
         t = tf.random.stateless_uniform([96, 96], seed=tf.stack([i, i]))
-        for _ in range(24):
+        for _ in range(64):
             t = tf.matmul(t, t) / 96.0
         return tf.fill([8], tf.reduce_mean(t)), tf.cast(i % 2, tf.float32)[None]
 
