@@ -57,6 +57,10 @@ def test_stages_keep_the_users_names_through_tf_datas_rewrites():
     assert by_stage["prefetch(AUTOTUNE)"].buffer is not None
     assert sum(row.share for row in table.rows) == pytest.approx(1.0)
     assert table.batches == 12 and table.reads == 1 and table.cpu_budget >= 1
+    # The table round-trips report.json.
+    from keras_pipeline_tuner.outputs.report import Report
+
+    assert Report.from_json(Report(stage_table=table).to_json()).stage_table == table
 
 
 def test_a_prefetch_tf_data_adds_and_the_work_inside_an_interleave():
