@@ -141,6 +141,14 @@ class LiveModelReader:
             iterator = self._iterator()
             if iterator is None:
                 return None
+            if not _is_tf_data_iterator(iterator):
+                # A distributed iterator's per-device one: tf.data hands out no model of it.
+                self._autotune_off = True
+                self.notes.append(
+                    "tf.data's live model was not read: the fit reads a distributed iterator "
+                    f"({type(iterator).__name__}), of which tf.data gives no model."
+                )
+                return None
             began = time.perf_counter()
             proto = live_model.read_model(iterator)
             if proto is None:
@@ -220,6 +228,12 @@ class LiveModelReader:
         if not self._failed:
             self._failed = True
             self._on_failure(reason)
+
+
+def _is_tf_data_iterator(value) -> bool:
+    import tensorflow as tf
+
+    return isinstance(value, tf.data.Iterator)
 
 
 def _is_dataset(value) -> bool:
