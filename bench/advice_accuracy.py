@@ -522,6 +522,10 @@ def run_case(case, rounds, log_dir, defaults: bool = False, all_fixes: bool = Fa
         "predicted": _headline(gain)[0],
         "basis": _headline(gain)[1],
         "capacity": gain.predicted_speedup if gain is not None else None,
+        "capacity_line": (
+            report.figures.capacity.line()
+            if report.figures is not None and report.figures.capacity is not None else ""
+        ),
         "cache": cache_line(report),
         "top_id": top.id if top is not None else None,
         "delivered": measured.get(top.id) if top is not None else None,
@@ -645,6 +649,8 @@ def main():
             print(f"  predicted / measured (top): {ratio}; {judge(line)}")
             if line["cache"]:
                 print(f"  cache: {line['cache']}")
+            if line["capacity_line"]:
+                print(f"  {line['capacity_line']}")
             lines.append(line)
     print_table(lines)
 

@@ -5,6 +5,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 
 # A test cgroup with a CPU quota, for the tests of the CPU budget.
+from tests.helpers.cgroups import memory_cgroup  # noqa: E402, F401
 from tests.helpers.cgroups import quota_cgroup  # noqa: E402, F401
 
 

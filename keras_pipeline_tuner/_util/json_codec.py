@@ -49,6 +49,11 @@ def from_dict(cls, data: Any, where: str):
         if not isinstance(data, list):
             raise ValueError(f"Bad report: {where} should be a list.")
         return [from_dict(args[0], item, f"{where}[{i}]") for i, item in enumerate(data)]
+    if origin is tuple:
+        # A frozen record's rows (`Tuple[Row, ...]`), written as a list.
+        if not isinstance(data, list):
+            raise ValueError(f"Bad report: {where} should be a list.")
+        return tuple(from_dict(args[0], item, f"{where}[{i}]") for i, item in enumerate(data))
     if origin in (dict, Dict):
         if not isinstance(data, dict):
             raise ValueError(f"Bad report: {where} should be an object.")

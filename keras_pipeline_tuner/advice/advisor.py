@@ -79,6 +79,7 @@ from keras_pipeline_tuner.advice.recommendation import BOTTLENECK_STAGE
 from keras_pipeline_tuner.advice.recommendation import FIND_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import FIX_TIMING
 from keras_pipeline_tuner.advice.recommendation import LINT
+from keras_pipeline_tuner.advice.recommendation import LIVE_MODEL
 from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
 from keras_pipeline_tuner.advice.recommendation import NOT_THE_BOTTLENECK
 from keras_pipeline_tuner.advice.recommendation import PROFILER
@@ -102,6 +103,7 @@ from keras_pipeline_tuner.advice.stages import parse_stage
 from keras_pipeline_tuner.advice.stages import same_place
 from keras_pipeline_tuner.advice.stages import same_stage
 from keras_pipeline_tuner.advice.stages import severity_of
+from keras_pipeline_tuner.advice.step_overhead import overhead_recommendation
 from keras_pipeline_tuner.pipeline.graph import keras_made
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.catalogue import CACHE_MISSING
@@ -109,6 +111,7 @@ from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import KINDS
 from keras_pipeline_tuner.pipeline.lint.catalogue import MISSING_PREFETCH
 from keras_pipeline_tuner.pipeline.lint.catalogue import SEQUENTIAL_MAP
+from keras_pipeline_tuner.pipeline.lint.memory_forecast import fits
 from keras_pipeline_tuner.timing.cpu_usage import budget_cpus
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_stats import StepStats
@@ -155,6 +158,8 @@ class RunEvidence:
             it gets a gain predicted from them (`python_stages`).
         cpu_count: CPU cores a parallelised stage can use, where the figures
             hold no CPU budget (read now when neither says).
+        execution: the `ExecutionReplay` of cached batches at a larger
+            `steps_per_execution`, if one ran (`advice.step_overhead`).
     """
 
     stats: StepStats
@@ -167,6 +172,7 @@ class RunEvidence:
     reuse: Any = None
     user_calls: Sequence = ()
     cpu_count: Optional[int] = None
+    execution: Any = None
 
 
 def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
@@ -198,12 +204,13 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     quota_throttled = throttled(cpu)
     cpus = figures.cpu_budget or evidence.cpu_count or budget_cpus(cpu)
     run = _Run(evidence, figures, cpus, quota_throttled)
-    run.pipeline = pipeline
+    run.pipeline, run.memory = pipeline, getattr(findings, "memory", None)
     run.name_python_bottleneck(python_stages.stage_costs(evidence.user_calls, evidence.stats.steps))
     findings = [finding for finding in findings or () if not _already_done(finding)]
+    host = overhead_recommendation(evidence.stats, evidence.execution)
     if run.verdict == Verdict.NOT_INPUT_BOUND:
         return (
-            [_not_the_bottleneck(run)]
+            ([host] if host is not None else []) + [_not_the_bottleneck(run)]
             + [
                 _from_finding(run, finding)
                 for finding in findings
@@ -223,7 +230,11 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     # Advice from the CPU budget comes after the pipeline's own: it has no
     # speed figure of its own (see `cpu_limits`).
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound, fix_timings)
-    return ([straggler] if straggler else []) + one_per_stage(ranked) + limits + offload_last
+    ranked = one_per_stage(ranked)
+    if host is not None:
+        ranked.append(host)
+        sort_by_figure(ranked)
+    return ([straggler] if straggler else []) + ranked + limits + offload_last
 
 
 def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]:
@@ -247,7 +258,7 @@ def _ranked(run: "_Run", findings, offload, fix_timings) -> List[Recommendation]
     ranked.sort(key=no_speed_fix)
     # A ceiling under LEAST_SHOWN_GAIN says the change cannot help: no advice
     # (the inspection still lists the finding).
-    ranked = [item for item in ranked if not cannot_help(item)]
+    ranked = [item for item in ranked if not cannot_help(item) and fits(run.memory, item)]
     if input_bound and not ranked:
         # Every finding was a change that cannot help (a prefetch where
         # compute is tiny): the wait still has a cause to point at.
@@ -317,6 +328,7 @@ class _Run:
         self.figures = figures
         self.cpu_count = cpu_count
         self.pipeline = None
+        self.memory = None
         self.reuse: Optional["DataReuse"] = evidence.reuse
         self.clock_evidence = _clock_evidence(figures)
         replayed = replayed_gain(evidence.what_if, throttled)
@@ -330,6 +342,14 @@ class _Run:
         self.bottleneck = profile.bottleneck if profile is not None else None
         self.bottleneck_node = profile.bottleneck_node if profile is not None else None
         self.bottleneck_by = PROFILER if self.bottleneck else None
+        capacity = figures.capacity
+        if not self.bottleneck and capacity is not None and capacity.input_caps():
+            # No window ran (torch, or none opened): tf.data's own statistics
+            # of the fit's iterator name the stage that sustains the fewest
+            # batches, where the input's rate is what caps the step.
+            slowest = capacity.stage(capacity.slowest)
+            self.bottleneck, self.bottleneck_by = capacity.slowest, LIVE_MODEL
+            self.bottleneck_node = slowest.node if slowest is not None else None
 
     def name_python_bottleneck(self, costs: List[python_stages.PythonStageCost]) -> None:
         """Keeps the Python stages' costs; names the bottleneck from them where no profile did.
@@ -449,9 +469,12 @@ def _bottleneck_stage(run: _Run) -> Recommendation:
     if change == CACHE:
         # A cache gains only where the fit reads its elements again.
         gain = cache_gain(run, gain)
-    named_by = (
-        "the profiler names it" if run.bottleneck_by == PROFILER
-        else "your Python in it takes most of the steps' wait, timed during training, so it is"
+    named_by = {
+        PROFILER: "the profiler names it",
+        LIVE_MODEL: "tf.data's live model of the fit's iterator names it",
+    }.get(
+        run.bottleneck_by,
+        "your Python in it takes most of the steps' wait, timed during training, so it is",
     )
     return Recommendation(
         id=BOTTLENECK_STAGE,
@@ -472,7 +495,9 @@ def _stage_evidence(run: _Run, stage, node=None) -> List[Evidence]:
     cost = run.python_cost(stage)
     if cost is not None:
         evidence.append(Evidence(USER_CALLS, cost.sentence()))
-    return evidence
+    capacity = run.figures.capacity
+    held = capacity.evidence(stage, node) if capacity is not None and stage else None
+    return evidence + ([Evidence(LIVE_MODEL, held)] if held else [])
 
 
 def _pipeline_stage(run: _Run, node: Optional[str]):

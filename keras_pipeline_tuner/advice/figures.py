@@ -33,6 +33,8 @@ from typing import Sequence
 from typing import Tuple
 
 from keras_pipeline_tuner.advice import python_stages
+from keras_pipeline_tuner.advice.capacity import Capacity
+from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.advice.gains import free_input_ceiling
 from keras_pipeline_tuner.advice.gains import replayed_gain
 from keras_pipeline_tuner.advice.recommendation import BOUND
@@ -160,6 +162,9 @@ class Figures:
         epochs: `EpochFigures` of each epoch.
         fixes_line: what the fix timing measured, or that it measured nothing
             and why, in one line ("" where no line is due).
+        capacity: the capacity model of the tf.data stages tf.data's live
+            model timed, against the step's compute (`advice.capacity`):
+            predicted rates, cores for input free, a faster model's headroom.
 
     Example:
 
@@ -189,6 +194,7 @@ class Figures:
     keras_line: str = ""
     epochs: List[EpochFigures] = dataclasses.field(default_factory=list)
     fixes_line: str = ""
+    capacity: Optional[Capacity] = None
 
     @property
     def step_ms(self) -> Optional[float]:
@@ -220,6 +226,7 @@ def build_figures(
     fixes_line: str = "",
     keras_verbose: Optional[int] = None,
     user_calls: Sequence = (),
+    stage_table=None,
 ) -> Figures:
     """Builds the run's `Figures` once, from its judgement and evidence.
 
@@ -242,6 +249,8 @@ def build_figures(
             Keras counted the ms/step it showed.
         user_calls: the user's Python calls timed during training
             (`Report.user_calls`), for the input-free figure.
+        stage_table: tf.data's live model of the fit's pipeline
+            (`Report.stage_table`), for the capacity model.
 
     Returns:
         The `Figures`.
@@ -292,6 +301,7 @@ def build_figures(
         keras_line=_keras_line(train_epochs, step_ms, first_steps, keras_verbose),
         epochs=_epochs(epochs, stats, judgement, epoch_steady or {}),
         fixes_line=fixes_line,
+        capacity=capacity_of(stage_table, shown.compute.median_ms, cpu_budget),
     )
 
 

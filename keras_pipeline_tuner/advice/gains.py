@@ -16,6 +16,7 @@ import math
 from typing import TYPE_CHECKING
 from typing import Optional
 
+from keras_pipeline_tuner.advice import capacity as capacity_model
 from keras_pipeline_tuner.advice import python_stages
 from keras_pipeline_tuner.advice.recommendation import BOUND
 from keras_pipeline_tuner.advice.recommendation import FIRST_EPOCH_ONLY
@@ -70,6 +71,9 @@ def _stage_gain(run, stage: str, change: Optional[str], node: Optional[str]):
     gain, stage_ms = _stage_share_gain(run, stage, node)
     if change == PARALLEL:
         gain = _within_cores(run, gain)
+    modelled = _capacity_gain(run, gain, stage, change, node)
+    if modelled is not None:
+        return modelled
     if gain is None or stage_ms is None or not gain.step_ms or change is None:
         return gain
     after = _predicted_step_ms(run, gain.step_ms, stage_ms, change)
@@ -93,6 +97,40 @@ MEASURE_WITH_TUNE = (
     " kpt.tune(loader) measures it: each worker setting timed on the loader's own batches, "
     "within the CPU budget, the best proven against yours."
 )
+
+def _capacity_gain(run, gain, stage: str, change: Optional[str], node) -> Optional[ExpectedGain]:
+    """`gain` with the capacity model's predicted step for `change`, where it holds the stage.
+
+    The model (`advice.capacity`) spreads the stage over the budget's cores
+    (parallel calls) or drops it and its inputs (a cache read back), from
+    tf.data's own measurement of every stage of the fit's iterator; the
+    prediction never passes the ceiling.
+    """
+    capacity = getattr(run.figures, "capacity", None)
+    kind = {PARALLEL: capacity_model.PARALLEL, SPREAD: capacity_model.PARALLEL,
+            CACHE: capacity_model.CACHE}.get(change)
+    if capacity is None or kind is None or gain is None or not gain.step_ms:
+        return None
+    after = capacity.predicted_step_ms(stage, kind, node)
+    if after is None or after <= 0 or not capacity.step_ms:
+        return None
+    # The model's step now over its step after: both predicted, so that its
+    # own errors cancel; never past the ceiling.
+    predicted = min(capacity.step_ms / after, gain.speedup or math.inf)
+    how = (
+        f"over {capacity.cpu_budget} cores" if kind == capacity_model.PARALLEL
+        else "served by the cache"
+    )
+    return dataclasses.replace(
+        gain,
+        predicted_speedup=predicted,
+        statement=(
+            f"{gain.statement} Predicted by the capacity model from tf.data's own statistics "
+            f"of every stage ({stage} {how}, the step the larger of its "
+            f"{capacity.compute_ms:.2f} ms compute and the input's time a batch): a step of "
+            f"{after:.2f} ms instead of {capacity.step_ms:.2f} ms, {predicted:.2f}x faster."
+        ),
+    )
 
 
 def _python_gain(run, cost, change: str, within=None) -> Optional[ExpectedGain]:

@@ -21,6 +21,8 @@ REPLAY = "what-if replay"
 FIX_TIMING = "fix timing"
 # The user's own Python calls, timed where training made them.
 USER_CALLS = "your Python, timed during training"
+# tf.data's own statistics of the fit's iterator, and the capacity model on them.
+LIVE_MODEL = "tf.data's live model"
 
 # The advisor's own recommendation ids (the others are findings' ids).
 NOT_THE_BOTTLENECK = "input-not-bottleneck"

@@ -12,6 +12,9 @@
   measured it (`timing.fetch_floor`; no user code runs);
 - the advice on a Grain pipeline's slow stage, from Grain's timing of the
   iterators training read;
+- where the host's work between steps bounds a fit that does not wait for
+  input: Keras' fit on cached batches at a larger `steps_per_execution`
+  (`after_training.execution_replay`);
 - only when the user asks (`ProbeSettings.reruns_python`): the fixes of a
   pipeline that runs Python, a PyDataset's advised workers and, where
   training's Grain iterators were not timed, Grain's stage timing in a pass of
@@ -29,6 +32,7 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
+from keras_pipeline_tuner.after_training import execution_replay
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.after_training import py_dataset_timing
 from keras_pipeline_tuner.after_training.replay_probe import ReplayProbe
@@ -95,6 +99,7 @@ class AfterTraining:
         self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
         self._fetch_floor(run, fetched)
         self._grain_stages(run)
+        self._execution_replay(run, model, dataset)
         if py_dataset is not None:
             self._py_dataset_timing(run, py_dataset)
         else:
@@ -169,6 +174,31 @@ class AfterTraining:
                 stage.read_threads,
             )
             run.findings = list(run.findings) + list(found) if run.findings else found
+
+    # What bounds a step that does not wait for input.
+
+    def _execution_replay(self, run, model, dataset) -> None:
+        """Where the host's work between steps bounds training: fit on cached batches at
+        a larger `steps_per_execution`, timed (see `after_training.execution_replay`)."""
+        if model is None or dataset is None or not self.guard.enabled(features.EXECUTION_REPLAY):
+            return
+        report = run.built_report()
+        if report is None or not execution_replay.due(model, report):
+            return
+        needs_s = execution_replay.estimated_s(report.train)
+        left_s = run.cost.budget_s - run.cost.spent_s()
+        if needs_s > left_s:
+            run.notes.append(
+                f"steps_per_execution was not timed: its replay would take about {needs_s:.1f} s "
+                f"and {max(left_s, 0.0):.1f} s of the tuner's budget is left "
+                "(PipelineTuner(cost_budget_s=...) gives it more); its gain is predicted."
+            )
+            return
+        with self.guard(features.EXECUTION_REPLAY), run.cost.part("steps_per_execution replay"):
+            try:
+                run.execution = execution_replay.replay_execution(model, dataset)
+            except ValueError as reason:
+                run.notes.append(f"steps_per_execution was not timed: {reason}")
 
     # The advised fixes.
 

@@ -51,6 +51,7 @@ from typing import List
 from typing import Optional
 
 from keras_pipeline_tuner._util.running_fit import running_call_local
+from keras_pipeline_tuner.instrumentation.made_iterators import IteratorsMade
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 
@@ -234,7 +235,7 @@ class GrainStageTimer:
             return False
 
         def tracked_iterable():
-            return _TrackedIterable(keras_method(), self._track)
+            return IteratorsMade(keras_method(), self._track)
 
         # An instance attribute: this adapter only, for this fit.
         setattr(adapter, method, tracked_iterable)
@@ -254,7 +255,7 @@ class GrainStageTimer:
             iterable = getattr(holder, "iterable", None)
             if grain_stages.is_grain_dataset(iterable):
                 # Keras' IterableDataset around the user's dataset, made for this loader.
-                holder.iterable = _TrackedIterable(iterable, self._track)
+                holder.iterable = IteratorsMade(iterable, self._track)
             else:
                 self._fail("the DataLoader Keras made holds no Grain dataset where expected")
             return loader
@@ -289,7 +290,7 @@ class GrainStageTimer:
         keras_generator = state._generator  # pylint: disable=protected-access
 
         def tracked_generator(*args):
-            return _TrackedIterable(keras_generator(*args), self._track)
+            return IteratorsMade(keras_generator(*args), self._track)
 
         state._generator = tracked_generator  # pylint: disable=protected-access
         self._restore.append(
@@ -372,24 +373,6 @@ class GrainStageTimer:
             self._on_failure(reason)
         else:
             logger.warning("keras-pipeline-tuner: Grain's stage timing failed: %s", reason)
-
-
-class _TrackedIterable:
-    """Stands in for the Grain dataset Keras iterates: `iter()` makes the same, timed iterator."""
-
-    __slots__ = ("_iterable", "_track")
-
-    def __init__(self, iterable, track: Callable[[object], None]):
-        self._iterable = iterable
-        self._track = track
-
-    def __iter__(self):
-        iterator = iter(self._iterable)
-        self._track(iterator)
-        return iterator
-
-    def __getattr__(self, name):
-        return getattr(self._iterable, name)
 
 
 class _PutBackMethod:

@@ -15,12 +15,14 @@ from keras_pipeline_tuner.advice.figures import Figures
 from keras_pipeline_tuner.advice.figures import legacy_figures
 from keras_pipeline_tuner.advice.recommendation import Recommendation
 from keras_pipeline_tuner.advice.verdict import Judgement
+from keras_pipeline_tuner.after_training.execution_replay import ExecutionReplay
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.instrumentation.user_calls import UserCallTiming
 from keras_pipeline_tuner.outputs.log_dir_runs import REPORT_FILENAME  # noqa: F401 - re-exported
 from keras_pipeline_tuner.outputs.log_dir_runs import RunEntry
 from keras_pipeline_tuner.pipeline.lint.findings import Finding
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
+from keras_pipeline_tuner.profiling.live_model import StageTable
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_clock import EpochBreakdown
@@ -101,6 +103,15 @@ class Report:
             fit), each timed during training, call by call, where the fit made
             the call (`instrumentation.user_calls.UserCallTiming`); nothing was
             called again to time it.
+        stage_table: every stage of a tf.data pipeline the fit read, from
+            tf.data's live model of the fit's own iterator, read at epoch ends
+            and once in the steady state (`profiling.live_model.StageTable`):
+            per stage its time per element, its share, the parallelism and
+            buffer AUTOTUNE chose, and the final prefetch's fullness. On every
+            backend, with or without a profiler window.
+        execution: Keras' fit on cached batches at `steps_per_execution` 1 and
+            at a larger setting, timed after training where the host's work
+            between steps bounded the step (`after_training.execution_replay`).
 
     Example:
 
@@ -133,6 +144,8 @@ class Report:
     reuse: Optional[DataReuse] = None
     user_calls: List[UserCallTiming] = dataclasses.field(default_factory=list)
     profile_pending: bool = False
+    stage_table: Optional[StageTable] = None
+    execution: Optional[ExecutionReplay] = None
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """Serialises the report.

@@ -48,11 +48,14 @@ from keras_pipeline_tuner._util import files
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
 from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.outputs import timeline_image
+from keras_pipeline_tuner.outputs.compiled_scalars import compiled_scalar_writer
+from keras_pipeline_tuner.outputs.compiled_scalars import scalar_metadata
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.report import figures_of
+from keras_pipeline_tuner.outputs.stage_scalars import stage_scalars
 from keras_pipeline_tuner.profiling.capture import PROFILE_RUN
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import StepClock
@@ -137,6 +140,8 @@ class TensorBoardSink:
         self._dashboard_written = 0
         self._step_blocks = dashboard.StepBlocks()
         self._last_dashboard = None
+        # The (step, reads) of the stage table last written as scalars.
+        self._last_stage_table = None
         # TensorBoard's own writer, when TensorFlow is not imported (JAX, torch).
         self._event_writer = None
         if guard.enabled(TIMELINE):
@@ -166,6 +171,7 @@ class TensorBoardSink:
             report: the report after this epoch.
         """
         self.write_scalars(clock, final=True)
+        self.write_stage_table(report)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
         if self._image_s <= _IMAGE_BUDGET * _training_seconds(clock):
@@ -180,6 +186,7 @@ class TensorBoardSink:
             report: the final report.
         """
         self.write_scalars(clock, final=True)
+        self.write_stage_table(report)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
         self.write_timeline(clock, report)
@@ -240,6 +247,35 @@ class TensorBoardSink:
                 values = np.stack([wait * 1e3, compute * 1e3, step * 1e3, fraction])
                 self._write_scalar_rows(SCALAR_TAGS, points[measured], values.astype(np.float32))
             return int(points.size)
+        return 0
+
+    def write_stage_table(self, report: Report) -> int:
+        """Writes the stage table of tf.data's live model as scalars, once per read.
+
+        One point per stage and quantity at the read's step (the batches its
+        iterator gave): the time per element, the share of the pipeline's
+        time, the parallelism chosen, and the final prefetch's fullness.
+
+        Args:
+            report: the `Report`, whose `stage_table` is the latest read.
+
+        Returns:
+            How many scalars were written.
+        """
+        table = report.stage_table
+        if table is None or not self.guard.enabled(SCALARS):
+            return 0
+        key = (table.at_step, table.reads)
+        if key == self._last_stage_table:
+            return 0
+        with self.guard(SCALARS):
+            self._last_stage_table = key
+            tags, values = stage_scalars(table)
+            if tags:
+                numbers = np.array([table.at_step], dtype=np.int64)
+                column = np.array(values, dtype=np.float32)[:, None]
+                self._write_scalar_rows(tags, numbers, column)
+            return len(tags)
         return 0
 
     def write_step_rows(self, clock: StepClock, final: bool = False) -> int:
@@ -437,7 +473,7 @@ class TensorBoardSink:
             eager = self._eager_points.get(tags, 0)
             if tags not in self._compiled and eager + numbers.size <= _EAGER_POINTS:
                 self._eager_points[tags] = eager + numbers.size
-                scalar = _scalar_metadata()
+                scalar = scalar_metadata()
                 for column, number in enumerate(numbers):
                     for row, tag in enumerate(tags):
                         tf.summary.write(
@@ -446,7 +482,7 @@ class TensorBoardSink:
                 return
             write = self._compiled.get(tags)
             if write is None:
-                write = self._compiled[tags] = _compiled_scalar_writer(tf, tags)
+                write = self._compiled[tags] = compiled_scalar_writer(tf, tags)
             write(numbers, values)
 
     def _current_step(self, clock: StepClock) -> int:
@@ -523,56 +559,6 @@ class _Summaries:
         for context in reversed(self._contexts):
             context.__exit__(*exc_info)
         return False
-
-
-def _scalar_metadata():
-    # What `tf.summary.scalar` writes, without its per-call name scoping, which
-    # costs half its time and, inside a compiled loop, prefixes tags with "while/".
-    from tensorboard.plugins.scalar import metadata
-
-    return metadata.create_summary_metadata(display_name=None, description=None)
-
-
-class _OwnRetracing(logging.Filter):
-    """Drops TensorFlow's "triggered tf.function retracing" warning about our writer only.
-
-    Each fit with a `log_dir` has a writer of its own, whose compiled function
-    is traced once (it captures that writer); after five fits in one process
-    TensorFlow warns of frequent retracing, which reads as a fault in the
-    user's code. Warnings about any other function pass.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not ("retracing" in message and _compiled_scalar_writer.__name__ in message)
-
-
-_RETRACING_FILTER = _OwnRetracing()
-
-
-def _compiled_scalar_writer(tf, tags):
-    # Added once: the logging module keeps one filter object once.
-    logging.getLogger("tensorflow").addFilter(_RETRACING_FILTER)
-    scalar = _scalar_metadata()
-
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec([None], tf.int64),
-            tf.TensorSpec([len(tags), None], tf.float32),
-        ]
-    )
-    def write(numbers, values):
-        # The user's `record_if` (e.g. keras.callbacks.TensorBoard's
-        # update_freq) is no reason to drop these rows.
-        with tf.summary.record_if(True):
-            for column in tf.range(tf.shape(numbers)[0]):
-                for row, tag in enumerate(tags):
-                    tf.summary.write(
-                        tag, values[row, column], step=numbers[column], metadata=scalar
-                    )
-        return tf.constant(True)
-
-    return write
 
 
 def _training_seconds(clock: StepClock) -> float:

@@ -149,6 +149,11 @@ def print_summary(
         console.print(Text(_profile_line(report, figures)))
     elif report.profile_pending:
         console.print(Text(PROFILE_PENDING))
+    stages = stage_table_line(report)
+    if stages is not None:
+        console.print(Text(stages))
+        if figures.capacity is not None:
+            console.print(Text(figures.capacity.line()))
     python = user_calls_line(report)
     if python is not None:
         console.print(Text(python))
@@ -174,6 +179,26 @@ def _profile_line(report: Report, figures) -> str:
     if profile.source == GRAIN:
         return f"Grain stage timing, {profile.span()}: {profile.summary()}"
     return f"Profiler window: {profile.summary()}"
+
+
+def stage_table_line(report: Report) -> Optional[str]:
+    """The costliest tf.data stages from tf.data's live model, in one line, or `None`.
+
+    Args:
+        report: the `Report`.
+
+    Returns:
+        e.g. "tf.data stages (live model, measured over 128 batches):
+        map(decode) 0.19 ms/element, 99 %, parallelism 2 of 2; final prefetch
+        100 % full mid-pass."
+    """
+    table = report.stage_table
+    if table is None or not table.rows:
+        return None
+    line = f"tf.data stages (live model, measured over {table.batches} batches): {table.line()}"
+    if table.prefetch_fullness is not None:
+        line += f"; final prefetch {table.prefetch_fullness * 100:.0f} % full mid-pass"
+    return line + "."
 
 
 def user_calls_line(report: Report) -> Optional[str]:

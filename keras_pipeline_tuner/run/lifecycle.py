@@ -37,6 +37,7 @@ from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.outputs.tensorboard import TensorBoardSink
 from keras_pipeline_tuner.outputs.trace import write_trace
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.lint.memory_forecast import warn_of_memory
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
@@ -144,6 +145,11 @@ class Run:
         # A Grain dataset being trained on, and Grain's timing of its stages.
         self.grain_dataset = None
         self.stage_timing = None
+        # tf.data's live model of the fit's iterator: the latest read, and
+        # every read (`instrumentation.live_model_reader`).
+        self.stage_table, self.stage_table_history = None, []
+        # Keras' fit on cached batches at a larger steps_per_execution (`execution_replay`).
+        self.execution = None
         # The advised fixes timed after training (`measure_fixes`).
         self.fix_timings = []
         # The user's Python calls timed during training
@@ -377,6 +383,8 @@ class Run:
                 self.findings = find()
             except InMemoryDataTooLarge as reason:
                 self.notes.append(f"The pipeline was not inspected. {reason}")
+            # Before the first step: a cache that will not fit kills the job when it fills.
+            warn_of_memory(self.findings)
 
     def source_description(self) -> Optional[tuple]:
         """`(measurement, notes)` of the timing source, when it knows better than the run."""

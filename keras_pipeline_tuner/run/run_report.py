@@ -142,6 +142,8 @@ def build_report(run) -> Report:
         run=run.files.entry.run if run.files.entry is not None else None,
         tuner_cost=run.cost.cost(),
         user_calls=user_calls,
+        stage_table=run.stage_table,
+        execution=run.execution,
     )
     guard = run.guard
     if guard.enabled(features.ADVICE):
@@ -160,6 +162,7 @@ def build_report(run) -> Report:
                     fix_timings=run.fix_timings,
                     reuse=report.reuse,
                     user_calls=report.user_calls,
+                    execution=run.execution,
                 ),
                 job_figures,
             )
@@ -212,6 +215,7 @@ def figures_of(
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
         user_calls=user_calls,
+        stage_table=run.stage_table,
     )
 
 

@@ -44,6 +44,7 @@ from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run.arguments import TunerArguments
 from keras_pipeline_tuner.run.lifecycle import Run
 from keras_pipeline_tuner.run.lifecycle import RunSettings
+from keras_pipeline_tuner.run.live_model_hooks import LiveModelHooks
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
@@ -202,6 +203,8 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._user_calls: Optional[UserCallTimer] = None
         # Grain's stage timing of the iterators the running fit reads.
         self._grain_stages: Optional[GrainStageTimer] = None
+        # tf.data's live model of the running fit's iterator.
+        self._live_model = LiveModelHooks(self.guard)
         self._validating_epoch = 0
         self._in_fit = False
         # The thread running the tuner's fit, while one runs.
@@ -256,6 +259,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._inspect_fit_input(run, model)
         self._begin_user_calls(run, model)
         self._begin_grain_stages(run, model)
+        self._live_model.begin(run, model, keras.backend.backend())
 
     def on_epoch_begin(self, epoch, logs=None):
         self._run.begin_epoch(TRAIN, epoch)
@@ -268,11 +272,13 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 self._timing.flush_rows(wait=True)
         self._run.end_epoch(TRAIN, epoch)
         self._read_grain_stages()
+        self._live_model.epoch_ended(self._run)
         self._run.epoch_ended()
         self._run.clock.epoch_work_ended()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.train_begin(batch)
+        self._live_model.steady_step()
 
     def on_train_batch_end(self, batch, logs=None):
         # On JAX and torch maybe on Keras' callback thread: only a time stamp there.
@@ -319,6 +325,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         # Before anything of the tuner's own runs: only training's calls are timed.
         self._end_user_calls()
         self._end_grain_stages()
+        self._live_model.end(self._run)
         timing = self._timing
         traced_step = timing.traced_train_step() if timing is not None else None
         self._end_timing()
@@ -614,6 +621,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             self._in_fit = False
         self._end_user_calls()
         self._end_grain_stages()
+        self._live_model.end(self._run)
         self._end_timing()
         self._run.step_failed(error)
 

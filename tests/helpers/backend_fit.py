@@ -33,6 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+from tests.helpers import live_model_fits  # noqa: E402
 
 FEATURES = 8
 BATCH = 32
@@ -1172,6 +1173,7 @@ SCENARIOS = {
     "grain_in_training": grain_in_training,
     "source_rows": source_rows,
     "user_calls": user_calls,
+    "live_model": live_model_fits.live_model,
 }
 
 

@@ -110,3 +110,67 @@ def remove_cgroup(path, top):
         except OSError:
             time.sleep(0.1)
     os.rmdir(path)
+
+
+def memory_hierarchy():
+    """`(version, directory)` of this process's memory cgroup, under which a child with a
+    memory limit can be made, or `(None, why not)`."""
+    if os.geteuid() != 0:
+        return None, "setting a cgroup memory limit needs root"
+    from keras_pipeline_tuner.timing.cpu_budget import cgroup_directory
+    from keras_pipeline_tuner.timing.cpu_budget import parse_mountinfo
+    from keras_pipeline_tuner.timing.cpu_budget import parse_proc_cgroup
+
+    try:
+        with open("/proc/self/cgroup") as proc, open("/proc/self/mountinfo") as mounts:
+            entries, found = parse_proc_cgroup(proc.read()), parse_mountinfo(mounts.read())
+    except OSError:
+        return None, "no /proc/self/cgroup or mountinfo (not Linux)"
+    for entry in entries:
+        if "memory" in entry.controllers:
+            for mount in found:
+                if mount.fstype == "cgroup" and "memory" in mount.super_options:
+                    directory = cgroup_directory(mount, entry.path)
+                    if os.path.exists(os.path.join(directory, "memory.limit_in_bytes")):
+                        return 1, directory
+    for entry in entries:
+        if entry.hierarchy_id == 0 and not entry.controllers:
+            for mount in found:
+                if mount.fstype == "cgroup2":
+                    directory = cgroup_directory(mount, entry.path)
+                    try:
+                        with open(os.path.join(directory, "cgroup.subtree_control")) as file:
+                            if "memory" in file.read().split():
+                                return 2, directory
+                    except OSError:
+                        pass
+    return None, "no cgroup hierarchy with the memory controller to make a test cgroup in"
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A function making a cgroup with a memory limit (bytes); removes what it made afterwards.
+
+    The cgroup is made under this process's own memory cgroup; a process joins
+    it by writing its pid to the returned directory's `cgroup.procs`.
+    """
+    version, top = memory_hierarchy()
+    if version is None:
+        pytest.skip(top)
+    made = []
+
+    def make(limit_bytes: int) -> str:
+        path = os.path.join(top, f"kpt-test-{uuid.uuid4().hex[:8]}")
+        try:
+            os.mkdir(path)
+        except OSError as error:
+            pytest.skip(f"cannot make a cgroup under {top}: {error}")
+        made.append(path)
+        write(path, "memory.limit_in_bytes" if version == 1 else "memory.max", str(limit_bytes))
+        return path
+
+    try:
+        yield make
+    finally:
+        for path in reversed(made):
+            remove_cgroup(path, top)

@@ -39,7 +39,7 @@ LOOP_SOURCE_MS = 50.0
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
 CORE = (
     "inputs", "slow", "fast", "cached", "first_step", "identical", "outputs", "source_rows",
-    "user_calls",
+    "user_calls", "live_model",
 )
 
 
@@ -506,3 +506,20 @@ def test_grain_stage_timing_failure_turns_it_off_and_fit_ends(backend, measured)
         for note in failing["notes"]
     ), failing["notes"]
     assert failing["history"] and failing["weights"], failing
+
+
+@on("live_model", *BACKENDS)
+def test_report_names_the_users_map_with_what_autotune_chose(backend, measured):
+    """tf.data's live model of fit's own iterator, on every backend, no profiler needed."""
+    table = measured["stage_table"]
+    assert table is not None, measured["notes"]
+    (row,) = [row for row in table["rows"] if row["stage"].startswith("map(decode")]
+    # The map is the pipeline's one real work: matrix products, TensorFlow ops.
+    assert row["ms_per_element"] > 0 and row["elements"] > 0, row
+    assert row["share"] > 0.5, table
+    assert row["parallelism"] is not None and 1 <= row["parallelism"], row
+    assert row["parallelism_max"] is None or row["parallelism"] <= row["parallelism_max"], row
+    assert table["reads"] >= 1 and table["batches"] > 0, table
+    # Scalars over time, and training the same with and without the tuner.
+    assert any(tag.endswith("map_decode/ms_per_element") for tag in measured["stage_scalars"])
+    assert measured["weights"] and measured["history"], measured

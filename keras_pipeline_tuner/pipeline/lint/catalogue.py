@@ -31,6 +31,8 @@ GRAIN_READ_THREADS = "grain-read-threads"
 PYTHON_GENERATOR = "python-generator"
 KERAS_ARRAY_INPUT = "keras-array-input"
 DATA_SERVICE = "data-service"
+CACHE_MEMORY = "cache-memory"
+SHUFFLE_MEMORY = "shuffle-memory"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +60,18 @@ class FindingKind:
 KINDS: Dict[str, FindingKind] = {
     kind.id: kind
     for kind in (
+    FindingKind(
+        CACHE_MEMORY,
+        "a cache() that will hold more than (or over half of) the job's memory",
+        "Cache {stage} to a file, or before the stage that makes elements large",
+        parallelises=False,
+    ),
+    FindingKind(
+        SHUFFLE_MEMORY,
+        "a shuffle buffer that will hold over half of the job's memory",
+        "Shuffle smaller elements than in {stage}",
+        parallelises=False,
+    ),
     FindingKind(
         MISSING_PREFETCH,
         "the pipeline does not end with prefetch",

@@ -125,6 +125,8 @@ class Findings(List[Finding]):
     def __init__(self, findings: Iterable[Finding] = (), pipeline=None):
         super().__init__(findings)
         self.pipeline = pipeline
+        # The memory its caches and buffers will hold (`memory_forecast`), when read.
+        self.memory = None
 
     @property
     def ids(self) -> List[str]:

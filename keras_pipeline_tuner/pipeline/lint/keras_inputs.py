@@ -17,6 +17,7 @@ from keras_pipeline_tuner.pipeline.graph.model import Pipeline
 from keras_pipeline_tuner.pipeline.graph.model import Stage
 from keras_pipeline_tuner.pipeline.graph.model import StageFunction
 from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.pipeline.lint import memory_forecast
 from keras_pipeline_tuner.pipeline.lint.catalogue import KERAS_ARRAY_INPUT
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_THREADS
 from keras_pipeline_tuner.pipeline.lint.catalogue import PY_DATASET_WORKERS
@@ -27,6 +28,7 @@ from keras_pipeline_tuner.pipeline.lint.findings import Findings
 from keras_pipeline_tuner.pipeline.lint.findings import Severity
 from keras_pipeline_tuner.pipeline.lint.findings import stage_finding
 from keras_pipeline_tuner.pipeline.lint.tf_data_rules import lint
+from keras_pipeline_tuner.timing.memory_budget import read_memory_budget
 
 # In-memory sources above this are replaced by stand-ins when the graph is read:
 # copying them costs about 10 ms per MB here.
@@ -78,7 +80,8 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
     if not isinstance(dataset, tf.data.Dataset) and isinstance(original, tf.data.Dataset):
         dataset = original
     if isinstance(dataset, tf.data.Dataset):
-        return lint(read_pipeline(dataset, max_in_memory_bytes))
+        findings = lint(read_pipeline(dataset, max_in_memory_bytes))
+        return with_memory_forecast(findings, dataset)
     import keras
 
     if isinstance(dataset, keras.utils.PyDataset):
@@ -89,6 +92,21 @@ def inspect(dataset, max_in_memory_bytes: Optional[int] = MAX_IN_MEMORY_BYTES) -
         "the pipeline itself; to inspect your own, build it with tf.data, e.g. "
         "`tf.data.Dataset.from_tensor_slices((x, y)).batch(32)`."
     )
+
+def with_memory_forecast(findings: Findings, dataset) -> Findings:
+    """`findings` with the caches and buffers that will not fit the job's memory, errors first.
+
+    The forecast itself is `findings.memory` (a `memory_forecast.MemoryForecast`).
+    """
+    found = memory_forecast.forecast(dataset, findings.pipeline, read_memory_budget())
+    # A cache the job cannot hold is no advice.
+    kept = [finding for finding in findings if memory_forecast.fits(found, finding)]
+    combined = Findings(
+        [*memory_forecast.memory_findings(found), *kept], findings.pipeline
+    ).sorted()
+    combined.memory = found
+    return combined
+
 
 def lint_py_dataset(py_dataset) -> Findings:
     """Advice for a `keras.utils.PyDataset`: its `workers` and `use_multiprocessing`.

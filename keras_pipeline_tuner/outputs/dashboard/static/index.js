@@ -80,6 +80,8 @@ async function draw() {
   if (main.report) {
     page.appendChild(part("the recommendations", () => recommendations(main)));
     page.appendChild(part("the epochs", () => epochTable(main)));
+    const live = part("the live model's stage table", () => liveStageTable(main));
+    if (live) page.appendChild(live);
     page.appendChild(part("the stage table", () => stageTable(main)));
     const workers = part("the workers", () => workerTable(main));
     if (workers) page.appendChild(workers);
@@ -553,6 +555,40 @@ function stageTable(view) {
     const tr = row([item.stage, item.iterator, item.calls, ms(item.self_ms),
       percent(item.self_share), item.waiting ? "its input (not the bottleneck)" : ""]);
     if (profile.bottleneck_iterator === item.iterator) tr.classList.add("kpt-bottleneck");
+    table.appendChild(tr);
+  }
+  section.appendChild(table);
+  return section;
+}
+
+// tf.data's own model of the fit's iterator (report.stage_table), on every backend.
+function liveStageTable(view) {
+  const live = view.report.stage_table;
+  if (!live || !(live.rows || []).length) return null;
+  const section = element("section", {class: "kpt-stage-section kpt-live-stages"},
+      element("h2", {}, `tf.data stages, from tf.data's live model (${live.batches} batches)`));
+  const fullness = live.prefetch_fullness == null ? "" :
+      ` The final prefetch was ${percent(live.prefetch_fullness)} full when read mid-pass` +
+      ` (${live.prefetch_empty_reads} empty read${live.prefetch_empty_reads === 1 ? "" : "s"}).`;
+  section.appendChild(element("p", {},
+      `Measured by tf.data itself; read ${live.reads} time${live.reads === 1 ? "" : "s"} ` +
+      `(${ms(live.read_ms)} in all). CPU budget ${live.cpu_budget ?? "?"}.` + fullness));
+  const table = element("table", {class: "kpt-table kpt-stages-table"},
+      headerRow(["Stage", "Runs as", "Elements", "Time per element", "Share",
+                 "AUTOTUNE chose", "Buffered"]));
+  let slowest = null;
+  for (const item of live.rows) {
+    const load = item.ms_per_batch / (item.parallelism || 1);
+    if (item.ms_per_batch > 0 && (!slowest || load > slowest.load)) slowest = {item, load};
+  }
+  for (const item of live.rows) {
+    const chosen = item.parallelism != null
+      ? `parallelism ${item.parallelism}${item.parallelism_max ? " of " + item.parallelism_max : ""}`
+      : item.buffer != null ? `buffer ${item.buffer}${item.buffer_max ? " of " + item.buffer_max : ""}`
+      : "";
+    const tr = row([item.stage, item.runs_as, item.elements, ms(item.ms_per_element),
+      percent(item.share), chosen, item.buffered_elements ? `${item.buffered_elements}` : ""]);
+    if (slowest && slowest.item === item) tr.classList.add("kpt-bottleneck");
     table.appendChild(tr);
   }
   section.appendChild(table);

@@ -1,0 +1,255 @@
+"""Reads tf.data's live model of the iterator a fit reads, a few times per fit.
+
+The iterator is the fit's own, found where Keras keeps it on each backend:
+
+- TensorFlow: Keras' epoch iterator holds it (`_current_iterator`, or a local
+  variable of its epoch generator when the data's length is unknown);
+- JAX and torch: Keras' `TFDatasetAdapter` iterates the dataset in a Python
+  `for` loop inside a generator (JAX) or an `IterableDataset` (torch), where no
+  reference to the iterator is kept. From `begin` to `end` the adapter holds
+  the same dataset in a stand-in whose `iter()` makes the same iterator and
+  keeps a reference to the latest one: the same elements, the same threads.
+
+`read` reads the model (`profiling.live_model`) at each epoch's end, and
+`steady_step` once at the `STEADY_STEP`-th training step, never on other
+steps. A read takes about a millisecond (see `bench/live_model_cost.py`); its
+time is kept in the table (`StageTable.read_ms`).
+"""
+
+import dataclasses
+import logging
+import time
+import weakref
+from typing import Callable
+from typing import List
+from typing import Optional
+
+from keras_pipeline_tuner._util.running_fit import running_call_local
+from keras_pipeline_tuner.instrumentation.made_iterators import IteratorsMade
+from keras_pipeline_tuner.profiling import live_model
+from keras_pipeline_tuner.profiling.live_model import StageTable
+
+logger = logging.getLogger("keras_pipeline_tuner")
+
+# The training step (from the fit's first) of the one read between epochs' ends.
+STEADY_STEP = 50
+# Reads kept for TensorBoard's scalars over time.
+MAX_HISTORY = 200
+_MISSING = object()
+
+
+class LiveModelReader:
+    """Reads tf.data's model of the iterator one fit reads, from `begin` to `end`.
+
+    Args:
+        pipeline: gives the graph reader's `Pipeline` of the fit's dataset
+            (to name stages as the user wrote them), or `None`.
+        on_failure: called once with the reason when a read fails (the
+            tuner's feature guard); the fit goes on.
+
+    Attributes:
+        table: the latest `StageTable`, or `None` before the first read.
+        history: every table read, oldest first (at most `MAX_HISTORY`).
+        notes: why no table could be read (plain sentences).
+
+    Example:
+
+    ```python
+    reader = LiveModelReader(lambda: findings.pipeline)
+    reader.begin(model, "torch")   # on_train_begin
+    reader.read(step)              # on_epoch_end
+    table = reader.end()           # on_train_end
+    ```
+    """
+
+    def __init__(
+        self,
+        pipeline: Callable[[], object] = lambda: None,
+        on_failure: Optional[Callable[[str], None]] = None,
+    ):
+        self.table: Optional[StageTable] = None
+        self.history: List[StageTable] = []
+        self.notes: List[str] = []
+        self._pipeline = pipeline
+        self._on_failure = on_failure or _log_failure
+        self._epoch_iterator = None
+        self._holder = None
+        self._name = ""
+        self._stand_in = None
+        self._latest = None
+        self._steady_left = STEADY_STEP
+        # What every read took, on the thread that made it.
+        self._spent_ms = 0.0
+        self._failed = False
+        self._autotune_off = False
+
+    def begin(self, model, backend: str) -> bool:
+        """Finds where the running fit of `model` keeps its tf.data iterator.
+
+        Args:
+            model: the model being fitted (its `fit` frame on the stack).
+            backend: the Keras backend.
+
+        Returns:
+            Whether the fit reads a tf.data dataset whose model can be read.
+        """
+        epoch_iterator = running_call_local(model, "fit", "epoch_iterator")
+        adapter = getattr(epoch_iterator, "data_adapter", None)
+        if type(adapter).__name__ != "TFDatasetAdapter":
+            return False
+        # Where Keras calls `iter()` on the dataset: the epoch iterator on
+        # TensorFlow (a distributed dataset is looked up instead), the adapter
+        # on JAX and torch.
+        holder, name = (epoch_iterator, "_distributed_dataset") if backend == "tensorflow" else (
+            adapter,
+            "_dataset",
+        )
+        dataset = getattr(holder, name, None)
+        if backend == "tensorflow" and not _is_dataset(dataset):
+            self._epoch_iterator = weakref.ref(epoch_iterator)
+            return True
+        if dataset is None:
+            return False
+        self._stand_in = IteratorsMade(dataset, self._made)
+        self._holder, self._name = holder, name
+        setattr(holder, name, self._stand_in)
+        return True
+
+    def steady_step(self) -> None:
+        """Counts one training step; reads the model at the `STEADY_STEP`-th."""
+        self._steady_left -= 1
+        if self._steady_left == 0:
+            self.read(mid_pass=True)
+
+    def read(self, at_step: Optional[int] = None, mid_pass: bool = False) -> Optional[StageTable]:
+        """Reads the model of the fit's current iterator (never raises).
+
+        Args:
+            at_step: the training step the read is at, for the time series;
+                the batches the iterator gave by default.
+            mid_pass: the read is between two steps of a pass over the data,
+                where the final prefetch's fullness says whether steps wait
+                (at a pass's end its buffer drains whatever the step).
+
+        Returns:
+            The new `StageTable`, or `None` (no iterator, autotuning off,
+            or a failure).
+        """
+        if self._failed or self._autotune_off:
+            return None
+        try:
+            iterator = self._iterator()
+            if iterator is None:
+                return None
+            if not _is_tf_data_iterator(iterator):
+                # A distributed iterator's per-device one: tf.data hands out no model of it.
+                self._autotune_off = True
+                self.notes.append(
+                    "tf.data's live model was not read: the fit reads a distributed iterator "
+                    f"({type(iterator).__name__}), of which tf.data gives no model."
+                )
+                return None
+            began = time.perf_counter()
+            proto = live_model.read_model(iterator)
+            if proto is None:
+                self._autotune_off = True
+                self.notes.append(
+                    "tf.data's live model was not read: autotuning is off for this pipeline "
+                    "(options.autotune.enabled = False), so tf.data keeps no model of it."
+                )
+                return None
+            table = live_model.stage_table(
+                proto, self._pipeline(), previous=self.table, mid_pass=mid_pass
+            )
+            self._spent_ms += (time.perf_counter() - began) * 1e3
+            # Every read's time, those of iterators that gave nothing yet too;
+            # the time series' step: the batches the iterator gave by default.
+            table = dataclasses.replace(
+                table,
+                read_ms=self._spent_ms,
+                at_step=int(at_step if at_step is not None else table.batches),
+            )
+        except Exception as error:  # noqa: BLE001 - the fit goes on.
+            self._fail(f"{type(error).__name__}: {error}")
+            return None
+        if not table.rows or not table.batches:
+            # A new iterator that gave nothing yet (Keras makes the next
+            # epoch's at an epoch's end): the last table stands.
+            return None
+        self.table = table
+        self.history.append(table)
+        del self.history[:-MAX_HISTORY]
+        return table
+
+    def end(self) -> Optional[StageTable]:
+        """Reads a last time and puts back what `begin` replaced. Safe to call twice.
+
+        Returns:
+            The latest `StageTable`, or `None`.
+        """
+        try:
+            if self._epoch_iterator is not None or self._latest is not None:
+                self.read()
+        finally:
+            self._put_back()
+        return self.table
+
+    def _iterator(self):
+        if self._latest is not None:
+            return self._latest
+        holder = self._epoch_iterator() if self._epoch_iterator is not None else None
+        if holder is None:
+            return None
+        current = getattr(holder, "_current_iterator", None)
+        if current is None:
+            # Unknown length: the iterator is a local of Keras' epoch generator.
+            generator = getattr(holder, "_epoch_iterator", None)
+            frame = getattr(generator, "gi_frame", None)
+            current = frame.f_locals.get("iterator") if frame is not None else None
+        return _per_replica(current)
+
+    def _made(self, iterator) -> None:
+        # On the training thread, once per pass over the data: the pass that
+        # ends is read before its iterator is let go.
+        if self._latest is not None and self._latest is not iterator:
+            self.read()
+        self._latest = iterator
+
+    def _put_back(self) -> None:
+        holder, self._holder = self._holder, None
+        stand_in, self._stand_in = self._stand_in, None
+        if holder is not None and vars(holder).get(self._name, _MISSING) is stand_in:
+            setattr(holder, self._name, stand_in.iterable)
+        self._latest = None
+        self._epoch_iterator = None
+
+    def _fail(self, reason: str) -> None:
+        # Once: the first failure turns the reads off.
+        if not self._failed:
+            self._failed = True
+            self._on_failure(reason)
+
+
+def _is_tf_data_iterator(value) -> bool:
+    import tensorflow as tf
+
+    return isinstance(value, tf.data.Iterator)
+
+
+def _is_dataset(value) -> bool:
+    import tensorflow as tf
+
+    return isinstance(value, tf.data.Dataset)
+
+
+def _per_replica(iterator):
+    """The tf.data iterator of a distributed iterator's first replica, or `iterator` itself."""
+    inner = getattr(iterator, "_iterators", None)
+    if inner:
+        first = inner[0]
+        return getattr(first, "_iterator", first)
+    return iterator
+
+
+def _log_failure(reason: str) -> None:
+    logger.warning("keras-pipeline-tuner: reading tf.data's live model failed: %s", reason)

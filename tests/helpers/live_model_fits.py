@@ -1,0 +1,76 @@
+"""Fits that read tf.data's live model, on the backend of the running process.
+
+Run by `tests.helpers.backend_fit` (its `live_model` scenario): a tf.data
+pipeline whose map runs TensorFlow ops (matrix products, the pipeline's only
+real work), fit with and without the tuner on the same data.
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+ELEMENTS = 256
+BATCH = 16
+
+
+def _dataset():
+    import tensorflow as tf
+
+    def decode(i):
+        t = tf.random.stateless_uniform([64, 64], seed=tf.stack([i, i]))
+        for _ in range(6):
+            t = tf.matmul(t, t) / 64.0
+        x = tf.fill([8], tf.reduce_mean(t)) + tf.cast(i % 7, tf.float32) / 7.0
+        return x, tf.cast(i % 2, tf.float32)[None]
+
+    return (
+        tf.data.Dataset.range(ELEMENTS)
+        .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def live_model() -> dict:
+    """The stage table report.json holds, and training with and without the tuner."""
+    import keras_pipeline_tuner as kpt
+    from tests.helpers.backend_fit import tiny_model
+
+    results = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        for tuned in (False, True):
+            tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0) if tuned else None
+            model = tiny_model()
+            history = model.fit(
+                _dataset(), epochs=2, callbacks=[tuner] if tuner else [], verbose=0
+            )
+            results.append((model.get_weights(), history.history))
+        with open(os.path.join(log_dir, "report.json"), encoding="utf-8") as file:
+            report = json.load(file)
+        scalars = sorted(
+            name for name in _scalar_tags(log_dir) if name.startswith("input_pipeline/stages/")
+        )
+    (plain_weights, plain_history), (weights, history) = results
+    return {
+        "stage_table": report.get("stage_table"),
+        "weights": all(np.array_equal(a, b) for a, b in zip(plain_weights, weights)),
+        "history": plain_history == history,
+        "stage_scalars": scalars,
+        "notes": report.get("notes"),
+    }
+
+
+def _scalar_tags(log_dir: str) -> set:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    tags = set()
+    for root, _, names in os.walk(log_dir):
+        if any(name.startswith("events.out.tfevents") for name in names):
+            accumulator = event_accumulator.EventAccumulator(root, size_guidance={"tensors": 0})
+            accumulator.Reload()
+            tags |= set(accumulator.Tags().get("tensors", [])) | set(
+                accumulator.Tags().get("scalars", [])
+            )
+    return tags

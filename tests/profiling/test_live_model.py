@@ -1,0 +1,89 @@
+"""tf.data's live model read into a stage table, named as the user wrote the stages."""
+
+import pytest
+import tensorflow as tf
+
+from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+from keras_pipeline_tuner.profiling import live_model
+
+
+def decode(x):
+    t = tf.random.stateless_uniform([32, 32], seed=[1, 2])
+    return tf.cast(x, tf.float32) + tf.reduce_mean(tf.matmul(t, t))
+
+
+def double(x):
+    return x * 2.0
+
+
+def table_of(dataset, batches=12):
+    pipeline = read_pipeline(dataset)
+    iterator = iter(dataset)
+    for _ in range(batches):
+        next(iterator)
+    proto = live_model.read_model(iterator)
+    assert proto is not None
+    return live_model.stage_table(proto, pipeline, mid_pass=True)
+
+
+def test_stages_keep_the_users_names_through_tf_datas_rewrites():
+    dataset = (
+        tf.data.Dataset.range(4096)
+        .shuffle(64)
+        .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        .map(double)
+        .batch(8)
+        .cache()
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    table = table_of(dataset)
+    stages = [row.stage for row in table.rows]
+    assert stages == [
+        "range(0, 4096, 1)",
+        "shuffle(64)",
+        "map(decode, num_parallel_calls=AUTOTUNE)",
+        "map(double)",
+        "cache()",
+        "prefetch(AUTOTUNE)",
+    ]
+    by_stage = {row.stage: row for row in table.rows}
+    # tf.data fused the second map with its batch: the map's elements are the batch's.
+    fused = by_stage["map(double)"]
+    assert fused.runs_as == "MapAndBatch" and fused.elements % 8 == 0
+    assert fused.elements >= 8 * table.batches  # and the batches read ahead
+    parallel = by_stage["map(decode, num_parallel_calls=AUTOTUNE)"]
+    assert 1 <= parallel.parallelism and parallel.tuned and parallel.ms_per_element > 0
+    assert by_stage["cache()"].runs_as == "MemoryCache+MemoryCacheImpl"
+    assert by_stage["prefetch(AUTOTUNE)"].buffer is not None
+    assert sum(row.share for row in table.rows) == pytest.approx(1.0)
+    assert table.batches == 12 and table.reads == 1 and table.cpu_budget >= 1
+    # The table round-trips report.json.
+    from keras_pipeline_tuner.outputs.report import Report
+
+    assert Report.from_json(Report(stage_table=table).to_json()).stage_table == table
+
+
+def test_a_prefetch_tf_data_adds_and_the_work_inside_an_interleave():
+    dataset = (
+        tf.data.Dataset.range(4)
+        .interleave(lambda i: tf.data.Dataset.range(512).map(double_int), num_parallel_calls=2)
+        .batch(16)
+    )
+    table = table_of(dataset)
+    stages = [row.stage for row in table.rows]
+    assert stages[-1] == "prefetch (added by tf.data)" and table.rows[-1].added_by_tf
+    (interleave,) = [row for row in table.rows if row.stage.startswith("interleave(")]
+    # The datasets its function opens are its own work, not stages of the pipeline.
+    assert interleave.runs_as.startswith("ParallelInterleave") and "Map" in interleave.runs_as
+
+
+def double_int(x):
+    return x * 2
+
+
+def test_no_model_when_autotuning_is_off():
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    iterator = iter(tf.data.Dataset.range(64).map(double_int).batch(4).with_options(options))
+    next(iterator)
+    assert live_model.read_model(iterator) is None
