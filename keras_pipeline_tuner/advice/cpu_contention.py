@@ -10,7 +10,12 @@ without running anything after it:
   threads): their CPU time, timed where the fit made them
   (`instrumentation.user_calls`), over the span the CPU meter read;
 - the process's children (a DataLoader's or a PyDataset's worker processes):
-  their CPU time over the run (`timing.cpu_usage`).
+  their CPU time over the run (`timing.cpu_usage`);
+- a tf.data pipeline's stages of TensorFlow ops: their processing time per
+  batch in tf.data's own live model (`profiling.live_model`), times the
+  batches training read. tf.data times a stage by its threads' clocks, which a
+  busy machine stretches, so the input's cores are never more than the
+  process used.
 
 Their average cores, against the CPU budget the job has (affinity and quota),
 is the share of the CPUs the input held while the step computed; scaled by how
@@ -79,6 +84,8 @@ def cpu_contention(
     user_calls: Sequence,
     step_ms: Optional[float],
     compute_ms: Optional[float],
+    stage_table=None,
+    steps: int = 0,
 ) -> Optional[CpuContention]:
     """Predicts the compute the input's CPU use cost, from what training measured.
 
@@ -87,6 +94,8 @@ def cpu_contention(
         user_calls: the run's `UserCallTiming`s, per training batch where known.
         step_ms: the steady state's mean step.
         compute_ms: the steady state's mean compute per step.
+        stage_table: the run's `profiling.live_model.StageTable`, or `None`.
+        steps: the training steps the run read (batches, for the stage table).
 
     Returns:
         The `CpuContention`, or `None` where nothing measured the input's CPU
@@ -114,9 +123,19 @@ def cpu_contention(
         if used > 0:
             cores += used
             parts.append(f"Python calls of {timing.stage} {used:.2f} cores")
+    called = {timing.stage for timing in user_calls}
+    for row in getattr(stage_table, "rows", ()):
+        # A stage of Python is counted by its calls' CPU time, not its wall.
+        if row.stage in called or row.added_by_tf or cpu.wall_s <= 0 or not steps:
+            continue
+        used = row.ms_per_batch * steps / 1e3 / cpu.wall_s
+        if used >= NEGLIGIBLE:
+            cores += used
+            parts.append(f"tf.data's {row.stage} {used:.2f} cores")
     if cpu.children_cores:
         cores += cpu.children_cores
         parts.append(f"worker processes {cpu.children_cores:.2f} cores")
+    cores = min(cores, cpu.process_cores)
     budget = _budget_cpus(cpu)
     if cores <= 0 or budget <= 0:
         return None

@@ -82,7 +82,9 @@ def _cpu_contention(run, cpu, train: StepStats):
         compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
     else:
         step_ms, compute_ms = train.step.mean_ms, train.compute.mean_ms
-    return cpu_contention(cpu, _user_calls(run, train), step_ms, compute_ms)
+    return cpu_contention(
+        cpu, _user_calls(run, train), step_ms, compute_ms, run.stage_table, train.steps
+    )
 
 
 def build_report(run) -> Report:

@@ -151,3 +151,29 @@ def test_a_python_map_that_keeps_ahead_is_measured_as_cpu_the_step_shares():
     cpu = tuner.report.cpu
     assert found.input_cores == pytest.approx(120 * 0.002 / cpu.wall_s, rel=0.25)
     assert found.input_cores <= 2.0
+
+
+def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
+    from keras_pipeline_tuner.profiling.live_model import StageRow
+    from keras_pipeline_tuner.profiling.live_model import StageTable
+
+    table = StageTable(
+        rows=(
+            StageRow("map(decode)", ms_per_batch=5.0),
+            # Timed by its calls' CPU time instead of tf.data's clocks.
+            StageRow("map(load)", ms_per_batch=50.0),
+            StageRow("prefetch (added by tf.data)", ms_per_batch=1.0, added_by_tf=True),
+        )
+    )
+    # 1000 batches of 5 ms over the meter's 10 s: half a core of the two.
+    found = cpu_contention(
+        usage(), [python_calls(0.0)], step_ms=10.0, compute_ms=10.0, stage_table=table,
+        steps=1000,
+    )
+    assert found.parts == ["tf.data's map(decode) 0.50 cores"]
+    assert found.fraction == pytest.approx(0.25)
+    # A stretched clock on a busy machine cannot claim more than the process used.
+    stretched = cpu_contention(
+        usage(busy=0.2), [], step_ms=10.0, compute_ms=10.0, stage_table=table, steps=10000
+    )
+    assert stretched.input_cores == pytest.approx(0.4)
