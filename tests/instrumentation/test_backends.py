@@ -38,7 +38,8 @@ LOOP_SOURCE_MS = 50.0
 # The others (loaders' advice, custom loops, the profiler window, Grain,
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
 CORE = (
-    "inputs", "slow", "fast", "first_step", "identical", "outputs", "source_rows", "user_calls"
+    "inputs", "slow", "fast", "first_step", "identical", "outputs", "source_rows", "user_calls",
+    "replay",
 )
 
 
@@ -490,3 +491,16 @@ def test_grain_stage_timing_failure_turns_it_off_and_fit_ends(backend, measured)
         for note in failing["notes"]
     ), failing["notes"]
     assert failing["history"] and failing["weights"], failing
+
+
+@on("replay")
+@pytest.mark.parametrize("source", ["arrays", "tf.data"])
+def test_the_replay_check_runs_the_fits_own_step_and_leaves_training_unchanged(
+    backend, source, measured
+):
+    """On JAX the jitted step, on torch the compiled one, on TensorFlow the timed function."""
+    found = measured[source]
+    assert found["checked"], found["notes"]
+    assert found["replay_steps"] >= 5 and found["rounds"] >= 1, found
+    # The next fit trains as it would have: weights and history, bit for bit.
+    assert found["weights"] and found["history"], found
