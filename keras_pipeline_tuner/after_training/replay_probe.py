@@ -194,20 +194,22 @@ class ReplayProbe:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
         part = tuner_cost.FIX_FLOOR if fixes_due else tuner_cost.CONTENTION_CHECK
+        given_s = None
         if needed_s is not None:
             part = tuner_cost.CONTENTION_CHECK
-            run.cost.check_capped(needed_s)
+            given_s = what_if_replay.needed_bound_s(run.cost.cost().fit_s)
+            run.cost.check_capped(given_s)
         began = time.monotonic()
         with self.guard(features.CONTENTION_CHECK), run.cost.part(part):
             try:
                 # The outputs after it need the rest of the budget.
                 first_round_by = time.monotonic() + cap_s
-                if needed_s is not None:
-                    # Given the time it needs: its first round may run on
-                    # (a busy machine slows its set-up), and a second, run
-                    # only when the first showed contention, gets what is left.
-                    deadline = time.monotonic() + 2 * cap_s
-                    first_round_by = deadline
+                if given_s is not None:
+                    # Given the time it needs: its steps are planned within
+                    # its cap, but a busy machine's slower set-up may take it
+                    # on, and a second round (run only when the first showed
+                    # contention) gets what is left, up to its bound.
+                    deadline = first_round_by = time.monotonic() + given_s
                 elif fixes_due:
                     deadline = time.monotonic() + cap_s
                 else:
@@ -224,7 +226,7 @@ class ReplayProbe:
                 run.what_if = what_if_replay.contention_check(
                     model, verdict.shows_contention, plan, deadline, traced_step,
                     first_round_by=first_round_by, wall_time=throttled(run.cpu_usage()),
-                    replay=replay,
+                    replay=replay, given_s=given_s,
                 )
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
@@ -362,9 +364,9 @@ def _needed_note(took_s: float, cap_s: float, budget_s: float) -> str:
     return (
         f"The contention check took {took_s:.1f} s, beyond its share of the tuner's "
         f"budget ({budget_s:.1f} s): it could change the verdict, so it was given the "
-        f"time it needs ({what_if_replay.CONTENTION_NEEDED_ROOM:g}x its shortest form, "
-        f"{cap_s:.1f} s, at most twice that with a second round; the cap never over "
-        f"{what_if_replay.CONTENTION_NEEDED_FIT_SHARE:.0%} of the fit or "
+        f"time it needs (its steps planned within {what_if_replay.CONTENTION_NEEDED_ROOM:g}x "
+        f"its shortest form, {cap_s:.1f} s; a busy machine or a second round may take it on "
+        f"to {what_if_replay.CONTENTION_NEEDED_FIT_SHARE:.0%} of the fit, never over "
         f"{what_if_replay.CONTENTION_NEEDED_MAX_S:g} s). PipelineTuner(cost_budget_s=...) "
         "keeps it within a budget you set."
     )

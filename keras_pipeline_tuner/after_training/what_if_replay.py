@@ -406,6 +406,23 @@ def contention_cap_s(fit_s: float) -> float:
     return max(CONTENTION_LEAST_S, CONTENTION_FIT_SHARE * max(fit_s, 0.0))
 
 
+def needed_bound_s(fit_s: float) -> float:
+    """The most a contention check that could change the verdict may take, in seconds.
+
+    The larger of `contention_cap_s` and `CONTENTION_NEEDED_FIT_SHARE` of the
+    fit, at most `CONTENTION_NEEDED_MAX_S`.
+
+    Example:
+
+    >>> needed_bound_s(40.0), needed_bound_s(1000.0)
+    (10.0, 60.0)
+    """
+    return min(
+        CONTENTION_NEEDED_MAX_S,
+        max(contention_cap_s(fit_s), CONTENTION_NEEDED_FIT_SHARE * max(fit_s, 0.0)),
+    )
+
+
 def needed_cap_s(smallest_s: float, fit_s: float) -> Optional[float]:
     """The cap of a contention check that could change the verdict: the time it needs.
 
@@ -414,21 +431,16 @@ def needed_cap_s(smallest_s: float, fit_s: float) -> Optional[float]:
         fit_s: the fit's time.
 
     Returns:
-        Seconds, or `None` when even that is more than its bound (the larger
-        of `contention_cap_s` and `CONTENTION_NEEDED_FIT_SHARE` of the fit,
-        at most `CONTENTION_NEEDED_MAX_S`).
+        `CONTENTION_NEEDED_ROOM` times `smallest_s`, or `None` when that is
+        more than `needed_bound_s`.
 
     Example:
 
     >>> needed_cap_s(8.0, 120.0), needed_cap_s(8.0, 40.0)
     (16.0, None)
     """
-    bound_s = min(
-        CONTENTION_NEEDED_MAX_S,
-        max(contention_cap_s(fit_s), CONTENTION_NEEDED_FIT_SHARE * max(fit_s, 0.0)),
-    )
     needed_s = CONTENTION_NEEDED_ROOM * smallest_s
-    return needed_s if needed_s <= bound_s else None
+    return needed_s if needed_s <= needed_bound_s(fit_s) else None
 
 
 def contention_plan(
@@ -511,6 +523,8 @@ class RoundControl:
     sized_steps: int = 0
     # When the check began (`time.monotonic()`).
     began: float = dataclasses.field(default_factory=time.monotonic)
+    # Set when the check was given the time it needs (its bound, seconds).
+    given_s: Optional[float] = None
 
     def steps_for(self, steps: int, call_s: float) -> int:
         """The timed steps a side that fit before the deadline, at most `steps`.
@@ -531,12 +545,18 @@ class RoundControl:
         fitting = min(steps, int(remaining_s / side_s)) if side_s > 0 else steps
         if fitting < CONTENTION_MIN_TIMED:
             # Name what ran out: a larger budget does not lift the cap.
-            used = (
-                f"the check's own cap ({self.first_round_by - self.began:.1f} s; a longer "
-                "fit allows more)"
-                if capped
-                else "the tuner's time budget (PipelineTuner(cost_budget_s=...) gives it more)"
-            )
+            if self.given_s is not None:
+                used = (
+                    f"the {self.given_s:.1f} s it was given (a quarter of the fit's time at "
+                    "most; a longer fit allows more)"
+                )
+            elif capped:
+                used = (
+                    f"the check's own cap ({self.first_round_by - self.began:.1f} s; a "
+                    "longer fit allows more)"
+                )
+            else:
+                used = "the tuner's time budget (PipelineTuner(cost_budget_s=...) gives it more)"
             raise ReplayUnsupported(
                 "Its set-up (copying the pipeline, filling its cache, finding what the "
                 f"step changes) used {used} before any step was timed. The wait decides."
@@ -565,6 +585,7 @@ def contention_check(
     first_round_by: Optional[float] = None,
     wall_time: bool = False,
     replay: Optional[Callable[..., WhatIfResult]] = None,
+    given_s: Optional[float] = None,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
@@ -588,12 +609,15 @@ def contention_check(
         replay: `replay(steps, cached_batches, pipeline_stats, control)`, the
             replay of another backend (`framework_replay.replay` on JAX and
             torch); `None` for TensorFlow's.
+        given_s: the seconds it was given because it could change the
+            verdict (`needed_bound_s`), for its notes; `None` otherwise.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
     control = RoundControl(
-        shows_contention, deadline, plan.step_s, first_round_by, wall_time=wall_time
+        shows_contention, deadline, plan.step_s, first_round_by, wall_time=wall_time,
+        given_s=given_s,
     )
     if replay is not None:
         result = replay(plan.steps, CONTENTION_CACHED_BATCHES, None, control)
