@@ -10,6 +10,7 @@ A pipeline that runs Python or keeps state is not run again for either
 at the compute measured in training.
 """
 
+import functools
 import time
 from typing import Callable
 from typing import Optional
@@ -19,16 +20,21 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.after_training import fix_timing
+from keras_pipeline_tuner.after_training import framework_replay
 from keras_pipeline_tuner.after_training import what_if_replay
 from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.pipeline.graph import rerun
-from keras_pipeline_tuner.pipeline.graph.in_memory import too_much_to_copy
+from keras_pipeline_tuner.pipeline.graph.in_memory import COPY_BYTES_PER_S
+from keras_pipeline_tuner.pipeline.graph.in_memory import in_memory_bytes
 from keras_pipeline_tuner.pipeline.tune.rebuild import copied_by_rebuild
 from keras_pipeline_tuner.timing import measurement as measured_by
 from keras_pipeline_tuner.timing import tuner_cost
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
+# Reading a pipeline's graph (for its hazards) that takes less than this is
+# done before the check is sized: its refusal is then said at once.
+HAZARD_FIRST_S = 0.1
 # A contention check run before timed fixes (their floor) may take this share
 # of the fix timing's cap, when it is larger than the check's own.
 FIX_FLOOR_SHARE = 0.25
@@ -89,9 +95,19 @@ class ReplayProbe:
                     # After training and with Keras' own functions back: the
                     # replay restores the model's state, so training is not changed.
                     try:
-                        run.what_if = what_if_replay.replay_after_fit(
-                            model, steps, run.clock.stats(TRAIN), traced_step
-                        )
+                        backend = _backend()
+                        if backend in framework_replay.BACKENDS:
+                            run.what_if = framework_replay.replay(
+                                model,
+                                backend,
+                                steps,
+                                what_if_replay.DEFAULT_CACHED_BATCHES,
+                                run.clock.stats(TRAIN),
+                            )
+                        else:
+                            run.what_if = what_if_replay.replay_after_fit(
+                                model, steps, run.clock.stats(TRAIN), traced_step
+                            )
                     except what_if_replay.ReplayUnsupported as limit:
                         # An expected limit (a strategy, a generator): a note.
                         run.notes.append(f"The what-if replay did not run. {limit}")
@@ -126,54 +142,107 @@ class ReplayProbe:
             )
             return
         cap_s, budget_s = self._cap_and_budget(run, fixes_due)
+        backend = _backend()
+        # fit's traced function, reused, is not traced again (nor is the
+        # step JAX and torch compiled for the fit).
+        reused = traced_step is not None or backend in framework_replay.BACKENDS
+        tracing_s = 0.0 if reused else _tracing_s(run.clock)
+        fresh_s = _fresh_iterator_s(run.clock)
+        # Its set-up reads the pipeline's graph (and may copy it): the
+        # in-memory arrays it holds take their time (large sources are read
+        # as stand-ins, not copied).
+        setup_s = 0.0
+        if is_tf_dataset(dataset):
+            setup_s = in_memory_bytes(copied_by_rebuild(dataset)) / COPY_BYTES_PER_S
+        # A pipeline that must not run again is said first, where reading its
+        # graph is cheap; else only once the check is known to fit.
+        hazard_first = is_tf_dataset(dataset) and setup_s < HAZARD_FIRST_S
+        if hazard_first and self._refused(run, dataset):
+            return
         plan, smallest_s = what_if_replay.contention_plan(
-            step_ms or 0.0,
-            # fit's traced function, reused, is not traced again.
-            _tracing_s(run.clock) if traced_step is None else 0.0,
-            _fresh_iterator_s(run.clock),
-            budget_s,
-            cap_s,
+            step_ms or 0.0, tracing_s, fresh_s, budget_s, cap_s, setup_s
         )
+        needed_s = None
+        # Whether it could change the verdict (the wait does not decide), with
+        # the budget the tuner chose: then it is given the time it needs.
+        given_time = run.cost.uses_default_budget and not verdict.wait_decides(
+            judgement, step_ms
+        )
+        if given_time:
+            # On a cap of its own when the usual one is too short, said in a note.
+            needed_s = what_if_replay.needed_cap_s(smallest_s, run.cost.cost().fit_s)
+            if needed_s is not None and needed_s > cap_s:
+                cap_s = needed_s
+                plan, smallest_s = what_if_replay.contention_plan(
+                    step_ms or 0.0,
+                    tracing_s,
+                    fresh_s,
+                    needed_s / what_if_replay.CONTENTION_BUDGET_SHARE,
+                    needed_s,
+                    setup_s,
+                )
+            else:
+                needed_s = None
         if plan is None:
             run.notes.append(skipped + _too_long(
                 smallest_s, cap_s, budget_s, fixes_due, self.settings.measure_fixes_s is None
-            ))
+            ) + _held_arrays(setup_s))
             return
-        if is_tf_dataset(dataset):
-            # Its set-up reads the pipeline's graph (and may copy it): with
-            # many small arrays in it, that alone would outlast the cap (large
-            # sources are read as stand-ins, not copied).
-            heavy = too_much_to_copy(
-                copied_by_rebuild(dataset), cap_s, "its set-up (reading the pipeline)"
-            )
-            if heavy is not None:
-                run.notes.append(f"{skipped}{heavy}. The wait decides.")
-                return
-            hazard = rerun.dataset_rerun_hazard(dataset)
-            if hazard is not None:
-                run.notes.append(f"{skipped}the pipeline is not run again: {hazard}.")
-                return
+        if is_tf_dataset(dataset) and not hazard_first and self._refused(run, dataset):
+            return
         if plan.estimate_s > tuner_cost.ANNOUNCE_S:
             self.announce(f"checking contention (a short replay after training): up to "
                           f"{plan.estimate_s + plan.round_s:.1f} s")
-        part = tuner_cost.FIX_FLOOR if fixes_due else "contention check"
+        part = tuner_cost.FIX_FLOOR if fixes_due else tuner_cost.CONTENTION_CHECK
+        given_s = None
+        if needed_s is not None:
+            part = tuner_cost.CONTENTION_CHECK
+            given_s = what_if_replay.needed_bound_s(run.cost.cost().fit_s)
+            run.cost.check_capped(given_s)
+        began = time.monotonic()
         with self.guard(features.CONTENTION_CHECK), run.cost.part(part):
             try:
                 # The outputs after it need the rest of the budget.
-                deadline = (
-                    time.monotonic() + cap_s
-                    if fixes_due
-                    else run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
-                )
+                first_round_by = time.monotonic() + cap_s
+                if given_s is not None:
+                    # Given the time it needs: its steps are planned within
+                    # its cap, but a busy machine's slower set-up may take it
+                    # on, and a second round (run only when the first showed
+                    # contention) gets what is left, up to its bound.
+                    deadline = first_round_by = time.monotonic() + given_s
+                elif fixes_due:
+                    deadline = time.monotonic() + cap_s
+                else:
+                    deadline = run.cost.deadline(what_if_replay.CONTENTION_BUDGET_SHARE)
+                    if given_time:
+                        # A set-up slower than planned (a busy machine) may
+                        # take the first round on to the budget's share.
+                        first_round_by = max(first_round_by, deadline)
                 # Its cap bounds the first round; a second one, run only when
                 # the first showed contention, may use the budget's share.
+                replay = None
+                if backend in framework_replay.BACKENDS:
+                    replay = functools.partial(framework_replay.replay, model, backend)
                 run.what_if = what_if_replay.contention_check(
                     model, verdict.shows_contention, plan, deadline, traced_step,
-                    first_round_by=time.monotonic() + cap_s, wall_time=throttled(run.cpu_usage()),
+                    first_round_by=first_round_by, wall_time=throttled(run.cpu_usage()),
+                    replay=replay, given_s=given_s,
                 )
             except what_if_replay.ReplayUnsupported as limit:
                 # An expected limit: the wait decides, and the report says why.
                 run.notes.append(f"The contention check did not run. {limit}")
+        if needed_s is not None:
+            run.notes.append(_needed_note(time.monotonic() - began, needed_s, budget_s))
+
+    def _refused(self, run, dataset) -> bool:
+        """Whether running `dataset` again would change what a later fit reads (then noted)."""
+        # Variables it writes (a Keras random layer's seed) are put back.
+        hazard = rerun.dataset_rerun_hazard(dataset, restores_variables=True)
+        if hazard is not None:
+            run.notes.append(
+                f"The contention check did not run: the pipeline is not run again: {hazard}."
+            )
+        return hazard is not None
 
     def _cap_and_budget(self, run, fixes_due: bool) -> Tuple[float, float]:
         """`(cap_s, budget_s)`: the check's own cap, and the budget its plan may use."""
@@ -211,14 +280,12 @@ class ReplayProbe:
         job needs it too: the replayed step bounds what any fix can bring, and
         a pipeline that competes for the cores costs more than its wait.
         """
-        import keras
-
         if not (self.settings.check_contention and self.guard.enabled(features.CONTENTION_CHECK)):
             return False
         if run.multi_worker or run.measurement != measured_by.IN_STEP or model is None:
             return False
-        if keras.backend.backend() != "tensorflow":
-            # The replay runs the TensorFlow backend's compiled step.
+        backend = _backend()
+        if backend != "tensorflow" and backend not in framework_replay.BACKENDS:
             return False
         if not self.guard.enabled(features.REPORT):
             # No verdict can be built (that feature failed): none to refine.
@@ -227,8 +294,38 @@ class ReplayProbe:
             steady = run.clock.steady_share(TRAIN)
             if steady.steps < what_if_replay.CONTENTION_MIN_STEPS:
                 return False
+            if backend in framework_replay.BACKENDS:
+                # The fit's own compiled step (JAX, torch), replayed.
+                return framework_replay.computes_on_cpu(
+                    backend
+                ) and framework_replay.can_replay(model, backend)
             return what_if_replay.computes_on_cpu() and what_if_replay.can_replay(model)
         return False
+
+
+def _held_arrays(setup_s: float) -> str:
+    """What of a check's shortest form reading the pipeline's in-memory arrays takes, if any.
+
+    Example:
+
+    >>> _held_arrays(0.0)
+    ''
+    >>> _held_arrays(0.7)
+    ' Of that, about 0.7 s reads the pipeline, which holds 9 MB of in-memory arrays.'
+    """
+    if setup_s <= 0.05:
+        return ""
+    held_mb = setup_s * COPY_BYTES_PER_S / 1e6
+    return (
+        f" Of that, about {setup_s:.1f} s reads the pipeline, which holds "
+        f"{held_mb:,.0f} MB of in-memory arrays."
+    )
+
+
+def _backend() -> str:
+    import keras
+
+    return keras.backend.backend()
 
 
 def _too_long(
@@ -253,6 +350,25 @@ def _too_long(
         f"{what_if_replay.CONTENTION_FIT_SHARE * 100:g} % of the fit) or its share of "
         f"what was left of the tuner's budget ({budget_s:.1f} s; "
         "PipelineTuner(cost_budget_s=...) changes it). The wait decides."
+    )
+
+
+def _needed_note(took_s: float, cap_s: float, budget_s: float) -> str:
+    """What a contention check given the time it needs took, and why it was given it.
+
+    Example:
+
+    >>> _needed_note(9.5, 16.0, 1.5)[:60]
+    'The contention check took 9.5 s, beyond its share of the tun'
+    """
+    return (
+        f"The contention check took {took_s:.1f} s, beyond its share of the tuner's "
+        f"budget ({budget_s:.1f} s): it could change the verdict, so it was given the "
+        f"time it needs (its steps planned within {what_if_replay.CONTENTION_NEEDED_ROOM:g}x "
+        f"its shortest form, {cap_s:.1f} s; a busy machine or a second round may take it on "
+        f"to {what_if_replay.CONTENTION_NEEDED_FIT_SHARE:.0%} of the fit, never over "
+        f"{what_if_replay.CONTENTION_NEEDED_MAX_S:g} s). PipelineTuner(cost_budget_s=...) "
+        "keeps it within a budget you set."
     )
 
 

@@ -31,12 +31,15 @@ from keras_pipeline_tuner._util.argument_checks import checked_dataset
 from keras_pipeline_tuner._util.argument_checks import positive_int
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.after_training.replay_rounds import WARMUP_CALLS
+from keras_pipeline_tuner.after_training.replay_rounds import ReplayRound
+from keras_pipeline_tuner.after_training.replay_rounds import run_replay
+from keras_pipeline_tuner.after_training.replay_rounds import run_rounds
+from keras_pipeline_tuner.after_training.replay_rounds import stats_of
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.pipeline.graph import rerun
 from keras_pipeline_tuner.pipeline.tune import rebuild as pipeline_rewrite
 from keras_pipeline_tuner.timing import timed_step_function
-from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
-from keras_pipeline_tuner.timing.step_clock import split_rows
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import StepStats
 
@@ -52,8 +55,6 @@ ON_REQUEST = (
     "on the model as it was given, with every variable the step touched (weights, "
     "optimizer, metric, random seed and other state) restored afterwards"
 )
-# Calls set apart before timing: the first may trace, and buffers fill.
-_WARMUP_CALLS = 2
 
 
 class ReplayUnsupported(ValueError):
@@ -63,50 +64,6 @@ class ReplayUnsupported(ValueError):
     execution, Keras internals this version does not know) and for training data
     that is not a `tf.data.Dataset`. The `PipelineTuner` reports it as a note.
     """
-
-
-@dataclasses.dataclass
-class ReplayRound:
-    """One round of a replay timed around the real pipeline: its steps and the replay's.
-
-    Attributes:
-        pipeline_ms: mean step time on the real pipeline in this round.
-        replay_ms: mean step time of the replayed steps just before and just
-            after them, under the same load.
-        pipeline_wall_ms: the pipeline's steps' wall time a step, from one
-            step's start to the next's (epoch restarts left out): it also
-            holds what falls between steps, where a CPU quota's stops mostly
-            land.
-        replay_wall_ms: the same for the replayed steps either side.
-
-    Example:
-
-    ```python
-    result = kpt.what_if(model, train_ds)
-    for each in result.rounds:
-        print(each.pipeline_ms / each.replay_ms)
-    ```
-    """
-
-    pipeline_ms: float = 0.0
-    replay_ms: float = 0.0
-    pipeline_wall_ms: Optional[float] = None
-    replay_wall_ms: Optional[float] = None
-
-    def compared(self, wall_time: bool = False) -> Tuple[float, float, bool]:
-        """`(pipeline, replay, walled)`: ms a step by wall time when asked and known, else by step.
-
-        Args:
-            wall_time: compare the wall time a step (start to start), as
-                under a quota that throttled the job: its stops fall between
-                steps too, where the step time misses them.
-
-        Returns:
-            The two figures in ms, and whether they are the wall times.
-        """
-        if wall_time and self.pipeline_wall_ms and self.replay_wall_ms:
-            return self.pipeline_wall_ms, self.replay_wall_ms, True
-        return self.pipeline_ms, self.replay_ms, False
 
 
 @dataclasses.dataclass
@@ -207,21 +164,41 @@ def what_if(
     return _what_if(model, dataset, steps, cached_batches, pipeline_stats)
 
 
-def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None, traced=None):
+def _what_if(
+    model,
+    dataset,
+    steps,
+    cached_batches,
+    pipeline_stats,
+    control=None,
+    traced=None,
+    keras_made: bool = False,
+):
     """`what_if` on checked arguments.
 
     `control` (a `RoundControl`) sizes its rounds by time; `traced` is fit's
-    timed function, reused (see `_timed_steps_of`).
+    timed function, reused (see `_timed_steps_of`); `keras_made`: the dataset
+    is the one Keras built over NumPy arrays, which holds no code or state of
+    the user's (a gather of each batch's rows): its graph, which holds the
+    arrays, is not read to check it.
     """
-    hazard = rerun.dataset_rerun_hazard(dataset)
-    if hazard is not None:
-        # Reading it again would change what a later fit reads from it.
-        raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
+    if not keras_made:
+        # Variables the pipeline writes (a Keras random layer's seed) are put
+        # back afterwards; any other state it changes is a hazard.
+        hazard = rerun.dataset_rerun_hazard(dataset, restores_variables=True)
+        if hazard is not None:
+            # Reading it again would change what a later fit reads from it.
+            raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
+    # Before any pass over it: the values the next fit's passes start from.
+    pipeline_state = rerun.PipelineVariables(dataset)
     run_steps, variables_touched = _timed_steps_of(model, traced)
     # Passes over the dataset itself would move its shuffle seeds on, and a
     # later fit on it would see another order: the replay reads a copy with
-    # seeds of its own (and the same caches).
-    dataset = pipeline_rewrite.independent_copy(dataset)
+    # seeds of its own (and the same caches). Keras' dataset over arrays
+    # holds no seed generator (it shuffles indices in a map), and copying
+    # its graph would copy the arrays: it is read as it is.
+    if not keras_made:
+        dataset = pipeline_rewrite.independent_copy(dataset)
     if dataset is None:
         raise ReplayUnsupported(
             "The dataset reshuffles every epoch and holds more than "
@@ -231,23 +208,52 @@ def _what_if(model, dataset, steps, cached_batches, pipeline_stats, control=None
         )
     # The user's Python functions in the pipeline may draw from Python's and
     # NumPy's global generators: their next draws stay what they would have been.
-    with preserved_random_state():
-        found, replay_rows, pipeline_rows, rounds = _replay(
-            model,
-            run_steps,
-            variables_touched,
-            dataset,
-            steps,
-            cached_batches,
-            pipeline_stats,
-            control,
-        )
-    replay = _stats(replay_rows)
+    try:
+        with preserved_random_state():
+            found, replay_rows, pipeline_rows, rounds = _replay(
+                model,
+                run_steps,
+                variables_touched,
+                dataset,
+                steps,
+                cached_batches,
+                pipeline_stats,
+                control,
+            )
+    finally:
+        # The replay's iterators are gone by now: nothing writes them after this.
+        pipeline_state.restore()
+    return result_of(found, cached_batches, replay_rows, pipeline_rows, rounds, pipeline_stats)
+
+
+def result_of(
+    found: int,
+    cached_batches: int,
+    replay_rows: np.ndarray,
+    pipeline_rows: Optional[np.ndarray],
+    rounds: List["ReplayRound"],
+    pipeline_stats: Optional[StepStats],
+) -> "WhatIfResult":
+    """The `WhatIfResult` of a replay's rows, on any backend.
+
+    Args:
+        found: distinct batches replayed.
+        cached_batches: distinct batches asked for.
+        replay_rows: the replayed steps' (start, ready, end) rows.
+        pipeline_rows: the real pipeline's rows timed here, or `None`.
+        rounds: the rounds of the check (`run_rounds`).
+        pipeline_stats: the real pipeline's `StepStats` from training, or
+            `None` when its steps were timed here.
+
+    Returns:
+        The `WhatIfResult`.
+    """
+    replay = stats_of(replay_rows)
     notes = []
     if pipeline_stats is not None:
         pipeline_step, source = pipeline_stats.step, "training"
     else:
-        pipeline_step, source = _stats(pipeline_rows).step, "measured"
+        pipeline_step, source = stats_of(pipeline_rows).step, "measured"
         notes.append(
             "The real pipeline's steps were timed on a fresh iterator, between two parts "
             "of the replay" + (f", in {len(rounds)} rounds." if len(rounds) > 1 else ".")
@@ -303,6 +309,7 @@ def replay_after_fit(
             replayed here (says which).
         ValueError: when the real steps' times are unknown.
     """
+    keras_made = False
     if batches is not None:
         dataset, cached = batches, int(batches.cardinality())
     else:
@@ -315,9 +322,12 @@ def replay_after_fit(
                 "of it."
             )
         dataset, cached = found.replay_dataset, DEFAULT_CACHED_BATCHES
+        keras_made = found.kind == fit_input.ARRAYS
     if not train_stats.steps or train_stats.step.mean_ms is None:
         raise ValueError("no training step was timed, so there is nothing to compare with")
-    return _what_if(model, dataset, steps, cached, train_stats, traced=traced_step)
+    return _what_if(
+        model, dataset, steps, cached, train_stats, traced=traced_step, keras_made=keras_made
+    )
 
 
 # The contention check after fit: a replay sized by time, within the tuner's budget.
@@ -332,12 +342,18 @@ CONTENTION_MAX_STEPS = 100
 # within a few percent, and a fit under a minute should cost under a second.
 CONTENTION_LEAST_S = 0.5
 CONTENTION_FIT_SHARE = 0.01
+# A check whose result could change the verdict class is given the time it
+# needs rather than that cap: this many times its shortest form (the set-up
+# before its steps are sized takes part of it, and a round's steps are sized
+# with room for the pipeline's epoch ends), at most the larger of that cap
+# and this share of the fit, and never more than these seconds.
+CONTENTION_NEEDED_ROOM = 2.0
+CONTENTION_NEEDED_FIT_SHARE = 0.25
+CONTENTION_NEEDED_MAX_S = 60.0
 # The first round may take this share of what is left of the budget: the
 # outputs need the rest (a second round runs only if it still fits).
 CONTENTION_BUDGET_SHARE = 0.75
 CONTENTION_CACHED_BATCHES = 4
-# Rounds of pipeline steps in a contention check, at most.
-MAX_ROUNDS = 2
 CONTENTION_METHOD = (
     "automatic contention check after training (the model computes on the CPU, "
     "which the input pipeline shares), on the trained model, with its weights, "
@@ -390,12 +406,50 @@ def contention_cap_s(fit_s: float) -> float:
     return max(CONTENTION_LEAST_S, CONTENTION_FIT_SHARE * max(fit_s, 0.0))
 
 
+def needed_bound_s(fit_s: float) -> float:
+    """The most a contention check that could change the verdict may take, in seconds.
+
+    The larger of `contention_cap_s` and `CONTENTION_NEEDED_FIT_SHARE` of the
+    fit, at most `CONTENTION_NEEDED_MAX_S`.
+
+    Example:
+
+    >>> needed_bound_s(40.0), needed_bound_s(1000.0)
+    (10.0, 60.0)
+    """
+    return min(
+        CONTENTION_NEEDED_MAX_S,
+        max(contention_cap_s(fit_s), CONTENTION_NEEDED_FIT_SHARE * max(fit_s, 0.0)),
+    )
+
+
+def needed_cap_s(smallest_s: float, fit_s: float) -> Optional[float]:
+    """The cap of a contention check that could change the verdict: the time it needs.
+
+    Args:
+        smallest_s: what its shortest form takes (`contention_plan`).
+        fit_s: the fit's time.
+
+    Returns:
+        `CONTENTION_NEEDED_ROOM` times `smallest_s`, or `None` when that is
+        more than `needed_bound_s`.
+
+    Example:
+
+    >>> needed_cap_s(8.0, 120.0), needed_cap_s(8.0, 40.0)
+    (16.0, None)
+    """
+    needed_s = CONTENTION_NEEDED_ROOM * smallest_s
+    return needed_s if needed_s <= needed_bound_s(fit_s) else None
+
+
 def contention_plan(
     step_ms: float,
     tracing_s: float,
     fresh_iterator_s: float,
     budget_s: float,
     cap_s: float = math.inf,
+    setup_s: float = 0.0,
 ) -> Tuple[Optional[ContentionPlan], float]:
     """Sizes a contention check by time: as many steps as fit in the budget.
 
@@ -407,6 +461,7 @@ def contention_plan(
             first steps in training (set-up, a shuffle buffer filling).
         budget_s: what is left of the tuner's budget.
         cap_s: the most the check may take (`contention_cap_s`).
+        setup_s: what reading (and copying) the pipeline's graph takes once.
 
     Returns:
         `(plan, smallest_s)`: the plan, or `None` when even the smallest check
@@ -426,8 +481,9 @@ def contention_plan(
     step_s = max(step_ms, 0.0) / 1e3
     fixed_s = (
         2 * tracing_s
-        + (CONTENTION_CACHED_BATCHES + 2 * _WARMUP_CALLS) * step_s
+        + (CONTENTION_CACHED_BATCHES + 2 * WARMUP_CALLS) * step_s
         + fresh_iterator_s
+        + setup_s
     )
     smallest_s = fixed_s + 2 * CONTENTION_MIN_TIMED * step_s
     allowed_s = min(CONTENTION_BUDGET_SHARE * budget_s, cap_s)
@@ -436,7 +492,7 @@ def contention_plan(
     steps = CONTENTION_MAX_STEPS
     if step_s > 0:
         steps = min(steps, int((allowed_s - fixed_s) / (2 * step_s)))
-    round_s = fresh_iterator_s + (_WARMUP_CALLS + 2 * steps) * step_s
+    round_s = fresh_iterator_s + (WARMUP_CALLS + 2 * steps) * step_s
     return ContentionPlan(steps, fixed_s + 2 * steps * step_s, round_s, step_s), smallest_s
 
 
@@ -465,6 +521,10 @@ class RoundControl:
     wall_time: bool = False
     # The steps a side the first round timed (`steps_for`).
     sized_steps: int = 0
+    # When the check began (`time.monotonic()`).
+    began: float = dataclasses.field(default_factory=time.monotonic)
+    # Set when the check was given the time it needs (its bound, seconds).
+    given_s: Optional[float] = None
 
     def steps_for(self, steps: int, call_s: float) -> int:
         """The timed steps a side that fit before the deadline, at most `steps`.
@@ -485,12 +545,18 @@ class RoundControl:
         fitting = min(steps, int(remaining_s / side_s)) if side_s > 0 else steps
         if fitting < CONTENTION_MIN_TIMED:
             # Name what ran out: a larger budget does not lift the cap.
-            used = (
-                f"the check's own cap (the larger of {CONTENTION_LEAST_S:g} s and "
-                f"{CONTENTION_FIT_SHARE:.0%} of the fit's time; a longer fit allows more)"
-                if capped
-                else "the tuner's time budget (PipelineTuner(cost_budget_s=...) gives it more)"
-            )
+            if self.given_s is not None:
+                used = (
+                    f"the {self.given_s:.1f} s it was given (a quarter of the fit's time at "
+                    "most; a longer fit allows more)"
+                )
+            elif capped:
+                used = (
+                    f"the check's own cap ({self.first_round_by - self.began:.1f} s; a "
+                    "longer fit allows more)"
+                )
+            else:
+                used = "the tuner's time budget (PipelineTuner(cost_budget_s=...) gives it more)"
             raise ReplayUnsupported(
                 "Its set-up (copying the pipeline, filling its cache, finding what the "
                 f"step changes) used {used} before any step was timed. The wait decides."
@@ -518,6 +584,8 @@ def contention_check(
     traced_step=None,
     first_round_by: Optional[float] = None,
     wall_time: bool = False,
+    replay: Optional[Callable[..., WhatIfResult]] = None,
+    given_s: Optional[float] = None,
 ) -> WhatIfResult:
     """A short what-if replay after fit, to count the pipeline's share of the step.
 
@@ -538,14 +606,24 @@ def contention_check(
             (`contention_cap_s`), or `None` for `deadline`.
         wall_time: a round shows contention by its wall times a step
             (`ReplayRound.compared`): for a job the quota throttled.
+        replay: `replay(steps, cached_batches, pipeline_stats, control)`, the
+            replay of another backend (`framework_replay.replay` on JAX and
+            torch); `None` for TensorFlow's.
+        given_s: the seconds it was given because it could change the
+            verdict (`needed_bound_s`), for its notes; `None` otherwise.
 
     Returns:
         The `WhatIfResult`, its `method` saying it ran on its own.
     """
-    found = fit_input.find_fit_input(model)
     control = RoundControl(
-        shows_contention, deadline, plan.step_s, first_round_by, wall_time=wall_time
+        shows_contention, deadline, plan.step_s, first_round_by, wall_time=wall_time,
+        given_s=given_s,
     )
+    if replay is not None:
+        result = replay(plan.steps, CONTENTION_CACHED_BATCHES, None, control)
+        result.method = CONTENTION_METHOD
+        return result
+    found = fit_input.find_fit_input(model)
 
     # The real pipeline's steps are timed here too, between parts of the
     # replay, rather than taken from training: both then run under the same
@@ -560,6 +638,7 @@ def contention_check(
         None,
         control,
         traced_step,
+        keras_made=found.kind == fit_input.ARRAYS,
     )
     result.method = CONTENTION_METHOD
     return result
@@ -613,175 +692,14 @@ def _replay(
     saved = _State(model, touched)
     try:
         if pipeline_stats is None:
-            replay_rows, pipeline_rows, rounds = _run_rounds(
+            replay_rows, pipeline_rows, rounds = run_rounds(
                 run_steps, replayed, dataset, steps, control
             )
         else:
-            replay_rows, pipeline_rows, rounds = _run_replay(run_steps, replayed, steps), None, []
+            replay_rows, pipeline_rows, rounds = run_replay(run_steps, replayed, steps), None, []
     finally:
         saved.restore()
     return found, replay_rows, pipeline_rows, rounds
-
-
-def _run_replay(run_steps, replayed, steps) -> np.ndarray:
-    """Times `steps` replayed steps, after the warm-up calls."""
-    replay_iterator = iter(replayed)
-    for _ in range(_WARMUP_CALLS):
-        run_steps(replay_iterator)
-    return np.concatenate(_calls(run_steps, replay_iterator, steps))[:steps]
-
-
-def _run_rounds(run_steps, replayed, dataset, steps, control):
-    """Times the replay and the real pipeline in turn: A-B-A, then B-A per more round.
-
-    The real pipeline's steps run between two parts of the replay: drift in
-    the machine's load between the two sides cancels out, and no iterator of
-    the real pipeline lives while the replay runs (its threads would keep
-    working, and slow the replayed steps they should not touch). Each round
-    compares its pipeline steps with the replayed steps just before and after;
-    `control` (a `RoundControl`, or `None` for one round of `steps`) sizes the
-    steps by the time the warm-up calls took and decides whether one more
-    round runs, up to `MAX_ROUNDS`.
-    """
-    replay_iterator = iter(replayed)
-    for _ in range(_WARMUP_CALLS):
-        # The last warm-up call times a call: the first ones trace the step.
-        began = time.monotonic()
-        run_steps(replay_iterator)
-    if control is not None:
-        steps = control.steps_for(steps, time.monotonic() - began)
-    first_part = (steps + 1) // 2
-    replay_parts = [_block(run_steps, replay_iterator, first_part)]
-    pipeline_parts: List[List[np.ndarray]] = []
-    rounds: List[ReplayRound] = []
-    while True:
-        round_began = time.monotonic()
-        pipeline_parts.append(_pipeline_block(run_steps, dataset, steps))
-        replay_parts.append(_block(run_steps, replay_iterator, steps - first_part))
-        around = replay_parts[-2] + [_BREAK] + replay_parts[-1]
-        rounds.append(
-            ReplayRound(
-                pipeline_ms=_stats(_rows(pipeline_parts[-1])).step.mean_ms,
-                replay_ms=_stats(_rows(around)).step.mean_ms,
-                pipeline_wall_ms=wall_ms(pipeline_parts[-1]),
-                replay_wall_ms=wall_ms(around),
-            )
-        )
-        if len(rounds) >= MAX_ROUNDS or control is None:
-            break
-        if not control.another_round(rounds[-1], time.monotonic() - round_began):
-            break
-    replay_rows = _rows([rows for part in replay_parts for rows in part])
-    return replay_rows, _rows([rows for part in pipeline_parts for rows in part]), rounds
-
-
-# Between two parts of timed steps that did not run back to back.
-_BREAK = np.zeros((0, 3))
-
-
-def _rows(parts: List[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else _BREAK
-
-
-def _first(parts: List[np.ndarray], steps: int) -> List[np.ndarray]:
-    """The calls' rows cut to the first `steps` (a call may run several steps)."""
-    kept: List[np.ndarray] = []
-    for rows in parts:
-        left = steps - sum(found.shape[0] for found in kept)
-        if left <= 0:
-            break
-        kept.append(rows[:left])
-    return kept
-
-
-def wall_ms(parts: List[np.ndarray]) -> Optional[float]:
-    """Mean ms from one timed step's start to the next's, within runs of back-to-back steps.
-
-    Unlike the step time (fetch to end of step), this holds what falls between
-    steps as well: the loop's own work and, under a CPU quota, the kernel's
-    stops, which land wherever the threads are.
-
-    Args:
-        parts: arrays of (start, ready, end) rows in seconds, each call's
-            steps back to back with the previous array's unless an empty
-            array (a break) stands between them.
-
-    Returns:
-        The mean interval in ms, or `None` with fewer than two steps in a row.
-
-    Example:
-
-    >>> wall_ms([np.array([[0.0, 0.1, 0.2], [0.5, 0.6, 0.7]]), np.array([[1.0, 1.1, 1.2]])])
-    500.0
-    >>> wall_ms([np.array([[0.0, 0.1, 0.2]]), np.zeros((0, 3)), np.array([[9.0, 9.1, 9.2]])])
-    """
-    total_s, intervals, previous = 0.0, 0, None
-    for rows in parts:
-        if rows.shape[0] == 0:
-            previous = None
-            continue
-        starts = rows[:, 0]
-        if previous is not None:
-            total_s += starts[0] - previous
-            intervals += 1
-        total_s += starts[-1] - starts[0]
-        intervals += rows.shape[0] - 1
-        previous = starts[-1]
-    return float(total_s / intervals * 1e3) if intervals else None
-
-
-def _block(run_steps, iterator, steps) -> List[np.ndarray]:
-    """The calls timing `steps` steps (or a few more) on `iterator`, back to back."""
-    return _first(_calls(run_steps, iterator, steps), steps) if steps else []
-
-
-def _pipeline_block(run_steps, dataset, steps) -> List[np.ndarray]:
-    """Times `steps` steps on a fresh iterator of the real pipeline, then drops it.
-
-    Returns its calls, with a `_BREAK` where an epoch restarted between them.
-    """
-    found: List[np.ndarray] = []
-    iterator = iter(dataset)
-    for _ in range(_WARMUP_CALLS):
-        iterator = _pipeline_call(run_steps, iterator, dataset, [])
-    while sum(rows.shape[0] for rows in found) < steps:
-        iterator = _pipeline_call(run_steps, iterator, dataset, found)
-    return _first(found, steps)
-
-
-def _calls(run_steps, iterator, steps) -> List[np.ndarray]:
-    rows: List[np.ndarray] = []
-    while sum(found.shape[0] for found in rows) < steps:
-        rows.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
-    return rows
-
-
-def _pipeline_call(run_steps, iterator, dataset, found):
-    ended = (tensorflow().errors.OutOfRangeError, StopIteration)
-    try:
-        found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
-        return iterator
-    except ended:
-        pass
-    # The epoch ended: start the next one, as fit would (its set-up untimed).
-    # Its first steps wait for one-off work (a shuffle buffer refilling),
-    # which the verdict leaves out too: they run untimed.
-    found.append(_BREAK)
-    iterator = iter(dataset)
-    for _ in range(EPOCH_START_STEPS):
-        try:
-            run_steps(iterator)
-        except ended:
-            iterator = iter(dataset)
-            break
-    found.append(np.asarray(run_steps(iterator)).reshape(-1, 3))
-    return iterator
-
-
-def _stats(rows: np.ndarray) -> StepStats:
-    if rows.shape[0] == 0:
-        return StepStats()
-    return StepStats.from_arrays(*split_rows(rows))
 
 
 def _timed_steps_of(model, traced=None) -> Callable:

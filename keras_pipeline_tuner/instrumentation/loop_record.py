@@ -1,14 +1,16 @@
 """What a custom loop's calls and fetches add up to: rows, epochs and notes.
 
-`LoopTimer` sees calls of the decorated step and `next()`s of the timed
-iterator; this module turns them into the run's verbs (`begin_epoch`,
-`add_rows`, `end_epoch`) and keeps the counts the report's notes are made of.
-It knows nothing of TensorFlow, threads or the tuner's guard: the timer holds
-those and calls in under its lock.
+`LoopTiming` sees calls of the decorated step and `next()`s of the timed
+iterator; this module turns them into the verbs every timing source hands the
+run (rows, as fit's sources do, and the epochs a loop's passes make) and
+keeps the counts the report's notes are made of. It knows nothing of
+TensorFlow, threads or the tuner's guard: the timing source holds those and
+calls in under its lock.
 """
 
 import dataclasses
 import math
+from typing import Callable
 from typing import Dict
 from typing import List
 from typing import Optional
@@ -40,33 +42,51 @@ class LoopRecord:
     """One run of a custom loop: its calls and fetches, as the run's rows and epochs.
 
     Args:
-        run: the `Run` the loop feeds (its `begin_epoch`, `add_rows`,
-            `end_epoch` and `clock` are used).
+        on_rows: takes each step's row, as from fit's timing sources:
+            `(kind, row, wall_s, called_at, tracing_s)`.
+        begin_epoch: an epoch begins: `(kind, epoch)`.
+        end_epoch: the epoch of `kind` ended: `(kind,)`.
+        on_measurement: told what times the training steps (a value of
+            `timing.measurement`) whenever that changes.
+        on_fallback: told why, once the loop's steps can be timed only whole
+            (the step fetches its batches itself), as fit's sources say it.
 
     Example:
 
-    >>> class Run:  # What the record needs of a run.
-    ...     class clock:
-    ...         epoch = 0
-    ...     def __init__(self):
-    ...         self.rows = []
-    ...     def begin_epoch(self, kind, epoch): pass
-    ...     def add_rows(self, kind, row, *first): self.rows.append(row)
-    ...     def end_epoch(self, kind): pass
-    >>> run = Run()
-    >>> record = LoopRecord(run)
+    >>> rows, measured = [], []
+    >>> record = LoopRecord(
+    ...     lambda kind, row, *timing: rows.append(row),
+    ...     begin_epoch=lambda kind, epoch: None,
+    ...     end_epoch=lambda kind: None,
+    ...     on_measurement=measured.append,
+    ...     on_fallback=measured.append,
+    ... )
     >>> record.fetch_done("train", 0.0, 0.25)
     >>> record.step_done("train", 0.25, 1.0, whole_step=False, retraced=False, returned=1.0)
-    >>> run.rows
+    >>> rows
     [(0.0, 0.25, 1.0)]
-    >>> record.measurement()
-    'decorator+iterator'
+    >>> measured
+    ['decorator', 'iterator', 'decorator+iterator']
     """
 
-    def __init__(self, run):
-        self._run = run
+    def __init__(
+        self,
+        on_rows: Callable[..., None],
+        begin_epoch: Callable[[str, int], None],
+        end_epoch: Callable[[str], None],
+        on_measurement: Callable[[str], None],
+        on_fallback: Callable[[str], None],
+    ):
+        self._on_rows = on_rows
+        self._begin_epoch = begin_epoch
+        self._end_epoch = end_epoch
+        self._on_measurement = on_measurement
+        self._on_fallback = on_fallback
+        self._measurement: Optional[str] = None
         self._states: Dict[str, _KindState] = {kind: _KindState() for kind in KINDS}
         self._epochs_done = 0
+        # The training epoch last begun: a validation epoch is numbered after it.
+        self._train_epoch = 0
         self._failed_calls = 0
         self._retraces = 0
         self._untimed: Dict[str, str] = {}
@@ -74,6 +94,7 @@ class LoopRecord:
         # report file), which is done between steps, never inside one.
         self._unreported_steps = 0
         self._unreported_epochs = 0
+        self._measured()
 
     def step_done(
         self,
@@ -112,6 +133,7 @@ class LoopRecord:
         state.decorated_steps += 1
         self._record(kind, state, row)
         state.previous_end = returned
+        self._measured()
 
     def step_failed(self, kind: str) -> None:
         """A call of the step raised: it is not a step, and breaks the wait's chain."""
@@ -143,6 +165,7 @@ class LoopRecord:
         elif state.fetch_called is None:
             state.fetch_called = called
         state.fetch_returned = returned
+        self._measured()
 
     def fetch_exhausted(self, kind: str, called: float) -> None:
         """The timed iterator ran out of data: the end of `kind`'s epoch."""
@@ -173,6 +196,7 @@ class LoopRecord:
             return None
         note = f"Steps are not timed one by one because {reason}. {WHAT_STILL_WORKS}"
         self._untimed[reason] = note
+        self._measured()
         return note
 
     def take_unreported(self) -> Tuple[int, int]:
@@ -193,6 +217,16 @@ class LoopRecord:
         if state.fetches:
             return measured_by.ITERATOR
         return measured_by.NOT_TIMED if self._untimed else measured_by.DECORATOR
+
+    def _measured(self) -> None:
+        # Said when it changes: a few times a run, not on every step.
+        measurement = self.measurement()
+        if measurement != self._measurement:
+            self._measurement = measurement
+            if measurement == measured_by.WHOLE_STEP:
+                self._on_fallback(WHOLE_STEP_REASON)
+            else:
+                self._on_measurement(measurement)
 
     def notes(self) -> List[str]:
         """What the report says about how the loop was timed."""
@@ -217,7 +251,7 @@ class LoopRecord:
     def _record(self, kind: str, state: _KindState, row: Tuple[float, float, float]) -> None:
         # Seen from Python, a first call's tracing cannot be told apart from
         # its compute (NaN: not reported).
-        self._run.add_rows(kind, row, row[2] - row[0], row[0], math.nan)
+        self._on_rows(kind, row, row[2] - row[0], row[0], math.nan)
         if state.calls and kind == TRAIN:
             self._unreported_steps += 1
         state.calls += 1
@@ -232,8 +266,9 @@ class LoopRecord:
 
     def _open_epoch(self, kind: str) -> None:
         state = self._states[kind]
-        epoch = self._epochs_done if kind == TRAIN else self._run.clock.epoch
-        self._run.begin_epoch(kind, epoch)
+        if kind == TRAIN:
+            self._train_epoch = self._epochs_done
+        self._begin_epoch(kind, self._train_epoch)
         state.epoch_open = True
         state.epoch_steps = 0
         state.previous_end = None
@@ -246,7 +281,7 @@ class LoopRecord:
             return
         state.epoch_open = False
         if state.epoch_steps:
-            self._run.end_epoch(kind)
+            self._end_epoch(kind)
             if kind == TRAIN:
                 self._epochs_done += 1
                 self._unreported_epochs += 1
@@ -270,11 +305,12 @@ _HOW_MEASURED = {
         "holds the loop's own Python work. Decorate the train step with "
         "`@tuner.instrument` to time it on its own.",
     ),
-    measured_by.WHOLE_STEP: (
-        "The decorated step fetches its batches itself (it is given a dataset or "
-        "iterator, or iterates one inside its graph), so input wait is not "
-        "separated from compute: only the time of each call is measured, and a "
-        "call that runs a whole loop counts as one step. Pass it the batches "
-        "instead: `for x, y in tuner.iterate(dataset): train_step(x, y)`.",
-    ),
 }
+
+# Said through the run's `fall_back`, as fit's sources say theirs.
+WHOLE_STEP_REASON = (
+    "the decorated step fetches its batches itself (it is given a dataset or "
+    "iterator, or iterates one inside its graph), and a call that runs a whole "
+    "loop counts as one step; pass it the batches instead: "
+    "`for x, y in tuner.iterate(dataset): train_step(x, y)`"
+)

@@ -1,4 +1,4 @@
-"""Timing of custom training loops: the step decorator and the timed iterator.
+"""The custom loop's timing source: the step decorator and the timed iterator.
 
 Users who write their own loop (a Python `for` over a dataset that calls a train
 step, usually a `tf.function`) get the same step clock as `model.fit` users:
@@ -11,9 +11,11 @@ step, usually a `tf.function`) get the same step clock as `model.fit` users:
   step and the next `next()` is reported apart (the clock's host gap).
 
 Both hand the run the same `(start, ready, end)` rows as fit's timing sources,
-through the same verbs (`Run.begin_epoch`, `add_rows`, `end_epoch`): the first
-call kept apart, the rows recorded together, the statistics, verdict, probes
-and outputs all from the same code as for `model.fit`.
+through the same verbs (`on_rows`, `on_error` when a step raises,
+`on_fallback` when only whole steps can be timed; see `timing_source`), and
+the epochs the loop's passes make. Its driver (`run.loop_driver`) is the
+sibling of fit's callback hooks: it begins and ends the run, and does between
+steps what fit's hooks do (the profiler window, the outputs).
 
 A step placed inside `@tf.function` (the decorator below it) runs in Python only
 while it is traced. It then adds two timestamps to the graph and hands them back
@@ -39,13 +41,12 @@ from typing import Tuple
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner._util.tf_import import tensorflow
-from keras_pipeline_tuner._util.thread_owner import refuse_another_live_thread
 from keras_pipeline_tuner.instrumentation import traced_steps
-from keras_pipeline_tuner.instrumentation.grain_stage_timing import GrainStageTimer
 from keras_pipeline_tuner.instrumentation.loop_record import KINDS
 from keras_pipeline_tuner.instrumentation.loop_record import LoopRecord
-from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
-from keras_pipeline_tuner.profiling import grain_stages
+from keras_pipeline_tuner.instrumentation.timing_source import OnError
+from keras_pipeline_tuner.instrumentation.timing_source import OnFallback
+from keras_pipeline_tuner.instrumentation.timing_source import OnRows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -70,72 +71,117 @@ class _Step:
     wait_for: Optional[Callable[[Any], None]] = None
 
 
-class LoopTimer:
-    """Turns the calls of a custom training loop into step-clock rows.
+@dataclasses.dataclass
+class LoopHooks:
+    """What the loop's timing source is given by its driver: narrow callables.
 
-    One per `PipelineTuner`, created at its first custom-loop use;
-    `PipelineTuner.instrument`, `iterate`, `end_epoch`, `close` and the context
-    manager delegate to it. A run starts at the first measured call (a new run,
-    as `fit` starts one) and ends at `close()`.
+    Attributes:
+        measuring: whether calls are to be timed now; begins a run (and the
+            source's `begin_run`) when none is going.
+        running: whether the run the source feeds is going (never begins one).
+        refuse_other_threads: raises when another thread than the loop's calls in.
+        on_rows, on_error, on_fallback: as for fit's sources (`FitTiming`).
+        on_measurement: what times the steps, when that changes (a value of
+            `timing.measurement`).
+        begin_epoch: `(kind, epoch)`: a pass or the first step opens an epoch.
+        end_epoch: `(kind,)`: the epoch of `kind` ended.
+        step_ended: after an eager training step, before its row is recorded,
+            as Keras calls a callback's batch-end hook.
+        between_steps: after every step, fetch and epoch end, outside the
+            source's lock: the driver's work between steps (outputs).
+        pass_started: `(iterable, kind)`: a timed iterator's pass begins.
+        iterator_made: `(iterable, iterator, kind)`: that pass made its iterator.
+    """
+
+    measuring: Callable[[], bool]
+    running: Callable[[], bool]
+    refuse_other_threads: Callable[[], None]
+    on_rows: OnRows
+    on_error: OnError
+    on_fallback: OnFallback
+    on_measurement: Callable[[str], None]
+    begin_epoch: Callable[[str, int], None]
+    end_epoch: Callable[[str], None]
+    step_ended: Callable[[str], None]
+    between_steps: Callable[[], None]
+    pass_started: Callable[[Any, str], None]
+    iterator_made: Callable[[Any, Any, str], None]
+
+
+class LoopTiming:
+    """Times a custom loop's calls of its step and fetches of its batches.
+
+    The timing source of custom loops, as `FitTiming` is fit's: it wraps the
+    step (`instrument`) and the dataset (`iterate`), and hands its driver the
+    rows, a failed step, and the epochs the loop's passes make, through the
+    `LoopHooks` it is given. One per `PipelineTuner`; a run of the loop is
+    `begin_run` to the driver's close.
 
     Args:
-        begin_run: begins a run for the loop, given the callable that says how
-            the loop measured it (`describe`); returns the `Run`.
-        is_current: whether a run is still the tuner's latest (a fit with the
-            same tuner starts a run of its own, which ends the loop's).
-        finish_run: ends a run, given the tf.data dataset the loop iterated
-            (for the probes), or `None`; returns the final `Report`.
+        hooks: the driver's `LoopHooks`.
         guard: the tuner's `FeatureGuard`.
 
     Example:
 
     ```python
-    tuner = kpt.PipelineTuner(log_dir="logs/run1")
-
-    @tuner.instrument
-    @tf.function
-    def train_step(x, y):
-        ...
-
-    for x, y in tuner.iterate(train_ds):
-        train_step(x, y)
-    tuner.close()
+    timing = LoopTiming(hooks, guard)
+    step = timing.instrument(train_step, "train")
+    for x, y in timing.iterate(train_ds, "train"):
+        step(x, y)
+    timing.close_epochs()
+    notes = timing.notes()
     ```
     """
 
-    def __init__(
-        self,
-        begin_run: Callable[[Callable[[], Optional[tuple]]], Any],
-        is_current: Callable[[Any], bool],
-        finish_run: Callable[[Any, Any], Any],
-        guard,
-    ):
-        self._begin_run = begin_run
-        # A fit with the same tuner starts a run of its own: the loop's is over.
-        self._is_current_run = is_current
-        self._finish_run = finish_run
+    def __init__(self, hooks: LoopHooks, guard):
+        self._hooks = hooks
         self._guard = guard
         # The py_function callback runs on a TensorFlow thread.
         self._lock = threading.Lock()
-        # The run the loop feeds (see `run.lifecycle.Run`), once it began, and
-        # what its calls and fetches added up to.
-        self._run = None
         self._record: Optional[LoopRecord] = None
-        # The tf.data dataset iterated for training, for the probes at the end.
-        self._dataset = None
-        # Grain's stage timing of the training passes over a Grain dataset.
-        self._grain: Optional[GrainStageTimer] = None
-        self._grain_dataset = None
-        self._closed = False
-        self._finished = False
         self._depth = 0
-        self._warned_closed = False
-        self._inspected = False
         self._fetching_types: Tuple[type, ...] = ()
-        # The thread whose loop the run times (see `refuse_other_threads`).
-        self._owner: Optional[int] = None
 
-    # Public operations, reached through `PipelineTuner` and `TimedIterator`.
+    # The driver's operations.
+
+    def begin_run(self) -> None:
+        """A new run begins: what the loop's calls add up to starts from nothing."""
+        hooks = self._hooks
+        self._record = LoopRecord(
+            hooks.on_rows,
+            hooks.begin_epoch,
+            hooks.end_epoch,
+            hooks.on_measurement,
+            hooks.on_fallback,
+        )
+
+    def end_epoch(self) -> None:
+        """Closes the current epoch (training and validation) and opens the next."""
+        self._in_run(lambda record: record.end_epoch())
+
+    def close_epochs(self) -> bool:
+        """Closes the open epochs (the loop ended).
+
+        Returns:
+            Whether a run was going.
+        """
+        return bool(self._in_run(lambda record: record.close_epochs() or True))
+
+    def take_unreported(self) -> Tuple[int, int]:
+        """`(steps, epochs)` recorded since the last call, for the driver's outputs."""
+        if self._record is None:
+            return 0, 0
+        with self._lock:
+            return self._record.take_unreported()
+
+    def notes(self) -> List[str]:
+        """Sentences for the report about how the loop was timed."""
+        if self._record is None:
+            return []
+        with self._lock:
+            return self._record.notes()
+
+    # Wrapping.
 
     def instrument(self, fn: Optional[Callable], kind: str = TRAIN) -> Callable:
         """Returns `fn` wrapped so that each call is timed as one step.
@@ -156,7 +202,7 @@ class LoopTimer:
                 f"{type(fn).__name__} {fn!r}. Write `@tuner.instrument` on the line above "
                 "`def train_step(...)` (above or below `@tf.function`)."
             )
-        timer = self
+        timing, hooks = self, self._hooks
         wait_for = _output_waiter(fn)
         if wait_for is not None:
             # A JAX or torch step: no TensorFlow involved.
@@ -164,10 +210,10 @@ class LoopTimer:
 
             @functools.wraps(fn, updated=())
             def instrumented_step(*args, **kwargs):
-                timer.refuse_other_threads()
-                if not timer._measuring():
+                hooks.refuse_other_threads()
+                if not hooks.measuring():
                     return fn(*args, **kwargs)
-                return timer._framework_call(step, args, kwargs)
+                return timing._framework_call(step, args, kwargs)
 
             return instrumented_step
         tf = tensorflow()
@@ -181,12 +227,12 @@ class LoopTimer:
 
         @functools.wraps(fn, updated=())
         def instrumented(*args, **kwargs):
-            timer.refuse_other_threads()
-            if not timer._measuring():
+            hooks.refuse_other_threads()
+            if not hooks.measuring():
                 return fn(*args, **kwargs)
             if not tf.executing_eagerly():
-                return timer._graph_call(fn, kind, args, kwargs)
-            return timer._eager_call(step, args, kwargs)
+                return timing._graph_call(fn, kind, args, kwargs)
+            return timing._eager_call(step, args, kwargs)
 
         return traced_steps.left_to_python(instrumented)
 
@@ -210,106 +256,39 @@ class LoopTimer:
             )
         return TimedIterator(self, iterable, kind)
 
-    def end_epoch(self) -> None:
-        """Closes the current epoch (training and validation) and starts the next."""
-        self._in_run(lambda record: record.end_epoch())
-        self._read_grain_stages(final=False)
-        self.after_steps()
-
-    def open(self) -> None:
-        """Lets a closed timer measure a new run (entering `with tuner:`)."""
-        with self._lock:
-            if self._closed:
-                self._closed = False
-                self._run = None
-
-    def close(self):
-        """Ends the run: closes open epochs, then the probes, the report, the outputs.
-
-        Returns:
-            The final `Report`, or `None` when no loop's run was going.
-        """
-        running = self._in_run(lambda record: record.close_epochs() or True)
-        self._closed = True
-        if self._record is not None:
-            # `finish` writes everything measured.
-            self._record.take_unreported()
-        self._read_grain_stages(final=True)
-        if running and not self._finished:
-            self._finished = True
-            return self._finish_run(self._run, self._dataset)
-        return None
+    # What the timed iterator reports.
 
     def refuse_other_threads(self) -> None:
-        """Raises when a thread other than the one running the loop's run calls in.
-
-        One tuner times one loop: the steps of two threads would be mixed in one
-        report. A run whose thread has ended (or that was closed) is over.
-        """
-        if self._closed:
-            return
-        refuse_another_live_thread(
-            self._owner,
-            "This PipelineTuner is timing a training loop in another thread: one tuner "
-            "times one loop at a time (the steps of two threads would be mixed in one "
-            "report). Give each thread's loop a PipelineTuner (or kpt.instrument) of its own.",
-        )
-
-    def describe(self) -> Optional[Tuple[str, List[str]]]:
-        """How the loop's run was measured, for the report.
-
-        Returns:
-            `(measurement, notes)` while the loop's run is the latest one, else
-            `None`.
-        """
-        with self._lock:
-            if self._run is None or not self._is_current_run(self._run):
-                return None
-            return self._record.measurement(), self._record.notes()
+        """Raises when another thread than the loop's calls in (see `LoopHooks`)."""
+        self._hooks.refuse_other_threads()
 
     def pass_started(self, iterable, kind: str) -> bool:
-        """A pass of a `TimedIterator` begins: lints the dataset, opens an epoch.
+        """A pass of a `TimedIterator` begins: the driver sees it, an epoch opens.
 
         Returns:
             Whether the pass's fetches are to be timed.
         """
-        # Before the epoch starts: the lint is not the epoch's setup.
-        self._inspect(iterable, kind)
-        timed = self._measuring() and self._in_run(
+        # Before the epoch starts: the driver's lint is not the epoch's setup.
+        self._hooks.pass_started(iterable, kind)
+        timed = self._hooks.measuring() and self._in_run(
             lambda record: record.pass_started(kind) or True
         )
-        self.after_steps()
+        self._hooks.between_steps()
         return bool(timed)
 
     def iterator_made(self, iterable, iterator, kind: str) -> None:
-        """A `TimedIterator`'s pass made its iterator: Grain times a training pass's stages."""
-        grain = self._grain
-        if grain is not None and kind == TRAIN and iterable is self._grain_dataset:
-            grain.track(iterator)
+        """A `TimedIterator`'s pass made its iterator."""
+        self._hooks.iterator_made(iterable, iterator, kind)
 
     def fetch_done(self, kind: str, called: float, returned: float) -> None:
         """A `TimedIterator` handed over a batch, fetched from `called` to `returned`."""
         self._in_run(lambda record: record.fetch_done(kind, called, returned))
-        self.after_steps()
+        self._hooks.between_steps()
 
     def fetch_exhausted(self, kind: str, called: float) -> None:
         """A `TimedIterator`'s pass ran out of data at the fetch begun at `called`."""
         self._in_run(lambda record: record.fetch_exhausted(kind, called))
-        self.after_steps()
-
-    def after_steps(self) -> None:
-        """Hands finished steps and epochs to the tuner's outputs, as `fit` does."""
-        if self._run is None or self._closed or not self._guard.enabled(FEATURE):
-            return
-        # The outputs build the report, which takes the lock: never held here.
-        with self._guard(FEATURE):
-            with self._lock:
-                steps, epochs = self._record.take_unreported()
-            if epochs:
-                # Writes the epoch's outputs (and converts a profiler window
-                # closed this epoch), between steps.
-                self._run.epoch_ended()
-            self._run.steps_ended(steps)
+        self._hooks.between_steps()
 
     # Timed calls.
 
@@ -323,7 +302,7 @@ class LoopTimer:
         traces = tracing_count() if tracing_count is not None else 0
         called_at, outputs, end = self._timed(step, args, kwargs)
         if kind == TRAIN:
-            self._run.mark_loop_step()
+            self._hooks.step_ended(kind)
         traced = tracing_count is not None and tracing_count() != traces
         if traced and not step.fetches_inside:
             self._read_trace(step, args, kwargs)
@@ -331,7 +310,7 @@ class LoopTimer:
         # Reading a trace is the tuner's work, not the next step's input wait.
         returned = time.time() if traced else end
         self._step_done(kind, called_at, end, whole_step, traced, returned)
-        self.after_steps()
+        self._hooks.between_steps()
         return outputs
 
     def _framework_call(self, step: _Step, args, kwargs):
@@ -341,11 +320,13 @@ class LoopTimer:
         # JAX dispatches asynchronously: the step ends when its outputs are
         # computed, not when the call returns.
         called_at, outputs, end = self._timed(step, args, kwargs)
+        if step.kind == TRAIN:
+            self._hooks.step_ended(step.kind)
         # The first call compiles (jax.jit): reported apart, as a traced step.
         first = not step.called
         step.called = True
         self._step_done(step.kind, called_at, end, False, first, end)
-        self.after_steps()
+        self._hooks.between_steps()
         return outputs
 
     def _timed(self, step: _Step, args, kwargs):
@@ -357,12 +338,19 @@ class LoopTimer:
             # Errors of asynchronously executed ops surface here: they are the
             # step's own and propagate.
             step.wait_for(outputs)
-        except BaseException:
-            self._in_run(lambda record: record.step_failed(step.kind))
-            raise
-        finally:
+        except BaseException as error:
             self._depth -= 1
+            self._step_failed(step.kind, error)
+            raise
+        self._depth -= 1
         return called_at, outputs, time.time()
+
+    def _step_failed(self, kind: str, error: BaseException) -> None:
+        # As fit's sources do: the record's chain breaks, the run is told.
+        if self._in_run(lambda record: record.step_failed(kind) or True):
+            if self._guard.enabled(FEATURE):
+                with self._guard(FEATURE):
+                    self._hooks.on_error(error)
 
     def _read_trace(self, step: _Step, args, kwargs) -> None:
         """Finds out whether a freshly traced step fetches its batches itself."""
@@ -393,8 +381,7 @@ class LoopTimer:
     def _begin_graph_step(self, args, kwargs) -> Optional[traced_steps.GraphStep]:
         reason = traced_steps.untimeable_reason()
         if reason is not None:
-            with self._lock:
-                note = self._record.note_untimed(reason)
+            note = self._in_run(lambda record: record.note_untimed(reason))
             if note is not None:
                 logger.warning("keras-pipeline-tuner: %s", note)
             return None
@@ -405,7 +392,7 @@ class LoopTimer:
         if not self._guard.enabled(FEATURE):
             return
         with self._guard(FEATURE):
-            if self._measuring():
+            if self._hooks.measuring():
                 end = float(end)
                 self._step_done(kind, float(start), end, whole_step, False, end)
 
@@ -414,69 +401,7 @@ class LoopTimer:
         types = self._fetching_types
         return any(isinstance(value, types) for value in (*args, *kwargs.values()))
 
-    def _inspect(self, iterable, kind: str) -> None:
-        """Lints the training dataset once per run, before its first batch, as `fit` does."""
-        if kind != TRAIN or not self._measuring() or self._inspected:
-            return
-        self._inspected = True
-        if grain_stages.is_grain_dataset(iterable):
-            self._run.grain_dataset = iterable
-            self._begin_grain_stages(iterable)
-            return
-        if sys.modules.get("tensorflow") is None:
-            # Not a tf.data dataset: without TensorFlow imported, there is none.
-            return
-        tf = tensorflow()
-        if not isinstance(iterable, (tf.data.Dataset, tf.distribute.DistributedDataset)):
-            return
-        if isinstance(iterable, tf.data.Dataset):
-            self._run.window.use_dataset(iterable)
-            self._dataset = iterable
-        self._run.inspect(lambda: pipeline_lint.inspect(iterable))
-
-    def _begin_grain_stages(self, dataset) -> None:
-        if not self._guard.enabled(features.GRAIN_STAGES):
-            return
-        with self._guard(features.GRAIN_STAGES):
-            timer = GrainStageTimer(
-                on_failure=lambda reason: self._guard.disable(features.GRAIN_STAGES, reason)
-            )
-            timer.begin_tracking()
-            self._grain, self._grain_dataset = timer, dataset
-
-    def _read_grain_stages(self, final: bool) -> None:
-        """Hands Grain's timing so far to the run; `final` ends the timing."""
-        timer, run = self._grain, self._run
-        if timer is None:
-            return
-        if final:
-            self._grain = self._grain_dataset = None
-        # Ended even when the feature failed meanwhile: `end` puts back first.
-        with self._guard(features.GRAIN_STAGES):
-            evidence = timer.end() if final else timer.so_far()
-            if evidence is not None and run is not None:
-                if self._guard.enabled(features.GRAIN_STAGES):
-                    run.stage_timing = evidence
-
     # Bookkeeping (every entry point holds the guard; the callers never raise).
-
-    def _measuring(self) -> bool:
-        if not self._guard.enabled(FEATURE):
-            return False
-        with self._guard(FEATURE), self._lock:
-            if self._closed:
-                if not self._warned_closed:
-                    self._warned_closed = True
-                    logger.warning(
-                        "keras-pipeline-tuner: the tuner was closed, so later steps are not "
-                        "measured. Use a new PipelineTuner (or `with tuner:` again) for a "
-                        "new run."
-                    )
-                return False
-            if self._run is None or not self._is_current_run(self._run):
-                self._start_run()
-            return True
-        return False
 
     def _in_run(self, change: Callable[[LoopRecord], Any]) -> Any:
         """Applies `change` to the record of the loop's current, open run, if any.
@@ -487,20 +412,10 @@ class LoopTimer:
         if not self._guard.enabled(FEATURE):
             return None
         with self._guard(FEATURE), self._lock:
-            if self._run is None or not self._is_current_run(self._run) or self._closed:
+            if self._record is None or not self._hooks.running():
                 return None
             return change(self._record)
         return None
-
-    def _start_run(self) -> None:
-        # A run left open (its loop not closed) ends its Grain timing here.
-        self._read_grain_stages(final=True)
-        self._owner = threading.get_ident()
-        self._run = self._begin_run(self.describe)
-        self._record = LoopRecord(self._run)
-        self._dataset = None
-        self._finished = False
-        self._inspected = False
 
     def _step_done(self, kind, call_start, end, whole_step, retraced, returned) -> None:
         self._in_run(
@@ -517,7 +432,7 @@ class TimedIterator:
     pass, `tuner.end_epoch()` or `tuner.close()`.
 
     Args:
-        timer: the tuner's `LoopTimer`.
+        timer: the loop's `LoopTiming`.
         iterable: a `tf.data.Dataset`, an iterator or any iterable of batches.
         kind: "train" or "validation".
 
@@ -529,7 +444,7 @@ class TimedIterator:
     ```
     """
 
-    def __init__(self, timer: LoopTimer, iterable: Iterable, kind: str = TRAIN):
+    def __init__(self, timer: LoopTiming, iterable: Iterable, kind: str = TRAIN):
         self._timer = timer
         self._iterable = iterable
         self._kind = kind

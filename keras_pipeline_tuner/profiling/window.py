@@ -47,6 +47,7 @@ AUTO_WARMUP_STEPS = 10
 DEFAULT_PROFILE_STEPS = 15
 EPOCH_ENDED = "the epoch ended"
 FIT_ENDED = "the fit ended"
+STEP_FAILED = "a step failed"
 
 
 def checked_profile_steps(

@@ -4,12 +4,12 @@ A run begins (a fit's `on_train_begin`, or a custom loop's first measured call),
 takes in what its timing source measures, sees epochs end, and finishes. It owns
 the way in: every timing source (one per Keras backend, and the custom loop's)
 speaks the same verbs (`begin_epoch`, `add_rows`, `end_epoch`, `step_failed`,
-`fall_back`), the first call of each kind is kept apart here only, and rows
-are kept back in one buffer and recorded together about once a second. Along
-the way the run keeps what the evidence modules found (findings, the profiler
-window, the replay, the CPU meter, the user's Python calls timed during
-training, the other workers' summaries), builds the `Report` from them
-(`run_report`), and writes the outputs (its report files,
+`fall_back`; and a loop's `measured_with`), the first call of each kind is
+kept apart here only, and rows are kept back in one buffer and recorded
+together about once a second. Along the way the run keeps what the evidence
+modules found (findings, the profiler window, the replay, the CPU meter, the
+user's Python calls timed during training, the other workers' summaries),
+builds the `Report` from them (`run_report`), and writes the outputs (its report files,
 TensorBoard, the step trace, the terminal summary) at a cadence: every epoch,
 every few seconds within one, when a step fails, and at the end; and once more
 when a profile still converting at the end joins the run (`run.late_profile`).
@@ -41,6 +41,7 @@ from keras_pipeline_tuner.pipeline.lint.memory_forecast import warn_of_memory
 from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling.window import FIT_ENDED
+from keras_pipeline_tuner.profiling.window import STEP_FAILED
 from keras_pipeline_tuner.profiling.window import ProfilerWindow
 from keras_pipeline_tuner.run import run_report
 from keras_pipeline_tuner.run.early_verdict import EarlyVerdict
@@ -101,8 +102,6 @@ class Run:
         guard: the tuner's `FeatureGuard` (a failed feature stays off for the
             tuner's life, across runs).
         window: the tuner's `ProfilerWindow`.
-        describe: returns `(measurement, notes)` of the timing source when it
-            knows better than the run (custom loops), else `None`.
         flush_source: has the timing source hand over stamps it keeps itself
             (JAX waits for each step's outputs); called before the rows kept
             here are recorded.
@@ -128,7 +127,6 @@ class Run:
         settings: RunSettings,
         guard: FeatureGuard,
         window: ProfilerWindow,
-        describe: Optional[Callable[[], Optional[tuple]]] = None,
         flush_source: Optional[Callable[[], None]] = None,
         kind: str = "fit",
     ):
@@ -165,7 +163,6 @@ class Run:
         self.early = EarlyVerdict(guard, settings.verbose)
         # The tuner's own work after training, timed against its budget.
         self.cost = CostMeter(settings.cost_budget_s)
-        self._describe = describe
         self._flush_source = flush_source
         # Rows kept back, recorded together (see `flush_rows`).
         self._held = HeldRows(self.clock.record)
@@ -286,8 +283,29 @@ class Run:
             self.notes.append(note)
         self.measurement = measured_by.WHOLE_STEP
 
-    def step_failed(self, error: Optional[BaseException]) -> None:
-        """A step raised: the window closes and what was measured is written."""
+    def measured_with(self, measurement: str) -> None:
+        """The timing source says what times the steps (a custom loop's decorator, iterator).
+
+        A run that fell back to whole steps stays so.
+        """
+        if self.measurement != measured_by.WHOLE_STEP:
+            self.measurement = measurement
+
+    def step_failed(self, error: Optional[BaseException], ends_run: bool = True) -> None:
+        """A step raised: the window closes and what was measured is written.
+
+        Args:
+            error: what the step raised; `None` when a call comes from a fit
+                that no longer uses the tuner.
+            ends_run: the failure ends the run (fit ends without its end
+                hooks). A custom loop may catch it and go on: its window
+                closes and converts, the run stays open.
+        """
+        if not ends_run:
+            self.window.close(STEP_FAILED)
+            if error is not None:
+                self.checkpoint()
+            return
         self.window.close(FIT_ENDED)
         if error is not None and self._first_call.get(TRAIN):
             # The first call's timings are lost with it; with several steps a
@@ -303,18 +321,6 @@ class Run:
             self.window.fit_failed()
             _RUNNING.discard(self)
             self.checkpoint()
-
-    def mark_loop_step(self) -> None:
-        """A custom loop's step ended: the profiler window marks one step to the next.
-
-        Each marked step runs from one step's end to the next one's, so that it
-        holds the loop's batch fetch as well as the step: the analyzer's input
-        time is the fetch inside a marked step.
-        """
-        self.window.after_step(0)
-        if self.window.consults_clock:
-            self.flush_rows()
-        self.window.before_step(0, None, self.clock)
 
     # Evidence.
 
@@ -385,10 +391,6 @@ class Run:
                 self.notes.append(f"The pipeline was not inspected. {reason}")
             # Before the first step: a cache that will not fit kills the job when it fills.
             warn_of_memory(self.findings)
-
-    def source_description(self) -> Optional[tuple]:
-        """`(measurement, notes)` of the timing source, when it knows better than the run."""
-        return self._describe() if self._describe is not None else None
 
     def cpu_usage(self):
         """The CPU meter's figures so far, or `None`."""

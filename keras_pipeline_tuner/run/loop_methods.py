@@ -2,8 +2,9 @@
 
 A loop that calls a train step itself (TensorFlow's "training loop from
 scratch" guide) gets the same run as `model.fit`: its timing source
-(`instrumentation.loop_timing.LoopTimer`) speaks the run's verbs, and `close()`
-ends the run with the probes that apply to a loop.
+(`instrumentation.loop_timing.LoopTiming`) speaks fit's sources' verbs, its
+driver (`run.loop_driver.LoopDriver`) is the sibling of fit's callback hooks,
+and `close()` ends the run with the probes that apply to a loop.
 """
 
 import functools
@@ -11,20 +12,20 @@ from typing import Callable
 from typing import Iterable
 from typing import Optional
 
-from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import TimedIterator
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.outputs.report import Report
+from keras_pipeline_tuner.run.loop_driver import LoopDriver
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 
 class CustomLoopMethods:
     """The custom-loop methods of `PipelineTuner`, mixed into it.
 
-    The tuner provides `_custom_loop()`, its `LoopTimer`.
+    The tuner provides `_custom_loop()`, its `LoopDriver`.
     """
 
-    def _custom_loop(self) -> LoopTimer:
+    def _custom_loop(self) -> LoopDriver:
         raise NotImplementedError
 
     def instrument(self, fn: Optional[Callable] = None, *, kind: str = TRAIN) -> Callable:

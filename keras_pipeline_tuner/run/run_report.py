@@ -98,10 +98,6 @@ def build_report(run) -> Report:
     """
 
     measurement, notes = run.measurement, list(run.notes)
-    described = run.source_description()
-    if described is not None:
-        measurement, source_notes = described
-        notes += source_notes
     clock = run.clock
     validation, train = clock.stats(VALIDATION), clock.stats(TRAIN)
     notes += run.failure_notes() + _worker_notes(run)

@@ -4,8 +4,8 @@ The callback's hooks hand what they see to the run (`run.lifecycle`) and its
 timing source (`instrumentation.timing_source`): epochs, the steps through the
 batch hooks (`run.step_hooks`, chosen once per fit as Keras chooses its
 dispatch), and, once training ended, the probes (`after_training.probes`). Custom loops
-reach the same run through `instrument` and `iterate` (`instrumentation.
-loop_timing`).
+reach the same run through `instrument` and `iterate`, driven by the loop's
+driver (`run.loop_driver`), the sibling of these hooks.
 """
 
 import copy
@@ -33,7 +33,6 @@ from keras_pipeline_tuner.after_training.settings import ProbeSettings
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation.backend_timing import fit_timing_for
 from keras_pipeline_tuner.instrumentation.grain_stage_timing import GrainStageTimer
-from keras_pipeline_tuner.instrumentation.loop_timing import LoopTimer
 from keras_pipeline_tuner.instrumentation.loop_timing import checked_kind
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.user_calls import UserCallTimer
@@ -45,6 +44,7 @@ from keras_pipeline_tuner.run.arguments import TunerArguments
 from keras_pipeline_tuner.run.lifecycle import Run
 from keras_pipeline_tuner.run.lifecycle import RunSettings
 from keras_pipeline_tuner.run.live_model_hooks import LiveModelHooks
+from keras_pipeline_tuner.run.loop_driver import LoopDriver
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
@@ -198,7 +198,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._converting_runs: List[Run] = []
         self._timing: Optional[FitTiming] = None
         self._steps = None
-        self._loop: Optional[LoopTimer] = None
+        self._loop: Optional[LoopDriver] = None
         # The user's Python calls of the running fit, timed where fit makes them.
         self._user_calls: Optional[UserCallTimer] = None
         # Grain's stage timing of the iterators the running fit reads.
@@ -429,7 +429,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
 
     # Runs.
 
-    def _new_run(self, describe=None, flush_source=None, kind: str = "fit") -> Run:
+    def _new_run(self, flush_source=None, kind: str = "fit") -> Run:
         settings = RunSettings(
             log_dir=self.log_dir,
             verbose=self.verbose,
@@ -442,15 +442,15 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._converting_runs = [
             run for run in self._converting_runs + earlier if run.profile_pending
         ]
-        self._run = Run(settings, self.guard, self._window, describe, flush_source, kind)
+        self._run = Run(settings, self.guard, self._window, flush_source, kind)
         return self._run
 
     def _current_run(self) -> Run:
         return self._run if self._run is not None else self._new_run()
 
-    def _begin_loop_run(self, describe: Callable[[], Optional[tuple]]) -> Run:
+    def _begin_loop_run(self) -> Run:
         # A custom loop's run starts as a fit does in `on_train_begin`.
-        run = self._new_run(describe=describe, kind="loop")
+        run = self._new_run(kind="loop")
         identity = None
         if self.guard.enabled(features.WORKER_SUMMARY):
             with self.guard(features.WORKER_SUMMARY):
@@ -459,9 +459,9 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         run.begin(identity)
         return run
 
-    def _custom_loop(self) -> LoopTimer:
+    def _custom_loop(self) -> LoopDriver:
         if self._loop is None:
-            self._loop = LoopTimer(
+            self._loop = LoopDriver(
                 self._begin_loop_run,
                 lambda run: run is self._run,
                 self._finish_loop_run,

@@ -25,6 +25,9 @@ FIX_TIMING = "fix timing"
 # The contention check run for the fix timing's sake (its replayed step is the
 # floor the fixes' figures are capped at): counted with the fix timing.
 FIX_FLOOR = "replay for the fixes' floor"
+# The contention check: within the budget, or, when its result could change
+# the verdict, on a cap of its own (`after_training.replay_probe`).
+CONTENTION_CHECK = "contention check"
 # An epoch's outputs (report file, TensorBoard text, dashboard, image) take at
 # most this share of training time: after epochs shorter than their cost's
 # 100x, the next ones wait (nothing is lost: the next write holds every step).
@@ -44,6 +47,9 @@ class TunerCost:
         fix_timing_cap_s: the cap of its own that `measure_fixes` gave
             the "fix timing" part, which then counts against it rather than
             the budget; `None` when it did not run on its own cap.
+        check_cap_s: the cap of its own the contention check ran on because
+            its result could change the verdict (it is given the time it
+            needs, not the budget's); `None` when it ran within the budget.
 
     Example:
 
@@ -57,6 +63,7 @@ class TunerCost:
     after_training_s: float = 0.0
     parts: Dict[str, float] = dataclasses.field(default_factory=dict)
     fix_timing_cap_s: Optional[float] = None
+    check_cap_s: Optional[float] = None
 
     @property
     def within_budget(self) -> bool:
@@ -79,9 +86,7 @@ class TunerCost:
         >>> TunerCost(60.0, 2.0, 4.0, {FIX_TIMING: 2.5, FIX_FLOOR: 0.5}, 3.0).capped_s
         3.0
         """
-        if self.fix_timing_cap_s is None:
-            return 0.0
-        return self.parts.get(FIX_TIMING, 0.0) + self.parts.get(FIX_FLOOR, 0.0)
+        return _capped_s(self.parts, self.fix_timing_cap_s, self.check_cap_s)
 
     def summary(self) -> str:
         """One sentence: what the tuner's work after training took, and of what.
@@ -100,11 +105,26 @@ within its budget of 2.0 s."
                 " The fix timing (with any replay for its floor) counts against a cap of its "
                 f"own, {self.fix_timing_cap_s:.1f} s (measure_fixes)."
             )
+        if self.check_cap_s is not None:
+            capped += (
+                " The contention check could change the verdict, so it was given the time "
+                f"it needed, against a cap of its own, {self.check_cap_s:.1f} s."
+            )
         return (
             f"The tuner's own work after training took {self.after_training_s:.2f} s"
             f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
             + capped
         )
+
+
+def _capped_s(parts: Dict[str, float], fix_cap_s, check_cap_s) -> float:
+    """The seconds of `parts` that counted against caps of their own."""
+    capped = 0.0
+    if fix_cap_s is not None:
+        capped += parts.get(FIX_TIMING, 0.0) + parts.get(FIX_FLOOR, 0.0)
+    if check_cap_s is not None:
+        capped += parts.get(CONTENTION_CHECK, 0.0)
+    return capped
 
 
 def budget_for(fit_s: float, fixed_s: Optional[float] = None) -> float:
@@ -159,6 +179,7 @@ class CostMeter:
         self._reserved_s = 0.0
         self._outputs_due = 0.0
         self._fix_timing_cap_s: Optional[float] = None
+        self._check_cap_s: Optional[float] = None
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
@@ -166,7 +187,7 @@ class CostMeter:
         self._ended = self._stopped = None
         self._parts = {}
         self._reserved_s = self._outputs_due = 0.0
-        self._fix_timing_cap_s = None
+        self._fix_timing_cap_s = self._check_cap_s = None
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -219,11 +240,18 @@ class CostMeter:
         """The fix timing runs on a cap of its own (`measure_fixes`), not the budget."""
         self._fix_timing_cap_s = cap_s
 
+    def check_capped(self, cap_s: float) -> None:
+        """The contention check runs on a cap of its own (it could change the verdict)."""
+        self._check_cap_s = cap_s
+
+    @property
+    def uses_default_budget(self) -> bool:
+        """Whether the budget is the default rule's (the user set none)."""
+        return self._fixed_s is None
+
     def remaining_s(self) -> float:
         """What is left of the budget for the probes: the outputs' share kept back."""
-        capped = 0.0
-        if self._fix_timing_cap_s is not None:
-            capped = self._parts.get(FIX_TIMING, 0.0) + self._parts.get(FIX_FLOOR, 0.0)
+        capped = _capped_s(self._parts, self._fix_timing_cap_s, self._check_cap_s)
         return max(self.budget_s - (self.spent_s() - capped) - self._reserved_s, 0.0)
 
     def deadline(self, share: float = 1.0) -> float:
@@ -249,4 +277,5 @@ class CostMeter:
             after_training_s=self.spent_s(),
             parts={name: round(seconds, 4) for name, seconds in self._parts.items()},
             fix_timing_cap_s=self._fix_timing_cap_s,
+            check_cap_s=self._check_cap_s,
         )

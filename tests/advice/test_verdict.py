@@ -13,7 +13,7 @@ from keras_pipeline_tuner.advice import advisor
 from keras_pipeline_tuner.advice import recommendation
 from keras_pipeline_tuner.advice.figures import build_figures
 from keras_pipeline_tuner.advice.verdict import judge
-from keras_pipeline_tuner.after_training.what_if_replay import ReplayRound
+from keras_pipeline_tuner.after_training.replay_rounds import ReplayRound
 from keras_pipeline_tuner.after_training.what_if_replay import WhatIfResult
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import StepClock

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.after_training import replay_rounds
 from keras_pipeline_tuner.after_training import what_if_replay
 from tests.helpers import advising
 from tests.helpers.paths import REPO_ROOT
@@ -87,7 +88,7 @@ def test_standalone_replay_measures_the_pipeline_too():
         np.testing.assert_array_equal(value, now)
 
 
-@pytest.mark.parametrize("shown, rounds", [(False, 1), (True, what_if_replay.MAX_ROUNDS)])
+@pytest.mark.parametrize("shown, rounds", [(False, 1), (True, replay_rounds.MAX_ROUNDS)])
 def test_contention_check_runs_another_round_when_one_shows_contention(shown, rounds):
     asked, checked = [], {}
 

@@ -39,7 +39,7 @@ LOOP_SOURCE_MS = 50.0
 # outputs without TensorFlow) are marked slow: CI runs them in its second pass.
 CORE = (
     "inputs", "slow", "fast", "cached", "first_step", "identical", "outputs", "source_rows",
-    "user_calls", "live_model",
+    "user_calls", "live_model", "replay",
 )
 
 
@@ -523,3 +523,16 @@ def test_report_names_the_users_map_with_what_autotune_chose(backend, measured):
     # Scalars over time, and training the same with and without the tuner.
     assert any(tag.endswith("map_decode/ms_per_element") for tag in measured["stage_scalars"])
     assert measured["weights"] and measured["history"], measured
+
+
+@on("replay")
+@pytest.mark.parametrize("source", ["arrays", "tf.data"])
+def test_the_replay_check_runs_the_fits_own_step_and_leaves_training_unchanged(
+    backend, source, measured
+):
+    """On JAX the jitted step, on torch the compiled one, on TensorFlow the timed function."""
+    found = measured[source]
+    assert found["checked"], found["notes"]
+    assert found["replay_steps"] >= 5 and found["rounds"] >= 1, found
+    # The next fit trains as it would have: weights and history, bit for bit.
+    assert found["weights"] and found["history"], found

@@ -18,6 +18,7 @@ import tensorflow as tf
 import keras_pipeline_tuner as kpt
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import failing_source
 from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import tiny_model
 
@@ -752,3 +753,50 @@ def test_loop_report_says_which_probes_did_not_run(arguments, expected):
     # each probe the user asked for (or would expect) says why it did not run.
     report = _spinning_first_step_loop(kpt.PipelineTuner(verbose=0, **arguments), batches=4)
     assert any(note.startswith(expected) for note in report.notes), report.notes
+
+
+def _profiler_is_free(tmp_path) -> bool:
+    """Whether no TF Profiler session runs now (a second `start` raises while one does)."""
+    try:
+        tf.profiler.experimental.start(str(tmp_path / "probe"))
+    except tf.errors.AlreadyExistsError:
+        return False
+    tf.profiler.experimental.stop()
+    return True
+
+
+@pytest.mark.parametrize("driver", ["fit", "loop"])
+def test_a_failed_step_closes_the_profiler_window_and_checkpoints(driver, tmp_path):
+    # A window open from step 1 to 100 is still capturing when step 4 fails:
+    # in fit and in a custom loop alike the failure stops the capture (its
+    # file is written) and writes what was measured, at once, not at the
+    # next checkpoint some seconds later.
+    log_dir = tmp_path / "logs"
+    tuner = kpt.PipelineTuner(log_dir=log_dir, verbose=0, profile=(1, 100))
+    if driver == "fit":
+        dataset = failing_source(40, fail_at=4 * BATCH, message="bad batch").batch(BATCH)
+        with pytest.raises(Exception, match="bad batch"):
+            tiny_model().fit(dataset, epochs=1, callbacks=[tuner], verbose=0)
+    else:
+        compute = tf.function(lambda x, y: tf.reduce_sum(x) + tf.reduce_sum(y))
+        calls = []
+
+        @tuner.instrument
+        def step(x, y):
+            calls.append(1)
+            if len(calls) == 5:
+                raise ValueError("bad batch")
+            return compute(x, y)
+
+        with pytest.raises(ValueError, match="bad batch"):
+            for x, y in tuner.iterate(cached_source(40).batch(BATCH)):
+                step(x, y)
+    assert _profiler_is_free(tmp_path)
+    assert list(log_dir.rglob("*.xplane.pb"))
+    stored = kpt.Report.from_json((log_dir / "report.json").read_text())
+    # Steps 1-3 (the first call apart), written when step 4 failed.
+    assert stored.train.steps == 3
+    if driver == "loop":
+        report = tuner.close()
+        assert report.train.steps == 3
+        assert any("1 call(s) of the step raised" in note for note in report.notes)

@@ -8,6 +8,7 @@ one-element stand-ins of its large sources, for what needs the pipeline's
 structure and functions, not its data.
 """
 
+from typing import Iterator
 from typing import Optional
 from typing import Tuple
 
@@ -89,29 +90,45 @@ def in_memory_bytes(dataset) -> int:
     1600
     """
     tf = tensorflow()
-    total, seen, frontier = 0, set(), [dataset]
+    total = 0
+    for value in dataset_attributes(dataset):
+        function = getattr(value, "function", None)
+        # Arrays a function uses are constants of its graph (e.g. the
+        # `from_tensor_slices(array)` inside a `flat_map`), not captures.
+        total += _constant_bytes(getattr(function, "graph", None), tf)
+        captured = getattr(function, "captured_inputs", None)
+        tensors = captured if captured is not None else value
+        if not isinstance(tensors, (tf.Tensor, list, tuple, dict, tf.SparseTensor)):
+            continue
+        for tensor in tf.nest.flatten(tensors, expand_composites=True):
+            if isinstance(tensor, tf.Tensor) and tensor.shape.is_fully_defined():
+                total += _tensor_bytes(tensor, tf)
+    return total
+
+
+def dataset_attributes(dataset) -> Iterator:
+    """The attributes of `dataset` and of every dataset it reads, each dataset once.
+
+    Its tensors, and the wrappers of its functions (whose `function` is the
+    traced `ConcreteFunction`), are among them.
+
+    Example:
+
+    >>> ds = tf.data.Dataset.range(3).map(lambda x: x + 1)
+    >>> any(hasattr(value, "function") for value in dataset_attributes(ds))
+    True
+    """
+    seen, frontier = set(), [dataset]
     while frontier:
         current = frontier.pop()
         if id(current) in seen:
             continue
         seen.add(id(current))
-        for value in vars(current).values():
-            function = getattr(value, "function", None)
-            # Arrays a function uses are constants of its graph (e.g. the
-            # `from_tensor_slices(array)` inside a `flat_map`), not captures.
-            total += _constant_bytes(getattr(function, "graph", None), tf)
-            captured = getattr(function, "captured_inputs", None)
-            tensors = captured if captured is not None else value
-            if not isinstance(tensors, (tf.Tensor, list, tuple, dict, tf.SparseTensor)):
-                continue
-            for tensor in tf.nest.flatten(tensors, expand_composites=True):
-                if isinstance(tensor, tf.Tensor) and tensor.shape.is_fully_defined():
-                    total += _tensor_bytes(tensor, tf)
+        yield from vars(current).values()
         try:
             frontier.extend(current._inputs())  # pylint: disable=protected-access
         except (AttributeError, NotImplementedError):
             pass
-    return total
 
 
 def _tensor_bytes(tensor, tf) -> int:

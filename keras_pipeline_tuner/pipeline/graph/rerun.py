@@ -10,21 +10,28 @@ is not where a pass changes state that outlives it:
 - a Python function (`tf.py_function`, a stateful `tf.numpy_function`): a
   counter or a NumPy generator inside it moves on (TensorFlow itself never
   runs such a function in parallel or twice for one element);
-- a `tf.random.Generator`, or a Keras random layer, whose random state is a
-  variable, or an op that writes a variable or a table;
+- a `tf.random.Generator`, whose random state is a variable, or an op that
+  writes a table;
+- an op that writes a variable (a Keras random layer's seed), unless the
+  probe puts the pipeline's variables back afterwards (`PipelineVariables`);
 - a source a second reader takes elements from: a Python generator (it may
   read a queue, a live feed) and the tf.data service (a job others share).
 
-A `tf.numpy_function(..., stateful=False)` is its author's promise that its
-results depend on its inputs only: it may run again.
+Checks that only raise (`Assert`, `CheckNumerics`) change nothing, and reading
+in-memory arrays changes nothing either. A `tf.numpy_function(...,
+stateful=False)` is its author's promise that its results depend on its
+inputs only: it may run again.
 """
 
 import re
 from typing import List
 from typing import Optional
 
+import numpy as np
+
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.graph.in_memory import InMemoryDataTooLarge
+from keras_pipeline_tuner.pipeline.graph.in_memory import dataset_attributes
 
 # In-memory tensors above this are read as one-element stand-ins (as the lint
 # reads them): their graph would copy them, and they hold no state.
@@ -45,6 +52,14 @@ READ_ONLY_STATEFUL_OPS = frozenset(
         "HashTableV2",
     }
 )
+# Stateful only in that they may raise: they change no state.
+CHECK_OPS = frozenset({"Assert", "CheckNumerics", "CheckNumericsV2"})
+# Ops that call functions (branches, loop bodies, nested calls): stateful only
+# when the functions they call are, whose ops are read with them
+# (`graph.functions`), e.g. the `If` of a `tf.debugging` assertion.
+CALL_OPS = frozenset({"If", "While", "Case", "StatefulPartitionedCall"})
+# Ops that write a resource variable: undone by putting its value back.
+VARIABLE_WRITE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 # Python function ops whose Python may keep state (`PyFuncStateless` is
 # `tf.numpy_function(stateful=False)`: declared free of it).
 STATEFUL_PYTHON_OPS = frozenset({"EagerPyFunc", "PyFunc"})
@@ -74,7 +89,13 @@ def side_effects(function) -> List[str]:
         The op types, sorted; empty when it changes nothing (reads, random
         draws, Python calls and datasets built inside aside).
     """
-    allowed = set(function.py_function_ops) | set(function.io_ops) | READ_ONLY_STATEFUL_OPS
+    allowed = (
+        set(function.py_function_ops)
+        | set(function.io_ops)
+        | READ_ONLY_STATEFUL_OPS
+        | CHECK_OPS
+        | CALL_OPS
+    )
     return sorted(
         op
         for op in function.stateful_ops
@@ -100,7 +121,9 @@ def state_changing_stages(pipeline) -> List[str]:
     ]
 
 
-def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
+def rerun_hazard(
+    pipeline, allow_python: bool = False, restores_variables: bool = False
+) -> Optional[str]:
     """Why reading the pipeline again would change what training reads, or `None`.
 
     Args:
@@ -108,6 +131,9 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
         allow_python: the user vouches that the pipeline's Python functions
             keep no state and its generator reads no queue or live feed
             (`allow_unverified=True`): they may run again.
+        restores_variables: the caller puts the variables the pipeline's
+            functions write back afterwards (`PipelineVariables`): writing
+            them is no hazard.
 
     Returns:
         A clause that completes "The pipeline is not run again: ...", or
@@ -148,6 +174,8 @@ def rerun_hazard(pipeline, allow_python: bool = False) -> Optional[str]:
                 "whose state a second run would move on"
             )
         changed = side_effects(function)
+        if restores_variables:
+            changed = [op for op in changed if op not in VARIABLE_WRITE_OPS]
         if changed:
             return (
                 f"{stage.label} changes state outside the pipeline ({', '.join(changed)}, "
@@ -188,12 +216,16 @@ def shared_source(pipeline, allow_python: bool = False) -> Optional[str]:
     return None
 
 
-def dataset_rerun_hazard(dataset, allow_python: bool = False) -> Optional[str]:
+def dataset_rerun_hazard(
+    dataset, allow_python: bool = False, restores_variables: bool = False
+) -> Optional[str]:
     """`rerun_hazard` of a `tf.data.Dataset`'s pipeline (some 10 ms to read).
 
     Args:
         dataset: the dataset a probe would read again.
         allow_python: as for `rerun_hazard`.
+        restores_variables: as for `rerun_hazard`; the variables written must
+            also be found (`PipelineVariables`), else writing them is a hazard.
 
     Returns:
         As `rerun_hazard`; also a reason when the graph holds more in-memory
@@ -209,4 +241,56 @@ def dataset_rerun_hazard(dataset, allow_python: bool = False) -> Optional[str]:
             f"its graph, which holds about {error.held_bytes / 2**20:.0f} MB of "
             "in-memory arrays, would be copied to check what running it again changes"
         )
-    return rerun_hazard(pipeline, allow_python)
+    hazard = rerun_hazard(pipeline, allow_python, restores_variables)
+    if hazard is None and restores_variables and rerun_hazard(pipeline, allow_python) is not None:
+        if not PipelineVariables(dataset).variables:
+            # Written, but not found to put back.
+            return rerun_hazard(pipeline, allow_python)
+    return hazard
+
+
+class PipelineVariables:
+    """The values of the variables a dataset's functions capture, to put back after a probe.
+
+    A Keras random layer in a `map` (`RandomFlip`, `RandomRotation`) keeps its
+    seed in a variable that each call moves on; a probe that runs the map
+    again would change the augmentations of the next fit unless the seed is
+    put back. The variables are those the dataset's functions captured when
+    traced (its stages and their inputs, walked from the final dataset).
+
+    Args:
+        dataset: the `tf.data.Dataset` a probe will read.
+
+    Attributes:
+        variables: the variables found.
+
+    Example:
+
+    >>> seed = tf.Variable(0, dtype=tf.int64)
+    >>> ds = tf.data.Dataset.range(3).map(lambda x: x + seed.assign_add(1))
+    >>> saved = PipelineVariables(ds)
+    >>> _ = list(ds)
+    >>> saved.restore()
+    >>> int(seed.numpy())
+    0
+    """
+
+    def __init__(self, dataset):
+        self.variables = _captured_variables(dataset)
+        self._values = [np.array(variable.numpy()) for variable in self.variables]
+
+    def restore(self) -> None:
+        """Puts every variable back to the value it had when this was made."""
+        for variable, value in zip(self.variables, self._values):
+            variable.assign(value)
+
+
+def _captured_variables(dataset) -> list:
+    """The variables captured by the functions of `dataset` and the datasets it reads."""
+    found = {}
+    for value in dataset_attributes(dataset):
+        graph = getattr(getattr(value, "function", None), "graph", None)
+        if type(value).__name__ == "StructuredFunctionWrapper" and graph is not None:
+            for variable in getattr(graph, "variables", ()):
+                found[id(variable)] = variable
+    return list(found.values())
