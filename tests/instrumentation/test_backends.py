@@ -160,10 +160,11 @@ def test_a_healthy_cached_pipeline_is_not_input_bound_beyond_its_measured_fetch(
     backend, measured
 ):
     # Sub-millisecond steps: the fetch of a ready batch is much of the wait, and
-    # is measured (by the replay on TensorFlow, else through Keras' own iterator).
+    # is measured: by the replay where it ran, else through the fit's own kind
+    # of fetch (Keras' iterator on JAX and torch).
     assert measured["verdict"] == "not input-bound", measured["verdict_line"]
-    expected = "the replay" if backend == "tensorflow" else "Keras' iterator"
-    assert expected in (measured["fetch_floor"] or ""), measured["verdict_line"]
+    floor = measured["fetch_floor"] or ""
+    assert floor == "the replay" or "Keras' iterator" in floor, measured["verdict_line"]
 
 
 @on("source_rows")
