@@ -225,6 +225,11 @@ def judge(
         wait_fraction = bounded
     fraction, source = wait_fraction, STEP_CLOCK
     compared = _compared_steps(what_if, share, stats, throttled)
+    skipped_ms = _skipped_fetch_ms(what_if, fetch_floor)
+    if compared is not None and skipped_ms:
+        # A step on an in-memory copy of the batches still fetches them
+        # through Keras' iterator, which the replay's step left out.
+        compared = (compared[0], compared[1] + skipped_ms, compared[2])
     contention = _contention(compared)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
@@ -376,15 +381,35 @@ REPLAY_FLOOR = "the replay"
 def _fetch_floor(what_if, measured):
     """`(ms, how)` of the fetch of a cached batch: what any pipeline's fetch costs.
 
-    The replay's mean wait, where it ran (the fit's own step, fetched from
-    cached batches); else the fetch floor measured after training; else
-    `(None, None)`.
+    The larger of the replay's mean wait (the fit's own step, fetched from
+    cached batches) and the fetch floor measured after training through the
+    fit's own kind of fetch: on JAX and torch the replay hands the step its
+    batches without Keras' iterator, so its wait misses what that iterator
+    costs. `(None, None)` where neither measured it.
     """
-    if what_if is not None and what_if.replay_input_wait.mean_ms:
-        return what_if.replay_input_wait.mean_ms, REPLAY_FLOOR
-    if measured is not None and measured.ms > 0:
+    replay_ms = what_if.replay_input_wait.mean_ms if what_if is not None else None
+    if measured is not None and measured.ms > 0 and measured.ms > (replay_ms or 0.0):
         return measured.ms, measured.describe()
+    if replay_ms:
+        return replay_ms, REPLAY_FLOOR
     return None, None
+
+
+def _with_margin(floor_ms: float) -> float:
+    """A fetch floor with its spread from fit to fit (`FLOOR_MARGIN`, `FLOOR_MARGIN_MS`)."""
+    return max((1.0 + FLOOR_MARGIN) * floor_ms, floor_ms + FLOOR_MARGIN_MS)
+
+
+def _skipped_fetch_ms(what_if, measured) -> float:
+    """What the replay's fetch left out of the fit's, a step, with the floor's spread.
+
+    The measured floor beyond the replay's own wait: a step on an in-memory
+    copy of the batches pays it, as the wait does.
+    """
+    if what_if is None or measured is None:
+        return 0.0
+    skipped = measured.ms - (what_if.replay_input_wait.mean_ms or 0.0)
+    return _with_margin(skipped) if skipped > 0 else 0.0
 
 
 def _beyond(floor_ms: Optional[float], how: Optional[str]) -> str:
@@ -410,8 +435,7 @@ def _beyond_floor(share: Optional[Share], stats: StepStats, floor_ms: Optional[f
     else:
         wait_ms, step_ms, steps = share.wait_ms, share.step_ms, share.steps
     if floor_ms:
-        floor_ms = max((1.0 + FLOOR_MARGIN) * floor_ms, floor_ms + FLOOR_MARGIN_MS)
-        wait_ms = max(wait_ms - floor_ms * steps, 0.0)
+        wait_ms = max(wait_ms - _with_margin(floor_ms) * steps, 0.0)
     return wait_ms / step_ms if step_ms > 0 else 0.0
 
 

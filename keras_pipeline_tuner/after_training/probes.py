@@ -109,7 +109,9 @@ class AfterTraining:
 
     def _fetch_floor(self, run, fetched: Optional[tuple]) -> None:
         """Times the fetch of an in-memory batch where no replay did (up to 0.3 s)."""
-        if fetched is None or run.what_if is not None:
+        # TensorFlow's replay fetches through the fit's own fetch op; on JAX
+        # and torch it hands the step its batches, and the floor is measured.
+        if fetched is None or (run.what_if is not None and fetched[0] == "tensorflow"):
             return
         if not self.guard.enabled(features.FETCH_FLOOR):
             return

@@ -240,6 +240,29 @@ def test_a_measured_fetch_floor_is_left_out_of_the_wait_and_named():
     assert judgement.input_fraction == pytest.approx((2.45 - 0.66) / 3.6, rel=0.01)
 
 
+def test_a_replay_that_skipped_keras_iterator_is_compared_with_its_fetch_added():
+    from keras_pipeline_tuner.timing.fetch_floor import KERAS_ITERATOR
+    from keras_pipeline_tuner.timing.fetch_floor import FetchFloor
+
+    # On torch the replay hands the step its batches: 1.02 ms a step against
+    # 1.58 ms on a cached pipeline, whose fetch through Keras' iterator takes
+    # 0.34 ms. The copy's step pays that fetch too: no contention.
+    clock = clock_of([[0.4] * 40] * 3, compute_ms=1.18)
+    replay = WhatIfResult(
+        replay_step=Distribution(mean_ms=1.02),
+        replay_input_wait=Distribution(mean_ms=0.004),
+        pipeline_step=Distribution(mean_ms=1.58),
+        pipeline_source="measured",
+    )
+    floor = FetchFloor(0.34, 40, KERAS_ITERATOR)
+    judgement = judge(
+        clock.stats("train"), None, clock.epochs, clock.steady_share("train"),
+        clock.epoch_start_share("train"), replay, fetch_floor=floor,
+    )
+    assert judgement.verdict == NOT, judgement.line
+    assert judgement.fetch_floor_ms == pytest.approx(0.34)
+
+
 def test_without_a_replay_a_wait_any_fetch_may_take_does_not_decide():
     # A healthy cached pipeline of sub-millisecond steps beside two busy loops:
     # 0.65 ms a step at the fetch against 0.12 ms of compute, 84 % of the step.
