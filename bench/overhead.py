@@ -12,8 +12,10 @@ as per-step cost. So each fit runs several epochs of about half a second, an
 epoch-only callback stamps when each epoch begins, and the per-step ratio is
 the median of all the middle epochs over plain fit's (epoch-end work, such as
 the outputs a `log_dir` gets, is in it), with each round's ratio for its
-spread; the per-fit cost is what is left of the whole fit's difference, in
-milliseconds, a median over rounds (where the tuner's step is the quicker one,
+spread, and the same over the empty callback's (what the tuner adds beyond
+one more callback: a tuner's step quicker than Keras' own would show there as
+a difference, not a gain); the per-fit cost is what is left of the whole fit's
+difference, in milliseconds, a median over rounds (where the tuner's step is the quicker one,
 that adds its gain back, so the fit's begin and end hooks are also timed
 directly, between two stamps listed around the tuner).
 
@@ -238,8 +240,16 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
         f"x {rounds} rounds",
         flush=True,
     )
+    empty = "empty callback"
     for key in order[1:]:
         ratios = [t / p for p, t in zip(step["plain"], step[key])]
+        # Against Keras' own floor: what the tuner adds to a step beyond one
+        # more callback, so a step quicker than plain fit's shows as a
+        # difference from the empty callback, not as a gain.
+        floor = [t / e for e, t in zip(step[empty], step[key])]
+        floor_pooled = statistics.median(epoch_steps[key]) / statistics.median(
+            epoch_steps[empty]
+        )
         # What the whole fit took beyond plain fit and beyond its per-step share.
         per_fit_ms = [
             (ft - fp - (st - sp) * steps * epochs) * 1e3
@@ -258,6 +268,13 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
             f"(largest {max(hooks_ms):+.0f})",
             flush=True,
         )
+        if key != empty:
+            print(
+                f"  {'':<20} per step / empty callback: {floor_pooled:.4f} over all middle "
+                f"epochs; per round median {statistics.median(floor):.4f} "
+                f"(min {min(floor):.4f}, max {max(floor):.4f})",
+                flush=True,
+            )
     print(
         f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of "
         f"{steps * epochs} steps ({statistics.median(grown) / (steps * epochs):.1f} bytes a step)",

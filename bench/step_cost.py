@@ -10,10 +10,13 @@ plain step time comes from plain fits alternated with those.
 The timers read more than the code they time: their own clock calls and
 frames, and the empty calls any callback costs (which Keras' dispatch of one
 more callback, printed apart, already counts). So a stand-in is timed the same
-way in the same rounds: a callback whose hooks do nothing, and which passes
-Keras' train function through a call of the same shape as the tuner's, doing
-nothing else. The tuner's own cost is its readings minus the stand-in's; what
-that leaves out is one empty Python call around Keras' function (some 0.1 us).
+way in the same rounds: a callback whose hooks do nothing, and which, on torch,
+passes Keras' train function through a call of the same shape as the tuner's,
+doing nothing else. The tuner's own cost is its readings minus the stand-in's;
+what that leaves out on torch is one empty Python call around Keras' function
+(some 0.1 us). On JAX (the CPU, one step a call) the tuner runs its stand-in
+for each kind's first call only, the data adapter handing Keras the stamping
+iterator: its timed call is that first call's own time spread over the steps.
 
 The stamps around each `next()` are timed apart, on a bare iterator (a stamped
 `next()` against a plain one), because they run inside Keras' own code. Keras'
@@ -134,9 +137,9 @@ def stand_in(backend: str, totals):
         async_safe = backend != "tensorflow"
 
         def on_train_begin(self, logs=None):
-            # As the tuner on these backends: its call around Keras' function.
+            # As the tuner on torch: its call around Keras' function.
             self.keras = self.model.train_function
-            if backend != "tensorflow":
+            if backend == "torch":
                 self.model.train_function = PassOn(self.keras)
 
         def on_train_end(self, logs=None):
@@ -148,18 +151,16 @@ def stand_in(backend: str, totals):
         def on_train_batch_end(self, batch, logs=None):
             pass
 
-    _wrap(StandIn, PassOn if backend != "tensorflow" else None, backend, totals)
+    _wrap(StandIn, PassOn if backend == "torch" else None, backend, totals)
     return StandIn()
 
 
 def stamp_us(backend: str, calls: int = 200_000) -> float:
     """The stamps around one `next()`: a stamped iterator against a bare one."""
-    module, _ = _timing_module(backend)
+    from keras_pipeline_tuner.instrumentation.timing_source import StampedIterator
+
     held = []
-    if backend == "jax":
-        stamped = module._StampedIterator(itertools.repeat(0), held.append)
-    else:
-        stamped = module._StampedIterator(itertools.repeat(0), held.append, None)
+    stamped = StampedIterator(itertools.repeat(0), held.append)
     bare = itertools.repeat(0)
     differences = []
     for _ in range(5):

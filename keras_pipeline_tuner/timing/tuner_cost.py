@@ -6,6 +6,13 @@ a budget, by default the larger of `MIN_BUDGET_S` and `FIT_SHARE` of the fit's
 own time, and measured part by part, so the report can say what it cost. A
 probe that would not fit in what is left of the budget does not run, and says
 so (see `after_training.probes`).
+
+The rest of its work once per fit is stated beside it: before the first step
+(reading the pipeline and linting it, setting up the timing), and the outputs
+written during training (each epoch's, the checkpoints', the early verdict's).
+Together with the work after training that is what a fit with the tuner takes
+beyond its steps (`TunerCost.per_fit_s`); what the tuner adds to each step is
+measured by `bench/overhead.py` and `bench/step_cost.py`, not here.
 """
 
 import contextlib
@@ -44,6 +51,11 @@ class TunerCost:
         fix_timing_cap_s: the cap of its own that `measure_fixes` gave
             the "fix timing" part, which then counts against it rather than
             the budget; `None` when it did not run on its own cap.
+        before_training_s: the tuner's work before the first step (its
+            `on_train_begin`: reading and linting the pipeline, setting up
+            the timing).
+        outputs_during_training_s: the outputs it wrote during training
+            (each epoch's, the checkpoints', the early verdict's).
 
     Example:
 
@@ -57,6 +69,20 @@ class TunerCost:
     after_training_s: float = 0.0
     parts: Dict[str, float] = dataclasses.field(default_factory=dict)
     fix_timing_cap_s: Optional[float] = None
+    before_training_s: float = 0.0
+    outputs_during_training_s: float = 0.0
+
+    @property
+    def per_fit_s(self) -> float:
+        """The tuner's work once per fit: before training, its outputs during it, and after.
+
+        Example:
+
+        >>> TunerCost(60.0, 2.0, 0.25, before_training_s=0.03,
+        ...           outputs_during_training_s=0.02).per_fit_s
+        0.3
+        """
+        return self.before_training_s + self.outputs_during_training_s + self.after_training_s
 
     @property
     def within_budget(self) -> bool:
@@ -84,13 +110,18 @@ class TunerCost:
         return self.parts.get(FIX_TIMING, 0.0) + self.parts.get(FIX_FLOOR, 0.0)
 
     def summary(self) -> str:
-        """One sentence: what the tuner's work after training took, and of what.
+        """What the tuner's work after training took, and of what; then its work per fit.
 
         Example:
 
         >>> TunerCost(60.0, 2.0, 0.5, {"contention check": 0.4}).summary()
         "The tuner's own work after training took 0.50 s (contention check 0.40 s), \
 within its budget of 2.0 s."
+        >>> TunerCost(60.0, 2.0, 0.25, before_training_s=0.03,
+        ...           outputs_during_training_s=0.02).summary()
+        "The tuner's own work after training took 0.25 s, within its budget of 2.0 s. \
+Once per fit it took 0.30 s in all: 0.03 s before the first step, 0.02 s of outputs \
+during training, 0.25 s after it."
         """
         parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
         within = "within" if self.within_budget else "over"
@@ -100,10 +131,19 @@ within its budget of 2.0 s."
                 " The fix timing (with any replay for its floor) counts against a cap of its "
                 f"own, {self.fix_timing_cap_s:.1f} s (measure_fixes)."
             )
+        per_fit = ""
+        if self.before_training_s or self.outputs_during_training_s:
+            per_fit = (
+                f" Once per fit it took {self.per_fit_s:.2f} s in all: "
+                f"{self.before_training_s:.2f} s before the first step, "
+                f"{self.outputs_during_training_s:.2f} s of outputs during training, "
+                f"{self.after_training_s:.2f} s after it."
+            )
         return (
             f"The tuner's own work after training took {self.after_training_s:.2f} s"
             f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
             + capped
+            + per_fit
         )
 
 
@@ -159,6 +199,8 @@ class CostMeter:
         self._reserved_s = 0.0
         self._outputs_due = 0.0
         self._fix_timing_cap_s: Optional[float] = None
+        self._before_s = 0.0
+        self._during_s = 0.0
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
@@ -167,6 +209,16 @@ class CostMeter:
         self._parts = {}
         self._reserved_s = self._outputs_due = 0.0
         self._fix_timing_cap_s = None
+        self._before_s = self._during_s = 0.0
+
+    def before_training(self, seconds: float) -> None:
+        """The tuner's work before the first step took `seconds`."""
+        self._before_s += seconds
+
+    def output_during_training(self, seconds: float) -> None:
+        """Outputs written during training (a checkpoint, the early verdict's) took `seconds`."""
+        if self._ended is None:
+            self._during_s += seconds
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -214,6 +266,7 @@ class CostMeter:
         """
         self._outputs_due = time.monotonic() + seconds / EPOCH_OUTPUT_SHARE
         self._reserved_s = max(self._reserved_s, seconds)
+        self.output_during_training(seconds)
 
     def fix_timing_capped(self, cap_s: float) -> None:
         """The fix timing runs on a cap of its own (`measure_fixes`), not the budget."""
@@ -249,4 +302,6 @@ class CostMeter:
             after_training_s=self.spent_s(),
             parts={name: round(seconds, 4) for name, seconds in self._parts.items()},
             fix_timing_cap_s=self._fix_timing_cap_s,
+            before_training_s=self._before_s,
+            outputs_during_training_s=self._during_s,
         )
