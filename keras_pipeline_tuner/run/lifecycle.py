@@ -405,28 +405,30 @@ class Run:
         """Between steps: counts them for TensorBoard, checkpoints every few seconds.
 
         Called on every step on TensorFlow: beyond a clock reading and a count,
-        it looks at the early verdict and the checkpoint only once rows have
-        been recorded or an epoch has ended since it last looked (about once a
-        second), which is when either can become due.
+        it looks at the early verdict only once rows have been recorded or an
+        epoch has ended since it last looked (about once a second), which is
+        when it can become due. The checkpoint is due by the clock alone (it
+        takes the rows kept back itself): a SIGKILL loses at most the last
+        `CHECKPOINT_S` seconds of summaries, however the rows are handed over.
         """
-        if self.rows_due():
+        now = time.monotonic()
+        if now >= self._hand_over_due:
             self.flush_rows()
         if steps and self.tensorboard is not None:
             self.tensorboard.step_ended(self.clock, steps)
         seen = (self.clock.recorded, len(self.clock.epochs))
-        if seen == self._seen:
-            return
-        self._seen = seen
-        if self.early.due(
-            self.clock,
-            window_capturing=self.window.capturing,
-            filling_a_cache=filling_a_cache(self.findings, self.clock),
-            whole_step=self.measurement == measured_by.WHOLE_STEP,
-        ):
-            filling = filling_a_cache(self.findings, self.clock)
-            report = self.built_report()
-            self.early.say(report, filling, lambda: self._write_early(report))
-        if time.monotonic() >= self._next_checkpoint:
+        if seen != self._seen:
+            self._seen = seen
+            if self.early.due(
+                self.clock,
+                window_capturing=self.window.capturing,
+                filling_a_cache=filling_a_cache(self.findings, self.clock),
+                whole_step=self.measurement == measured_by.WHOLE_STEP,
+            ):
+                filling = filling_a_cache(self.findings, self.clock)
+                report = self.built_report()
+                self.early.say(report, filling, lambda: self._write_early(report))
+        if now >= self._next_checkpoint:
             self.checkpoint()
 
     def epoch_ended(self) -> None:
