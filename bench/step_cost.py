@@ -23,8 +23,12 @@ The stamps around each `next()` are timed apart, on a bare iterator (a stamped
 own cost of dispatching one more callback is printed apart: `CallbackList`'s
 batch hooks timed with and without an empty `async_safe` callback.
 
-On TensorFlow only the hooks are timed: the timestamps of the timed call run
-inside the compiled step, which `bench/overhead.py` measures with the rest.
+On TensorFlow the hooks are timed as above; the timestamps of the timed call
+run inside the compiled step, so the call itself is compared with Keras' own
+function instead: both called on one iterator of the tiny model's data
+(where a difference in the function shows most), alternated in blocks of 40
+calls, the median of the paired blocks' ratios. It is the step the tuner
+times against the step the user runs without it: 1.00 when they are the same.
 
     python bench/step_cost.py --backend tensorflow|jax|torch [--rounds 5] [--steps 2000]
 """
@@ -206,6 +210,55 @@ def callback_dispatch_us(calls: int = 20000) -> float:
     return statistics.median(differences) * 1e6
 
 
+def timed_call_ratio(blocks: int = 150, calls: int = 40) -> tuple:
+    """TensorFlow: the tuner's timed train function against Keras' own, per call.
+
+    Returns:
+        `(ratio, keras_us)`: the median of paired blocks' time ratios (timed
+        over Keras'), and Keras' own call in microseconds (median).
+    """
+    import gc
+
+    from overhead import make_case
+
+    from keras_pipeline_tuner.timing.timed_step_function import TimedFunction
+
+    model, dataset = make_case(4, 1, 100, 8)
+    iterator = iter(dataset["x"].repeat())
+    model.make_train_function()
+    keras_function = model.train_function
+    held = []
+    timed = TimedFunction(
+        model, model.train_step, keras_function, lambda rows, *_: held.append(rows), None
+    )
+
+    def keras_calls():
+        for _ in range(calls):
+            keras_function(iterator)
+
+    def timed_calls():
+        for _ in range(calls):
+            timed.armed = True
+            timed(iterator)
+
+    keras_calls()
+    timed_calls()
+    seconds = {keras_calls: [], timed_calls: []}
+    gc.disable()
+    try:
+        for block in range(blocks):
+            order = [keras_calls, timed_calls]
+            for calls_of in order[block % 2 :] + order[: block % 2]:
+                began = time.perf_counter()
+                calls_of()
+                seconds[calls_of].append(time.perf_counter() - began)
+            held.clear()
+    finally:
+        gc.enable()
+    ratios = [t / k for k, t in zip(seconds[keras_calls], seconds[timed_calls])]
+    return statistics.median(ratios), statistics.median(seconds[keras_calls]) / calls * 1e6
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("tensorflow", "jax", "torch"), default="jax")
@@ -264,6 +317,11 @@ def main():
         )
     if args.backend == "tensorflow":
         stamps = 0.0
+        ratio, keras_call_us = timed_call_ratio()
+        print(
+            f"  {'timed call / Keras own function':<40} {ratio:7.4f} (tiny model, Keras' call "
+            f"{keras_call_us:.0f} us; blocks of calls alternated, median of pairs)"
+        )
     else:
         stamps = stamp_us(args.backend)
         print(f"  {'stamps around next() (timed apart)':<40} {'':7} {'':9} {stamps:7.2f}")

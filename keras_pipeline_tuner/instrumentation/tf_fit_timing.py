@@ -150,9 +150,10 @@ class TensorFlowFitTiming(FitTiming):
             count = len(held)
             taken = held[:count]
             del held[:count]
-            # Each tensor's numbers copied out (about 1 us each). Not one concat
-            # op: its kernel is made anew for each count of inputs (some 10 ms).
-            rows = np.concatenate([np.reshape(stamps.numpy(), (-1, 3)) for stamps in taken])
+            # Each (steps, 3) tensor's numbers copied out (about 1 us each). Not
+            # one concat op: its kernel is made anew for each count of inputs
+            # (some 10 ms).
+            rows = np.concatenate([stamps.numpy() for stamps in taken])
             if len(rows):
                 # From the first call's fetch to the last step's end, as the
                 # calls' own stamps give it.

@@ -50,25 +50,31 @@ class SyncSteps:
         self._run = run
         self._timing = timing
         self._fit_steps = fit_steps
+        self._window = run.window
+        self._steps_per_call = run.steps_per_execution
 
     def train_begin(self, batch: int) -> None:
-        """Before a training call: rows to the run when due, the window, the stand-in."""
-        run, timing, window = self._run, self._timing, self._run.window
-        if run.rows_due() or window.consults_clock:
-            # Also before the window's check reads the rows.
-            run.flush_rows()
-        marker = timing.step_marker_target(TRAIN) if timing is not None else None
-        steps_left = self._fit_steps - batch if self._fit_steps else None
-        window.before_step(batch, marker, run.clock, steps_left)
+        """Before a training call: the window when it has work, the stand-in.
+
+        The rows kept back go to the run in the batch-end hook when due
+        (`Run.steps_ended`), and here before the window's check reads them.
+        """
+        run, timing, window = self._run, self._timing, self._window
+        if window.call_begins(batch):
+            if window.consults_clock:
+                run.flush_rows()
+            marker = timing.step_marker_target(TRAIN) if timing is not None else None
+            steps_left = self._fit_steps - batch if self._fit_steps else None
+            window.act(marker, run.clock, steps_left)
         if timing is not None:
             timing.before_step(TRAIN)
 
     def train_end(self, batch: int, logs) -> None:
-        """After a training call: Keras' function back, the window's step counted."""
+        """After a training call: the window's step counted, the run's outputs when due."""
         if self._timing is not None:
             self._timing.after_step(TRAIN)
-        self._run.window.after_step(batch)
-        self._run.steps_ended(self._run.steps_per_execution)
+        self._window.after_step(batch)
+        self._run.steps_ended(self._steps_per_call)
 
     def test_begin(self) -> None:
         """Before a validation call."""
