@@ -8,14 +8,19 @@ differs), in a new order each round, with Python's GC off during each fit.
 A fit's wall time mixes two costs: the tuner's work on every step, and its work
 once per fit (reading the pipeline before the first step; the report, the
 replay and the files after the last), which a fit of a few seconds would count
-as per-step cost. So each fit runs several epochs of about half a second, an
-epoch-only callback stamps when each epoch begins, and the per-step ratio is
-the median of all the middle epochs over plain fit's (epoch-end work, such as
-the outputs a `log_dir` gets, is in it), with each round's ratio for its
-spread; the per-fit cost is what is left of the whole fit's difference, in
-milliseconds, a median over rounds (where the tuner's step is the quicker one,
-that adds its gain back, so the fit's begin and end hooks are also timed
-directly, between two stamps listed around the tuner).
+as per-step cost. So each fit runs several epochs of about half a second, a
+callback stamps when each epoch and its first step begin, and the per-step
+ratio is the median of all the middle epochs' steps, from their first step to
+the next epoch's begin, over plain fit's (epoch-end work, such as the outputs
+a `log_dir` gets, is in it; the epoch's set-up before its first step, where
+TensorFlow makes the epoch's iterator and ends the last one's, is printed
+apart: per-epoch overhead, not a step's), with each round's ratio for its
+spread, and the same over the empty callback's (what the tuner adds beyond
+one more callback: a tuner's step quicker than Keras' own would show there as
+a difference, not a gain); the per-fit cost is what is left of the whole fit's
+difference, in milliseconds, a median over rounds (where the tuner's step is
+the quicker one, that adds its gain back, so the fit's begin and end hooks are
+also timed directly, between two stamps listed around the tuner).
 
 Cases: a model of about 1 ms per step, one of about 10 ms (each case's batch
 is fitted to its step time on the machine it runs on, and printed), and a
@@ -41,6 +46,8 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The package of this checkout, not whichever one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
@@ -83,7 +90,11 @@ def timed_fit(model, dataset, callbacks, epochs: int = 1):
 
 
 def epoch_clock():
-    """A callback that only stamps when each epoch begins: no batch hooks, no per-step cost."""
+    """A callback that stamps when each epoch begins and when its first step begins.
+
+    Its batch-begin hook costs Keras' dispatch of one call a step, the same in
+    every configuration (plain fit's too), and does nothing past the first step.
+    """
     import keras
 
     class EpochClock(keras.callbacks.Callback):
@@ -92,18 +103,31 @@ def epoch_clock():
         def __init__(self):
             super().__init__()
             self.begins = []
+            self.first_steps = []
 
         def on_train_begin(self, logs=None):
             self.begins = []
+            self.first_steps = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self.begins.append(time.perf_counter())
 
+        def on_train_batch_begin(self, batch, logs=None):
+            if not batch:
+                self.first_steps.append(time.perf_counter())
+
         def middle_epochs_s(self) -> list:
-            # Epoch k runs from its begin to the next one's (its end hooks
-            # included); the first epoch (tracing) and the last (the fit's
-            # end follows it) are left out.
-            return [b - a for a, b in zip(self.begins[1:], self.begins[2:])]
+            # Epoch k's steps run from its first step to the next epoch's
+            # begin (its end hooks included); the first epoch (tracing) and
+            # the last (the fit's end follows it) are left out.
+            return [b - a for a, b in zip(self.first_steps[1:], self.begins[2:])]
+
+        def middle_setups_s(self) -> list:
+            # From each middle epoch's begin to its first step: TensorFlow makes
+            # the epoch's iterator there (and ends the last one's, which with
+            # autotune on took 5 ms or 0.1-0.2 s at random here), per-epoch
+            # overhead that is not a step's.
+            return [a - b for b, a in zip(self.begins[1:-1], self.first_steps[1:-1])]
 
     return EpochClock()
 
@@ -217,7 +241,9 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
         timed_fit(model, dataset, callbacks, epochs=2)
     # Per configuration: each round's median step, every middle epoch's step,
     # each fit's wall time and the time in its begin and end hooks.
-    step, epoch_steps, fit, hooks = ({key: [] for key in configurations} for _ in range(4))
+    step, epoch_steps, fit, hooks, setups = (
+        {key: [] for key in configurations} for _ in range(5)
+    )
     grown = []
     order = list(configurations)
     for round_index in range(rounds):
@@ -230,6 +256,7 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
             epochs_s = clock.middle_epochs_s()
             step[key].append(statistics.median(epochs_s) / steps)
             epoch_steps[key].extend(seconds / steps for seconds in epochs_s)
+            setups[key].extend(clock.middle_setups_s())
             if key == "tuner, log_dir":
                 grown.append(event_bytes(log_dir) - size)
     step_ms = statistics.median(step["plain"]) * 1e3
@@ -238,8 +265,21 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
         f"x {rounds} rounds",
         flush=True,
     )
+    print(
+        "  epoch set-up before the first step (median ms, apart from the steps): "
+        + ", ".join(f"{key} {statistics.median(setups[key]) * 1e3:.1f}" for key in order),
+        flush=True,
+    )
+    empty = "empty callback"
     for key in order[1:]:
         ratios = [t / p for p, t in zip(step["plain"], step[key])]
+        # Against Keras' own floor: what the tuner adds to a step beyond one
+        # more callback, so a step quicker than plain fit's shows as a
+        # difference from the empty callback, not as a gain.
+        floor = [t / e for e, t in zip(step[empty], step[key])]
+        floor_pooled = statistics.median(epoch_steps[key]) / statistics.median(
+            epoch_steps[empty]
+        )
         # What the whole fit took beyond plain fit and beyond its per-step share.
         per_fit_ms = [
             (ft - fp - (st - sp) * steps * epochs) * 1e3
@@ -258,6 +298,13 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
             f"(largest {max(hooks_ms):+.0f})",
             flush=True,
         )
+        if key != empty:
+            print(
+                f"  {'':<20} per step / empty callback: {floor_pooled:.4f} over all middle "
+                f"epochs; per round median {statistics.median(floor):.4f} "
+                f"(min {min(floor):.4f}, max {max(floor):.4f})",
+                flush=True,
+            )
     print(
         f"  event files grew {statistics.median(grown) / 1e3:.0f} kB per fit of "
         f"{steps * epochs} steps ({statistics.median(grown) / (steps * epochs):.1f} bytes a step)",

@@ -10,18 +10,25 @@ plain step time comes from plain fits alternated with those.
 The timers read more than the code they time: their own clock calls and
 frames, and the empty calls any callback costs (which Keras' dispatch of one
 more callback, printed apart, already counts). So a stand-in is timed the same
-way in the same rounds: a callback whose hooks do nothing, and which passes
-Keras' train function through a call of the same shape as the tuner's, doing
-nothing else. The tuner's own cost is its readings minus the stand-in's; what
-that leaves out is one empty Python call around Keras' function (some 0.1 us).
+way in the same rounds: a callback whose hooks do nothing, and which, on torch,
+passes Keras' train function through a call of the same shape as the tuner's,
+doing nothing else. The tuner's own cost is its readings minus the stand-in's;
+what that leaves out on torch is one empty Python call around Keras' function
+(some 0.1 us). On JAX (the CPU, one step a call) the tuner runs its stand-in
+for each kind's first call only, the data adapter handing Keras the stamping
+iterator: its timed call is that first call's own time spread over the steps.
 
 The stamps around each `next()` are timed apart, on a bare iterator (a stamped
 `next()` against a plain one), because they run inside Keras' own code. Keras'
 own cost of dispatching one more callback is printed apart: `CallbackList`'s
 batch hooks timed with and without an empty `async_safe` callback.
 
-On TensorFlow only the hooks are timed: the timestamps of the timed call run
-inside the compiled step, which `bench/overhead.py` measures with the rest.
+On TensorFlow the hooks are timed as above; the timestamps of the timed call
+run inside the compiled step, so the call itself is compared with Keras' own
+function instead: both called on one iterator of the tiny model's data
+(where a difference in the function shows most), alternated in blocks of 40
+calls, the median of the paired blocks' ratios. It is the step the tuner
+times against the step the user runs without it: 1.00 when they are the same.
 
     python bench/step_cost.py --backend tensorflow|jax|torch [--rounds 5] [--steps 2000]
 """
@@ -35,6 +42,8 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The package of this checkout, not whichever one is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _PARTS = ("batch-begin hook", "batch-end hook", "timed call, Keras' function excluded")
 
@@ -134,9 +143,9 @@ def stand_in(backend: str, totals):
         async_safe = backend != "tensorflow"
 
         def on_train_begin(self, logs=None):
-            # As the tuner on these backends: its call around Keras' function.
+            # As the tuner on torch: its call around Keras' function.
             self.keras = self.model.train_function
-            if backend != "tensorflow":
+            if backend == "torch":
                 self.model.train_function = PassOn(self.keras)
 
         def on_train_end(self, logs=None):
@@ -148,18 +157,16 @@ def stand_in(backend: str, totals):
         def on_train_batch_end(self, batch, logs=None):
             pass
 
-    _wrap(StandIn, PassOn if backend != "tensorflow" else None, backend, totals)
+    _wrap(StandIn, PassOn if backend == "torch" else None, backend, totals)
     return StandIn()
 
 
 def stamp_us(backend: str, calls: int = 200_000) -> float:
     """The stamps around one `next()`: a stamped iterator against a bare one."""
-    module, _ = _timing_module(backend)
+    from keras_pipeline_tuner.instrumentation.timing_source import StampedIterator
+
     held = []
-    if backend == "jax":
-        stamped = module._StampedIterator(itertools.repeat(0), held.append)
-    else:
-        stamped = module._StampedIterator(itertools.repeat(0), held.append, None)
+    stamped = StampedIterator(itertools.repeat(0), held.append)
     bare = itertools.repeat(0)
     differences = []
     for _ in range(5):
@@ -201,6 +208,55 @@ def callback_dispatch_us(calls: int = 20000) -> float:
     for _ in range(5):
         differences.append(per_step([empty_callback()]) - per_step([]))
     return statistics.median(differences) * 1e6
+
+
+def timed_call_ratio(blocks: int = 150, calls: int = 40) -> tuple:
+    """TensorFlow: the tuner's timed train function against Keras' own, per call.
+
+    Returns:
+        `(ratio, keras_us)`: the median of paired blocks' time ratios (timed
+        over Keras'), and Keras' own call in microseconds (median).
+    """
+    import gc
+
+    from overhead import make_case
+
+    from keras_pipeline_tuner.timing.timed_step_function import TimedFunction
+
+    model, dataset = make_case(4, 1, 100, 8)
+    iterator = iter(dataset["x"].repeat())
+    model.make_train_function()
+    keras_function = model.train_function
+    held = []
+    timed = TimedFunction(
+        model, model.train_step, keras_function, lambda rows, *_: held.append(rows), None
+    )
+
+    def keras_calls():
+        for _ in range(calls):
+            keras_function(iterator)
+
+    def timed_calls():
+        for _ in range(calls):
+            timed.armed = True
+            timed(iterator)
+
+    keras_calls()
+    timed_calls()
+    seconds = {keras_calls: [], timed_calls: []}
+    gc.disable()
+    try:
+        for block in range(blocks):
+            order = [keras_calls, timed_calls]
+            for calls_of in order[block % 2 :] + order[: block % 2]:
+                began = time.perf_counter()
+                calls_of()
+                seconds[calls_of].append(time.perf_counter() - began)
+            held.clear()
+    finally:
+        gc.enable()
+    ratios = [t / k for k, t in zip(seconds[keras_calls], seconds[timed_calls])]
+    return statistics.median(ratios), statistics.median(seconds[keras_calls]) / calls * 1e6
 
 
 def main():
@@ -261,6 +317,11 @@ def main():
         )
     if args.backend == "tensorflow":
         stamps = 0.0
+        ratio, keras_call_us = timed_call_ratio()
+        print(
+            f"  {'timed call / Keras own function':<40} {ratio:7.4f} (tiny model, Keras' call "
+            f"{keras_call_us:.0f} us; blocks of calls alternated, median of pairs)"
+        )
     else:
         stamps = stamp_us(args.backend)
         print(f"  {'stamps around next() (timed apart)':<40} {'':7} {'':9} {stamps:7.2f}")

@@ -233,13 +233,16 @@ class GrainStageTimer:
         keras_method = getattr(adapter, method, None)
         if not callable(keras_method):
             return False
+        # Keras' own, or the stamping iterator the JAX step clock put there
+        # for the fit (kept as is, and put back as it was).
+        previous = vars(adapter).get(method, _MISSING)
 
         def tracked_iterable():
             return IteratorsMade(keras_method(), self._track)
 
         # An instance attribute: this adapter only, for this fit.
         setattr(adapter, method, tracked_iterable)
-        self._restore.append(_PutBackMethod(adapter, method, tracked_iterable))
+        self._restore.append(_PutBackMethod(adapter, method, tracked_iterable, previous))
         return True
 
     def _place_in_loader(self, adapter) -> bool:

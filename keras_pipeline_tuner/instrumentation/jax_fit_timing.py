@@ -22,12 +22,18 @@ step is done (asynchronous dispatch, even on CPU), so:
   the previous step.
 
 With one step per call, Keras' own function runs as is, handed the stamping
-iterator. To see each step's outputs with `steps_per_execution > 1`, Keras
-itself builds the timed function (`make_train_function(force=True)`) around a
-step that hands its outputs to the background thread: same jitted step, same
-shardings, same weights. It is built once per model and kind and reused by later
-fits, so a second fit compiles nothing extra; Keras' own function is put back
-at the end.
+iterator. On the CPU (where Keras fetches no batch ahead) the data adapter of
+the running loop hands out that iterator itself, for the fit only (as on
+torch): after a kind's first call, which runs through a stand-in that times it
+whole, nothing of the tuner's stands between Keras and its function, and a
+step costs the tuner the stamps around `next()` and in the batch-end hook. Where
+the profiler window may mark calls (a tf.data input), and elsewhere, a stand-in
+hands Keras' function the stamping iterator on every call. To see each step's
+outputs with `steps_per_execution > 1`, Keras itself builds the timed function
+(`make_train_function(force=True)`) around a step that hands its outputs to
+the background thread: same jitted step, same shardings, same weights. It is
+built once per model and kind and reused by later fits, so a second fit
+compiles nothing extra; Keras' own function is put back at the end.
 
 On every step the tuner does no more than take three time stamps and append
 them to lists (`_StepStamps`). The rows are made from them with NumPy, the
@@ -56,6 +62,7 @@ from typing import Optional
 import numpy as np
 
 from keras_pipeline_tuner._util.backend_import import backend_module
+from keras_pipeline_tuner._util.running_fit import running_call_local
 from keras_pipeline_tuner.instrumentation import fit_input
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
@@ -69,6 +76,8 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 logger = logging.getLogger("keras_pipeline_tuner")
 
 _MAKE = {TRAIN: "make_train_function", VALIDATION: "make_test_function"}
+# The Keras method that runs each kind's loop, and holds its epoch iterator.
+_LOOP_METHOD = {TRAIN: "fit", VALIDATION: "evaluate"}
 # Where the timed functions of a model are kept between fits.
 _CACHE_ATTRIBUTE = "_pipeline_tuner_jax_functions"
 # The longest the end of a fit waits for the last step's outputs to be stamped.
@@ -277,6 +286,9 @@ class JaxFitTiming(FitTiming):
         self._marked_calls = 0
         # Per kind, the stamping wrapper of the iterator Keras hands the calls.
         self._stamped: Dict[str, StampedIterator] = {}
+        # Per kind, the data adapter that hands out stamping iterators itself
+        # (`_stamp_at_the_adapter`), until `restore` puts its own method back.
+        self._adapters: Dict[str, object] = {}
 
     # The FitTiming interface (see `instrumentation.fit_timing`).
 
@@ -306,6 +318,18 @@ class JaxFitTiming(FitTiming):
             self._dataset = _fit_dataset(model)
         if not self._hooked:
             self._start_waiter()
+        elif kind != TRAIN or self._dataset is None:
+            # No step marker to set on a call: the adapter can stamp the fetches.
+            self._stamp_at_the_adapter(model, kind)
+
+    def before_step(self, kind: str) -> None:
+        """The stand-in for the call about to run, unless the adapter stamps the fetches."""
+        if kind in self._adapters and kind in self._past_first:
+            if kind == TRAIN:
+                # Nothing more to do before a training call in this fit.
+                self.train_calls_need_before_step = False
+            return
+        super().before_step(kind)
 
     def after_step(self, kind: str) -> None:
         """Nothing: this hook may run on Keras' callback thread on JAX."""
@@ -357,10 +381,13 @@ class JaxFitTiming(FitTiming):
         return self._stand_ins.get(TRAIN)
 
     def restore(self, kind: str) -> None:
-        """Puts Keras' own function back for `kind` (safe to call twice)."""
+        """Puts Keras' own function (and adapter) back for `kind` (safe to call twice)."""
         timed = self._stand_ins.get(kind)
         if timed is not None:
             timed.trace_step = None
+        adapter = self._adapters.pop(kind, None)
+        if adapter is not None and "get_jax_iterator" in vars(adapter):
+            del adapter.get_jax_iterator
         super().restore(kind)
 
     def notes(self) -> List[str]:
@@ -401,11 +428,15 @@ class JaxFitTiming(FitTiming):
         Returns:
             What Keras' function returns: `(logs, state)`.
         """
-        stamped = self._stamped.get(kind)
-        if stamped is None or stamped.iterator is not iterator:
-            stamped = self._stamped[kind] = StampedIterator(
-                iterator, self._stamps[kind].fetches.append
-            )
+        if kind in self._adapters:
+            # The adapter's iterator stamps its fetches itself.
+            stamped = iterator
+        else:
+            stamped = self._stamped.get(kind)
+            if stamped is None or stamped.iterator is not iterator:
+                stamped = self._stamped[kind] = StampedIterator(
+                    iterator, self._stamps[kind].fetches.append
+                )
         try:
             if trace_step is None and kind in self._past_first:
                 # Every step but the first: as little as can be.
@@ -446,6 +477,39 @@ class JaxFitTiming(FitTiming):
                 else:
                     # No batch (the data had ended): the next call is the first.
                     self._past_first.discard(kind)
+
+    def _stamp_at_the_adapter(self, model, kind: str) -> None:
+        """Has the running loop's data adapter hand out stamping iterators, for this fit.
+
+        Only where Keras hands the train function the adapter's iterator as it
+        is: on the CPU (elsewhere it fetches one batch ahead, and the stamps
+        would belong to the next step) and without a JAX distribution.
+        """
+        if self._jax.default_backend() != "cpu":
+            return
+        try:
+            from keras.src.distribution import distribution_lib
+
+            if distribution_lib.distribution() is not None:
+                return
+        except ImportError:
+            return
+        epoch_iterator = running_call_local(model, _LOOP_METHOD[kind], "epoch_iterator")
+        adapter = getattr(epoch_iterator, "data_adapter", None)
+        keras_iterator = getattr(adapter, "get_jax_iterator", None)
+        if not callable(keras_iterator) or "get_jax_iterator" in vars(adapter):
+            return
+        record = self._stamps[kind].fetches.append
+        on_error = self._on_error
+
+        def stamped_iterator():
+            # A fetch raises inside Keras' function, with no stand-in around
+            # it: the iterator tells the tuner itself.
+            return StampedIterator(iter(keras_iterator()), record, on_error)
+
+        # An instance attribute: this adapter only, for this fit (see `restore`).
+        adapter.get_jax_iterator = stamped_iterator
+        self._adapters[kind] = adapter
 
     def step_dispatched(self, kind: str, outputs) -> None:
         """Hands a dispatched step's outputs to the thread that stamps its end."""

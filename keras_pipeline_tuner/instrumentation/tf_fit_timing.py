@@ -3,10 +3,17 @@
 The batch is fetched inside `model.train_function`, so the source replaces it
 with an equivalent compiled function that takes timestamps around the fetch
 and after the step (`timing.timed_step_function`). The replacement is on the
-model only while a step runs (set in the batch-begin hook, put back in the
-batch-end hook, which TensorFlow runs on the training thread): however fit is
+model from the batch-begin hook (which TensorFlow runs on the training thread)
+to the start of its call, which puts Keras' own back: however fit is
 interrupted, Keras' own function is left in place, except where the step holds
 TensorFlow's legacy random ops (see `TensorFlowFitTiming`).
+
+On every step the source only keeps the call's tensor of stamps (a list
+append): reading each back and handing it on cost some ten microseconds a
+step, a per cent of a small model's step. They are read back together, the
+steps that have ended at a time, when the run asks for them (`flush_rows`,
+about once a second and at the end of each epoch); a kind's first call, which
+traces the step, is handed over at once, with its wall time.
 """
 
 import functools
@@ -14,6 +21,8 @@ import time
 from typing import Dict
 from typing import List
 from typing import Optional
+
+import numpy as np
 
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
@@ -28,8 +37,9 @@ from keras_pipeline_tuner.timing.step_clock import VALIDATION
 class TensorFlowFitTiming(FitTiming):
     """Times the fetch and the step inside the compiled function (TensorFlow backend).
 
-    Each call's rows go to the run as they come. The timed function is on the model only while a
-    step runs, unless its step holds legacy random ops (see
+    Each call's stamps are kept and handed to the run in blocks (see the module
+    docstring). The timed function is on the model from the batch-begin hook to
+    the start of its call, unless its step holds legacy random ops (see
     `timing.timed_step_function`): it then stays on the model, carrying their
     state into later fits as Keras' own function would, and a later tuner
     reuses it. When Keras' own function has already run such a step, it keeps
@@ -42,6 +52,9 @@ class TensorFlowFitTiming(FitTiming):
         super().__init__(model, on_rows, on_error, on_fallback)
         self._swapped: Dict[str, timed_step_function.TimedFunction] = {}
         self._whole_step = False
+        # Per kind, the stamps of the calls since the last hand-over (tensors,
+        # read back in `flush_rows`); `None` until the kind's first call.
+        self._held: Dict[str, Optional[list]] = {TRAIN: None, VALIDATION: None}
 
     def begin(self, kind: str) -> None:
         model = self.model
@@ -92,26 +105,21 @@ class TensorFlowFitTiming(FitTiming):
         if timed is None:
             return
         timed.armed = True
-        if timed.kept:
-            # On the model for good (see the class docstring).
-            return
-        # In place from here to the end of the step only: fit interrupted
-        # between steps (Ctrl-C, another callback raising) leaves Keras' own
-        # function on the model. Set past Keras' and TensorFlow's attribute
-        # tracking (some 10 us a step each way, with nothing to track: the
-        # model keeps tracking Keras' own function, which comes back after).
-        object.__setattr__(self.model, ATTRIBUTE[kind], timed)
+        if not timed.kept:
+            # In place from here to the start of its call only (which puts
+            # Keras' own back): fit interrupted between steps (Ctrl-C, another
+            # callback raising) leaves Keras' own function on the model. A
+            # kept function is on the model for good (see the class docstring).
+            timed.install(ATTRIBUTE[kind])
 
     def after_step(self, kind: str) -> None:
-        timed = self._swapped.get(kind)
-        if timed is not None and not timed.kept:
-            model = self.model
-            if model is not None and getattr(model, ATTRIBUTE[kind], None) is timed:
-                object.__setattr__(model, ATTRIBUTE[kind], timed.original)
+        # The timed function put Keras' own back as its call began; one that
+        # Keras did not call stays for the next call, or until `end`.
         if self._whole_step:
             super().after_step(kind)
 
     def end(self, kind: str) -> None:
+        self.flush_rows()
         timed = self._swapped.pop(kind, None)
         model = self.model
         if timed is None or model is None:
@@ -134,7 +142,32 @@ class TensorFlowFitTiming(FitTiming):
     def step_marker_target(self, kind: str):
         return None if self._whole_step else self._swapped.get(kind)
 
+    def flush_rows(self, wait: bool = False) -> None:
+        """Reads back the stamps kept since the last call and hands them to the run."""
+        for kind, held in self._held.items():
+            if not held:
+                continue
+            count = len(held)
+            taken = held[:count]
+            del held[:count]
+            # Each (steps, 3) tensor's numbers copied out (about 1 us each). Not
+            # one concat op: its kernel is made anew for each count of inputs
+            # (some 10 ms).
+            rows = np.concatenate([stamps.numpy() for stamps in taken])
+            if len(rows):
+                # From the first call's fetch to the last step's end, as the
+                # calls' own stamps give it.
+                called_at = float(rows[0, 0])
+                self._on_rows(kind, rows, float(rows[-1, 2]) - called_at, called_at)
+
     def _hold_rows(self, kind: str, rows, wall_s: float, called_at: float) -> None:
+        held = self._held[kind]
+        if held is not None:
+            # Every call but the first: the tensor only, read back later.
+            held.append(rows)
+            return
+        # The kind's first call (it traces the step): at once, with its wall time.
+        self._held[kind] = []
         self._on_rows(kind, rows.numpy(), wall_s, called_at)
 
     def _first_call(self, kind: str, ran_before: bool, random_ops: List[str]) -> bool:

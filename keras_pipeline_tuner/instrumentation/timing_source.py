@@ -174,6 +174,10 @@ class FitTiming:
         self._step_started: Dict[str, float] = {}
         # Per kind, the stand-in timing this fit's calls (JAX, torch).
         self._stand_ins: Dict[str, StandIn] = {}
+        # Whether `before_step("train")` has anything to do on the next calls:
+        # a source that no longer needs it says so, and the batch-begin hook
+        # skips the call (it runs on every step).
+        self.train_calls_need_before_step = True
 
     @property
     def model(self):

@@ -15,6 +15,10 @@ Validation fetches go to the validation rows (`begin("validation")` wraps the
 evaluation's own adapter), never to the next training step. The loader is
 kept (`loader`) so its settings (`num_workers`, `pin_memory`, ...) can be read
 for advice.
+
+Each step's row is kept in a list and handed to the run with the others when
+it asks for them (`flush_rows`, about once a second and at the end of each
+epoch); a kind's first call, which the run keeps apart, is handed over at once.
 """
 
 import functools
@@ -26,6 +30,8 @@ from typing import Callable
 from typing import Dict
 from typing import List
 from typing import Optional
+
+import numpy as np
 
 from keras_pipeline_tuner._util.backend_import import backend_module
 from keras_pipeline_tuner._util.running_fit import running_call_local
@@ -74,13 +80,15 @@ class TorchFitTiming(FitTiming):
     """Times `model.fit` / `evaluate` steps on the torch backend.
 
     One object per fit. Keras may run batch-end hooks on its callback thread on
-    this backend, so `after_step` does nothing: the timed train function hands
-    each step's row to the run, on the training thread.
+    this backend, so `after_step` does nothing: the timed train function keeps
+    each step's row, on the training thread, for `flush_rows`.
 
     Args:
         model: the compiled `keras.Model`.
-        on_rows: called with (kind, one (start, ready, end) row of seconds,
-            the call's wall time, when it began) after each step.
+        on_rows: called with (kind, (start, ready, end) rows of seconds, their
+            wall time from the first fetch to the last step's end, when the
+            first began) in `flush_rows`; a kind's first call comes alone,
+            after its step.
         on_error: called with the exception when the user's step raises.
         on_fallback: called with a reason when the steps cannot be split.
 
@@ -110,6 +118,9 @@ class TorchFitTiming(FitTiming):
         self._adapters: Dict[str, Any] = {}
         self._fetch: Dict[str, tuple] = {}
         self.loader: Dict[str, Any] = {}
+        # Per kind, the rows of the calls since the last hand-over; `None`
+        # until the kind's first call.
+        self._held: Dict[str, Optional[list]] = {TRAIN: None, VALIDATION: None}
 
     def begin(self, kind: str) -> None:
         """Puts the timed function in place and wraps the running loop's loader."""
@@ -174,9 +185,25 @@ class TorchFitTiming(FitTiming):
             self._on_error(error)
             raise
         end = _now()
+        held = self._held[kind]
+        if held is not None:
+            held.append(fetch + (end,))
+            return logs
+        self._held[kind] = []
         # A call's wall time runs from its fetch, as on the other backends.
         self._on_rows(kind, fetch + (end,), end - fetch[0], fetch[0])
         return logs
+
+    def flush_rows(self, wait: bool = False) -> None:
+        """Hands the run the rows kept since the last hand-over, a kind at a time."""
+        for kind, held in self._held.items():
+            if not held:
+                continue
+            count = len(held)
+            rows = np.array(held[:count], dtype=np.float64)
+            del held[:count]
+            called_at = float(rows[0, 0])
+            self._on_rows(kind, rows, float(rows[-1, 2]) - called_at, called_at)
 
     def _wrap_loader(self, model, kind: str) -> None:
         epoch_iterator = running_call_local(model, _LOOP_METHOD[kind], "epoch_iterator")

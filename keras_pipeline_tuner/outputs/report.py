@@ -92,8 +92,9 @@ class Report:
             ms/step, each epoch judged by the run's rule. `None` in reports
             written before they were kept (see `figures_of`).
         tuner_cost: what the tuner's own work after training took, part by
-            part, against its budget (`timing.tuner_cost.TunerCost`); `None`
-            while training runs.
+            part, against its budget, and its whole work once per fit
+            (before the first step, outputs during training, after it;
+            `timing.tuner_cost.TunerCost`); `None` while training runs.
         reuse: how much of its dataset the fit read, and whether that reads an
             element twice (`advice.data_reuse.DataReuse`): whether a cache
             would be read back; `None` when the dataset's length was not read.

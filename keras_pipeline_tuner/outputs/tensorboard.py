@@ -19,17 +19,19 @@ Nothing is written inside a step. Per-step scalars are taken from the step
 clock's retained rows and written in bulk, at the end of each epoch and every
 `flush_every` steps within long epochs (so rows are written before the clock's
 ring drops them): with TensorFlow, by a compiled function that costs about
-50 us per point (the first `_EAGER_POINTS` points one by one, 0.7 ms each,
-which costs about as much as tracing it); without, by TensorBoard's own writer,
-about 120 us per point.
+50 us per point, traced once per process and given each writer as an argument
+(until it is traced, the process's first `_EAGER_POINTS` points are written
+one by one, 0.7 ms each, which costs about as much as tracing it); without, by
+TensorBoard's own writer, about 120 us per point.
 Like Keras' `update_freq`, long runs are summarised so that neither the cost
 nor the event file grows with every step: each of the first `full_steps`
 (1000) steps of a fit is a point of its own; after that a point is the mean of
 a block of steps (fraction: total wait over total step time), 10 steps a block
 up to 10x `full_steps`, 100 up to 100x, and so on, about 900 points a decade.
 The timeline image takes about 0.1 s to draw, so within fit it is drawn only
-while drawing has cost under 2 % of the elapsed training time; the final one is
-always drawn.
+where drawing it (as long as the last one took, 0.1 s before any) keeps the
+images under 2 % of the elapsed training time: after an epoch of a few seconds
+or more, not after short ones; the final one is always drawn.
 """
 
 import contextlib
@@ -50,6 +52,7 @@ from keras_pipeline_tuner._util.tf_import import tensorflow
 from keras_pipeline_tuner.outputs import timeline_image
 from keras_pipeline_tuner.outputs.compiled_scalars import compiled_scalar_writer
 from keras_pipeline_tuner.outputs.compiled_scalars import scalar_metadata
+from keras_pipeline_tuner.outputs.compiled_scalars import write_eagerly
 from keras_pipeline_tuner.outputs.dashboard import summaries as dashboard
 from keras_pipeline_tuner.outputs.downsampling import BlockMeans
 from keras_pipeline_tuner.outputs.log_dir_runs import run_path
@@ -82,10 +85,13 @@ FULL_RESOLUTION_STEPS = 1000
 
 # Tracing the compiled scalar writer takes about 170 ms; it then writes a point
 # in about 50 us, where `tf.summary.write` one by one takes about 0.7 ms (four
-# tags): a sink's first points, up to as many as the tracing is worth, are
-# written one by one, and the rest compiled.
+# tags): a process's first points, up to as many as the tracing is worth, are
+# written one by one, and the rest compiled, once per process (each fit's
+# writer is an argument of the compiled function, not captured by it).
 _EAGER_POINTS = 250
 _IMAGE_BUDGET = 0.02
+# What an image is expected to cost before one has been drawn (seconds).
+_FIRST_IMAGE_S = 0.1
 
 
 class TensorBoardSink:
@@ -125,13 +131,11 @@ class TensorBoardSink:
         self._row_blocks = BlockMeans(full_steps)
         self._writer = None
         self._with_tensorflow: Optional[bool] = None
-        self._compiled = {}
-        # Points written one by one so far, per tag set, before compiling.
-        self._eager_points = {}
         self._clock: Optional[StepClock] = None
         self._written = 0
         self._pending = 0
         self._image_s = 0.0
+        self._last_image_s = _FIRST_IMAGE_S
         self._last_text_step: Optional[int] = None
         self._last_text = None
         self._last_image: Optional[Tuple[int, str]] = None  # Its step and profile title.
@@ -174,7 +178,7 @@ class TensorBoardSink:
         self.write_stage_table(report)
         self.write_report(report, self._current_step(clock))
         self.write_dashboard(report, self._current_step(clock))
-        if self._image_s <= _IMAGE_BUDGET * _training_seconds(clock):
+        if self._image_s + self._last_image_s <= _IMAGE_BUDGET * _training_seconds(clock):
             self.write_timeline(clock, report)
         self.flush()
 
@@ -423,7 +427,8 @@ class TensorBoardSink:
                 with self._summaries():
                     tf.summary.image(TIMELINE_TAG, image, step=step, description=description)
             self._last_image = (step, profile_title)
-            self._image_s += time.perf_counter() - began
+            self._last_image_s = time.perf_counter() - began
+            self._image_s += self._last_image_s
 
     def flush(self) -> None:
         """Flushes the event file, so TensorBoard sees what was written."""
@@ -470,9 +475,7 @@ class TensorBoardSink:
             return
         tf = tensorflow()
         with self._summaries():
-            eager = self._eager_points.get(tags, 0)
-            if tags not in self._compiled and eager + numbers.size <= _EAGER_POINTS:
-                self._eager_points[tags] = eager + numbers.size
+            if write_eagerly(tags, numbers.size, _EAGER_POINTS):
                 scalar = scalar_metadata()
                 for column, number in enumerate(numbers):
                     for row, tag in enumerate(tags):
@@ -480,10 +483,8 @@ class TensorBoardSink:
                             tag, values[row, column], step=int(number), metadata=scalar
                         )
                 return
-            write = self._compiled.get(tags)
-            if write is None:
-                write = self._compiled[tags] = compiled_scalar_writer(tf, tags)
-            write(numbers, values)
+            write = compiled_scalar_writer(tf, tags)
+            write(self._writer._resource, numbers, values)  # pylint: disable=protected-access
 
     def _current_step(self, clock: StepClock) -> int:
         numbers = clock.step_numbers(TRAIN)

@@ -168,6 +168,8 @@ class Run:
         self._held = HeldRows(self.clock.record)
         self._first_call = {TRAIN: True, VALIDATION: True}
         self._hand_over_due = 0.0
+        # What `steps_ended` last saw of the clock: rows recorded, epochs ended.
+        self._seen = (-1, -1)
         self._cpu: Optional[CpuMeter] = None
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._workers: Optional[RunWorkers] = None
@@ -210,9 +212,11 @@ class Run:
 
     def begin_epoch(self, kind: str, epoch: int) -> None:
         """An epoch of `kind` ("train" or "validation") begins."""
+        if self._flush_source is not None:
+            # Rows kept back belong to the epoch they were measured in.
+            self._flush_source()
         if self.guard.enabled(features.STEP_CLOCK):
             with self.guard(features.STEP_CLOCK):
-                # Rows kept back belong to the epoch they were measured in.
                 self._held.flush()
                 self.clock.begin_epoch(epoch, kind)
 
@@ -410,20 +414,33 @@ class Run:
     # Outputs, at their cadence.
 
     def steps_ended(self, steps: int) -> None:
-        """Between steps: counts them for TensorBoard, checkpoints every few seconds."""
-        if self.rows_due():
+        """Between steps: counts them for TensorBoard, checkpoints every few seconds.
+
+        Called on every step on TensorFlow: beyond a clock reading and a count,
+        it looks at the early verdict only once rows have been recorded or an
+        epoch has ended since it last looked (about once a second), which is
+        when it can become due. The checkpoint is due by the clock alone (it
+        takes the rows kept back itself): a SIGKILL loses at most the last
+        `CHECKPOINT_S` seconds of summaries, however the rows are handed over.
+        """
+        now = time.monotonic()
+        if now >= self._hand_over_due:
             self.flush_rows()
         if steps and self.tensorboard is not None:
             self.tensorboard.step_ended(self.clock, steps)
-        if self.early.due(
-            self.clock,
-            window_capturing=self.window.capturing,
-            filling_a_cache=filling_a_cache(self.findings, self.clock),
-            whole_step=self.measurement == measured_by.WHOLE_STEP,
-        ):
-            filling = filling_a_cache(self.findings, self.clock)
-            self.early.say(self.built_report(), filling, self._write_early)
-        if time.monotonic() >= self._next_checkpoint:
+        seen = (self.clock.recorded, len(self.clock.epochs))
+        if seen != self._seen:
+            self._seen = seen
+            if self.early.due(
+                self.clock,
+                window_capturing=self.window.capturing,
+                filling_a_cache=filling_a_cache(self.findings, self.clock),
+                whole_step=self.measurement == measured_by.WHOLE_STEP,
+            ):
+                filling = filling_a_cache(self.findings, self.clock)
+                report = self.built_report()
+                self.early.say(report, filling, lambda: self._write_early(report))
+        if now >= self._next_checkpoint:
             self.checkpoint()
 
     def epoch_ended(self) -> None:
@@ -432,6 +449,9 @@ class Run:
         self.flush_rows()
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._exchange_worker_summaries(final=False)
+        if not self.writes_outputs:
+            # Nowhere to write it (no log dir): the report is built when asked.
+            return
         began = time.monotonic()
         report = self.built_report() if self.cost.outputs_due() else None
         if report is None:
@@ -441,16 +461,27 @@ class Run:
             self.tensorboard.epoch_ended(self.clock, report)
         self.cost.outputs_written(time.monotonic() - began)
 
+    @property
+    def writes_outputs(self) -> bool:
+        """Whether the run writes anything during training (report files, TensorBoard)."""
+        return self.files.writes or self.tensorboard is not None
+
     def checkpoint(self) -> None:
         """Within long epochs: report.json and the scalars so far, on disk."""
         self.flush_rows()
+        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        if not self.writes_outputs:
+            return
+        began = time.monotonic()
         report = self.built_report()
         if report is not None:
             self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.write_scalars(self.clock)
             self.tensorboard.flush()
-        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        ended = time.monotonic()
+        self._next_checkpoint = ended + CHECKPOINT_S
+        self.cost.output_during_training(ended - began)
 
     def finish(self, summary: bool = True) -> Report:
         """Builds the final report and writes every output.
@@ -566,15 +597,16 @@ class Run:
 
     # Internals.
 
-    def _write_early(self) -> None:
+    def _write_early(self, report: Optional[Report]) -> None:
         # The early verdict's outputs: the report file and the TensorBoard report.
-        report = self.built_report()
-        if report is None:
+        if report is None or not self.writes_outputs:
             return
+        began = time.monotonic()
         self.files.write(report)
         if self.tensorboard is not None:
             self.tensorboard.write_report(report, report.train.steps)
             self.tensorboard.flush()
+        self.cost.output_during_training(time.monotonic() - began)
 
     def _restart_cpu_meter(self) -> None:
         if self.guard.enabled(features.CPU_USAGE):

@@ -64,6 +64,11 @@ class RunFiles:
         return self.entry.run.split("/", 1)[1]
 
     @property
+    def writes(self) -> bool:
+        """Whether the run writes report files (a log dir, the feature on)."""
+        return self._enabled()
+
+    @property
     def training(self) -> bool:
         """Whether the run trains (its report is the log dir's own)."""
         return self.kind in log_dir_runs.TRAINING_KINDS

@@ -9,15 +9,24 @@ the training thread, about once a second. Keras' `CallbackList` decides its
 dispatch once per fit the same way.
 """
 
-from typing import Callable
 from typing import Optional
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
 
-# Steps left in the epoch when Keras knows the epoch's length, else `None`.
-StepsLeft = Callable[[int], Optional[int]]
+
+def epoch_length(steps) -> Optional[int]:
+    """The epoch's length from Keras' `params["steps"]`, when Keras knows it, else `None`.
+
+    Example:
+
+    >>> epoch_length(100), epoch_length(None), epoch_length(0)
+    (100, None, None)
+    """
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+        return None
+    return steps
 
 
 class SyncSteps:
@@ -26,39 +35,46 @@ class SyncSteps:
     Args:
         run: the fit's `Run`.
         timing: the fit's timing source, or `None` when the step clock is off.
-        steps_left: the steps left in the epoch at a batch, when known.
+        fit_steps: the epoch's length, when Keras knows it (`epoch_length`).
 
     Example:
 
     ```python
-    steps = SyncSteps(run, timing, steps_left)
+    steps = SyncSteps(run, timing, fit_steps)
     steps.train_begin(batch)       # on_train_batch_begin
     steps.train_end(batch, logs)   # on_train_batch_end
     ```
     """
 
-    def __init__(self, run, timing, steps_left: StepsLeft):
+    def __init__(self, run, timing, fit_steps: Optional[int]):
         self._run = run
         self._timing = timing
-        self._steps_left = steps_left
+        self._fit_steps = fit_steps
+        self._window = run.window
+        self._steps_per_call = run.steps_per_execution
 
     def train_begin(self, batch: int) -> None:
-        """Before a training call: rows to the run when due, the window, the stand-in."""
-        run, timing, window = self._run, self._timing, self._run.window
-        if run.rows_due() or window.consults_clock:
-            # Also before the window's check reads the rows.
-            run.flush_rows()
-        marker = timing.step_marker_target(TRAIN) if timing is not None else None
-        window.before_step(batch, marker, run.clock, self._steps_left(batch))
+        """Before a training call: the window when it has work, the stand-in.
+
+        The rows kept back go to the run in the batch-end hook when due
+        (`Run.steps_ended`), and here before the window's check reads them.
+        """
+        run, timing, window = self._run, self._timing, self._window
+        if window.call_begins(batch):
+            if window.consults_clock:
+                run.flush_rows()
+            marker = timing.step_marker_target(TRAIN) if timing is not None else None
+            steps_left = self._fit_steps - batch if self._fit_steps else None
+            window.act(marker, run.clock, steps_left)
         if timing is not None:
             timing.before_step(TRAIN)
 
     def train_end(self, batch: int, logs) -> None:
-        """After a training call: Keras' function back, the window's step counted."""
+        """After a training call: the window's step counted, the run's outputs when due."""
         if self._timing is not None:
             self._timing.after_step(TRAIN)
-        self._run.window.after_step(batch)
-        self._run.steps_ended(self._run.steps_per_execution)
+        self._window.after_step(batch)
+        self._run.steps_ended(self._steps_per_call)
 
     def test_begin(self) -> None:
         """Before a validation call."""
@@ -87,18 +103,22 @@ class AsyncSteps:
     Args:
         run: the fit's `Run`.
         timing: the fit's timing source, or `None` when the step clock is off.
-        steps_left: the steps left in the epoch at a batch, when known.
-        fit_steps: the epoch's length, when Keras knows it.
+        fit_steps: the epoch's length, when Keras knows it (`epoch_length`).
     """
 
-    def __init__(self, run, timing, steps_left: StepsLeft, fit_steps: Optional[int]):
+    def __init__(self, run, timing, fit_steps: Optional[int]):
         self._run = run
         self._timing = timing
-        self._steps_left = steps_left
         self._fit_steps = fit_steps
         self._steps = 0
+        self._steps_per_call = run.steps_per_execution
         # The first batch of the call the window last saw begin, until counted.
         self._window_call: Optional[int] = None
+        # Whether a window can mark this fit's calls at all (a tf.data input on
+        # JAX), decided once: otherwise no step looks again.
+        self._markable = (
+            timing is not None and run.window.profile != "off" and self.marker is not None
+        )
 
     @property
     def marker(self):
@@ -110,13 +130,13 @@ class AsyncSteps:
     def train_begin(self, batch: int) -> None:
         """On every step only a count and a clock reading; the rest about once a second."""
         timing = self._timing
-        if timing is not None:
+        if timing is not None and timing.train_calls_need_before_step:
             timing.before_step(TRAIN)
         if batch:
-            self._steps += self._run.steps_per_execution
+            self._steps += self._steps_per_call
         if self._run.rows_due():
             self._between_steps()
-        if timing is not None and self._run.window.profile != "off":
+        if self._markable:
             self._mark_call(batch)
 
     def train_end(self, batch: int, logs) -> None:
@@ -148,7 +168,7 @@ class AsyncSteps:
             return
         if last_batch is None or last_batch < first:
             last_batch = first + self._run.steps_per_execution - 1
-            if isinstance(self._fit_steps, int) and self._fit_steps > 0:
+            if self._fit_steps:
                 last_batch = min(last_batch, self._fit_steps - 1)
         self._run.window.after_step(last_batch)
 
@@ -170,5 +190,6 @@ class AsyncSteps:
         if window.consults_clock:
             # Rows are handed over in batches: the check needs them all.
             self._run.flush_rows()
-        window.before_step(batch, marker, self._run.clock, self._steps_left(batch))
+        steps_left = self._fit_steps - batch if self._fit_steps else None
+        window.before_step(batch, marker, self._run.clock, steps_left)
         self._window_call = batch

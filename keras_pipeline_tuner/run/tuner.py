@@ -48,6 +48,7 @@ from keras_pipeline_tuner.run.loop_driver import LoopDriver
 from keras_pipeline_tuner.run.loop_methods import CustomLoopMethods
 from keras_pipeline_tuner.run.step_hooks import AsyncSteps
 from keras_pipeline_tuner.run.step_hooks import SyncSteps
+from keras_pipeline_tuner.run.step_hooks import epoch_length
 from keras_pipeline_tuner.timing import fetch_floor
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import VALIDATION
@@ -66,9 +67,10 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     Add it to `model.fit` callbacks. It drives one `Run` per fit (see
     `run.lifecycle`) and times each step with the timing source of the Keras
     backend (see `instrumentation.timing_source`): on TensorFlow an equivalent compiled
-    function that timestamps the batch fetch and the step, so every step's
-    input wait and compute are measured, with no measurable cost. The
-    replacement is on the model only while a step runs: however fit is
+    function that runs what Keras' own runs per call and timestamps the batch
+    fetch and the step, so every step's input wait and compute are measured
+    on the step the user runs. The replacement is on the model only from the
+    batch-begin hook to the start of its call: however fit is
     interrupted, Keras' own functions are left in place (see the documentation's
     "What it runs, and never runs" for the one exception, legacy random ops). At the end of fit it
     prints a verdict and writes `report.json` to `log_dir`; the file is also
@@ -224,6 +226,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
     # Keras hooks.
 
     def on_train_begin(self, logs=None):
+        began = time.monotonic()
         _refuse_a_second_tuner()
         if self._in_fit:
             refuse_another_live_thread(
@@ -260,6 +263,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._begin_user_calls(run, model)
         self._begin_grain_stages(run, model)
         self._live_model.begin(run, model, keras.backend.backend())
+        run.cost.before_training(time.monotonic() - began)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._run.begin_epoch(TRAIN, epoch)
@@ -567,9 +571,11 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self.guard.disable(features.GRAIN_STAGES, reason)
 
     def _step_hooks(self, run: Run):
+        # Keras gives the epoch's length when it knows it.
+        fit_steps = epoch_length((self.params or {}).get("steps"))
         if not self.async_safe:
-            return SyncSteps(run, self._timing, self._steps_left)
-        steps = AsyncSteps(run, self._timing, self._steps_left, (self.params or {}).get("steps"))
+            return SyncSteps(run, self._timing, fit_steps)
+        steps = AsyncSteps(run, self._timing, fit_steps)
         if self.profile != "off" and self._in_fit and steps.marker is None:
             # The window is not opened on this fit (see `run.step_hooks`).
             run.notes.append(
@@ -580,13 +586,6 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
                 "tf.data lint needs TensorFlow installed."
             )
         return steps
-
-    def _steps_left(self, batch: int) -> Optional[int]:
-        # Keras gives the epoch's length when it knows it.
-        steps = (self.params or {}).get("steps")
-        if not isinstance(steps, int) or steps <= 0:
-            return None
-        return steps - batch
 
     def _new_timing(self, model) -> FitTiming:
         return fit_timing_for(

@@ -2,11 +2,28 @@
 
 In Keras 3 (TensorFlow backend) the batch is fetched *inside* `model.train_function`,
 so callbacks alone cannot split input wait from compute. This module builds a
-replacement for `model.train_function` / `model.test_function` that runs the same
-step (`model.train_step` / `model.test_step`, under the model's distribution
-strategy, XLA-compiled when the model is) and takes `tf.timestamp()` around the
-batch fetch and after the step, in the outer, never XLA-compiled function.
+replacement for `model.train_function` / `model.test_function` that runs what
+Keras' own runs per call (`make_train_function` in
+`keras/src/backend/tensorflow/trainer.py`), and only adds the timestamps:
 
+- the compiled outer function (`tf.function(reduce_retracing=True)`, not
+  AutoGraph-converted, never XLA-compiled) fetches the batch and calls the step
+  (`model.train_step` / `model.test_step` under the model's distribution
+  strategy, in a nested `tf.function` XLA-compiled when the model is), and
+  returns the outputs wrapped in a `tf.experimental.Optional`, with one
+  while-loop per call of `steps_per_execution > 1` steps, as Keras does;
+- the timing gets into the step as three `tf.timestamp()` ops in that outer
+  function, before the fetch, after it and after the step (chained with control
+  dependencies, so that each stamp observes and nothing of the step waits on a
+  stamp but the step's start on "ready"), and one more output: the (steps, 3)
+  tensor of those stamps;
+- the Python around the call is Keras': one call of the compiled function, then
+  the Optional's `has_value()` (no value: the epoch ended) and `get_value()`,
+  eagerly, as Keras' `function` does on every call; then the stamps' three
+  numbers are copied out (`numpy()`) and handed on.
+
+So a step with the tuner costs what it costs without it, and the input share,
+the compute and every figure built on them describe the step the user runs.
 Each call returns Keras' logs unchanged; the timestamps are handed to a callback
 as rows of (start, ready, end), the format of `StepClock.record`.
 
@@ -21,6 +38,7 @@ random state as they would Keras' own, or Keras' own when it has already run.
 
 import logging
 import time
+import weakref
 from typing import Callable
 from typing import List
 from typing import Optional
@@ -135,6 +153,10 @@ class TimedFunction:
         self.original = original
         self.armed = False
         self.kept = False
+        self._model = weakref.ref(model)
+        # The model attribute this function stands in for until its call
+        # begins (`install`), or `None`.
+        self._installed_as: Optional[str] = None
         self._on_first_call = on_first_call
         self._called = False
         # Set by the profiler window: called with the call's iterator (whose
@@ -227,7 +249,32 @@ class TimedFunction:
         self.trace_step = None
         self.armed = False
 
+    def install(self, attribute: str) -> None:
+        """Stands in for `model.<attribute>` for the call about to run.
+
+        The call puts `original` back as it begins, Keras having looked this
+        function up for it: whatever interrupts fit, Keras' own function is
+        left on the model.
+        """
+        model = self._model()
+        if model is not None:
+            # Past Keras' and TensorFlow's attribute tracking: there is
+            # nothing to track, Keras' own function comes back at the call.
+            object.__setattr__(model, attribute, self)
+            self._installed_as = attribute
+
+    def uninstall(self) -> None:
+        """Puts `original` back if this function still stands in for it (its call did not run)."""
+        attribute, self._installed_as = self._installed_as, None
+        if attribute is None:
+            return
+        model = self._model()
+        if model is not None and vars(model).get(attribute) is self:
+            object.__setattr__(model, attribute, self.original)
+
     def __call__(self, iterator):
+        if self._installed_as is not None:
+            self.uninstall()
         if not isinstance(iterator, self._iterator_types):
             return self.original(iterator)
         if not self.armed:
@@ -235,8 +282,10 @@ class TimedFunction:
                 self._on_error(None)
             if self.kept:
                 # Carries the step's random state: Keras' own would start it over.
-                outputs, _ = self._timed_steps(iterator)
-                return self._keras_outputs(outputs)
+                optional, _ = self._timed_steps(iterator)
+                if not optional.has_value():
+                    raise StopIteration
+                return optional.get_value()
             return self.original(iterator)
         self.armed = False
         if not self._called:
@@ -249,11 +298,16 @@ class TimedFunction:
         try:
             marker = self.trace_step(iterator) if self.trace_step is not None else None
             if marker is None:
-                outputs, rows = self._timed_steps(iterator)
+                optional, rows = self._timed_steps(iterator)
             else:
                 with marker:
-                    outputs, rows = self._timed_steps(iterator)
-            outputs = self._keras_outputs(outputs)
+                    optional, rows = self._timed_steps(iterator)
+            # What Keras' own function does with its compiled call's Optional,
+            # on every call: two eager ops, and the end of the epoch when the
+            # first fetch of a call found no data.
+            if not optional.has_value():
+                raise StopIteration
+            outputs = optional.get_value()
             # Inside the `try`: Ctrl-C often lands here, just after the step.
             self._on_rows(rows, time.perf_counter() - began, called_at)
         except BaseException as error:
@@ -262,15 +316,6 @@ class TimedFunction:
             if not isinstance(error, (tensorflow().errors.OutOfRangeError, StopIteration)):
                 self._on_error(error)
             raise
-        return outputs
-
-    def _keras_outputs(self, outputs):
-        if self._steps_per_execution > 1:
-            # Keras' own function ends the epoch this way when the first fetch
-            # of a call finds no data.
-            if not outputs.has_value():
-                raise StopIteration
-            outputs = outputs.get_value()
         return outputs
 
 
@@ -299,7 +344,10 @@ def _held_until(stamp, structure):
 
 
 def _timed_one_step(iterator, one_step_on_data):
-    """One step per call: `(outputs, rows)`, one `(start, ready, end)` row."""
+    """One step per call: `(outputs, rows)`, one `(start, ready, end)` row.
+
+    The outputs come wrapped in an Optional, as Keras' own function returns them.
+    """
     tf = tensorflow()
     start = tf.timestamp()
     with tf.control_dependencies([start]):
@@ -309,61 +357,70 @@ def _timed_one_step(iterator, one_step_on_data):
     ready = _stamp_after(data)
     outputs = one_step_on_data(_held_until(ready, data))
     end = _stamp_after(outputs)
-    return outputs, tf.reshape(tf.stack([start, ready, end]), [1, 3])
+    rows = tf.reshape(tf.stack([start, ready, end]), [1, 3])
+    return tf.experimental.Optional.from_value(outputs), rows
 
 
 def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
-    """Several steps per call, as Keras runs them: `(outputs, rows)`, a row per step.
+    """Several steps per call, in Keras' own loop: `(outputs, rows)`, a row per step.
 
-    As Keras: optional fetches, and the next batch fetched while nothing waits
-    on it so that it overlaps the step (an implicit one-batch prefetch). An
-    empty first fetch ends the epoch.
+    Keras' `multi_step_on_iterator` op for op: an optional fetch, then a while
+    loop whose body runs the step on the fetched batch (in a `tf.cond`) and
+    fetches the next batch while nothing waits on it, so that the fetch
+    overlaps the step (an implicit one-batch prefetch); an empty first fetch
+    runs no step, and the empty Optional ends the epoch. The stamps ride along
+    as loop variables: each row is the previous step's end (the call's start
+    for the first), when the batch was there, and the step's end.
     """
     tf = tensorflow()
+    # As Keras: the spec is set lazily, while the loop's body is traced.
+    empty_outputs = tf.experimental.Optional.empty(None)
+
+    def cond(execution_step, optional_outputs, next_optional_inputs, ready, previous_end, rows):
+        return tf.logical_and(
+            tf.less(execution_step, steps_per_execution),
+            next_optional_inputs.has_value(),
+        )
+
+    def body(execution_step, optional_outputs, next_optional_inputs, ready, previous_end, rows):
+        def has_next():
+            step_outputs = one_step_on_data(_held_until(ready, next_optional_inputs.get_value()))
+            next_optional_outputs = tf.experimental.Optional.from_value(step_outputs)
+            empty_outputs._element_spec = next_optional_outputs.element_spec
+            return next_optional_outputs, _stamp_after(step_outputs)
+
+        def no_has_next():
+            optional_outputs._element_spec = empty_outputs._element_spec
+            return optional_outputs, previous_end
+
+        next_optional_outputs, end = tf.cond(
+            tf.logical_and(
+                tf.less(execution_step, steps_per_execution),
+                next_optional_inputs.has_value(),
+            ),
+            has_next,
+            no_has_next,
+        )
+        rows = rows.write(execution_step, tf.stack([previous_end, ready, end]))
+        # Keras fetches no batch past the call's last step.
+        following = tf.cond(
+            tf.less(execution_step + 1, steps_per_execution),
+            lambda: iterator.get_next_as_optional(),
+            lambda: next_optional_inputs,
+        )
+        following_ready = _stamp_after(following.has_value())
+        return execution_step + 1, next_optional_outputs, following, following_ready, end, rows
+
+    execution_step = tf.constant(0)
     start = tf.timestamp()
     with tf.control_dependencies([start]):
-        first_inputs = iterator.get_next_as_optional()
-    first_ready = _stamp_after(first_inputs.has_value())
-    output_spec = []
-
-    def first_step():
-        step_outputs = one_step_on_data(_held_until(first_ready, first_inputs.get_value()))
-        first = tf.experimental.Optional.from_value(step_outputs)
-        # tf.cond traces this branch first; the empty branch needs its spec.
-        output_spec.append(first.element_spec)
-        return first, _stamp_after(step_outputs)
-
-    def no_step():
-        return tf.experimental.Optional.empty(output_spec[0]), first_ready
-
-    outputs, first_end = tf.cond(first_inputs.has_value(), first_step, no_step)
-    rows = tf.TensorArray(tf.float64, size=steps_per_execution)
-    rows = rows.write(0, tf.stack([start, first_ready, first_end]))
-    # After an empty first fetch, Keras fetches no more (nor do we).
-    next_inputs = tf.cond(
-        first_inputs.has_value(), iterator.get_next_as_optional, lambda: first_inputs
-    )
-    next_ready = _stamp_after(next_inputs.has_value())
-
-    def cond(step, outputs, next_inputs, next_ready, previous_end, rows):
-        return tf.logical_and(step < steps_per_execution, next_inputs.has_value())
-
-    def body(step, outputs, next_inputs, next_ready, previous_end, rows):
-        step_outputs = one_step_on_data(_held_until(next_ready, next_inputs.get_value()))
-        outputs = tf.experimental.Optional.from_value(step_outputs)
-        end = _stamp_after(step_outputs)
-        rows = rows.write(step, tf.stack([previous_end, next_ready, end]))
-        following = tf.cond(
-            step + 1 < steps_per_execution,
-            iterator.get_next_as_optional,
-            lambda: next_inputs,
-        )
-        return step + 1, outputs, following, _stamp_after(following.has_value()), end, rows
-
-    steps, outputs, _, _, _, rows = tf.while_loop(
+        next_optional_inputs = iterator.get_next_as_optional()
+    ready = _stamp_after(next_optional_inputs.has_value())
+    rows = tf.TensorArray(tf.float64, size=steps_per_execution, element_shape=[3])
+    steps, final_optional_outputs, _, _, _, rows = tf.while_loop(
         cond,
         body,
-        loop_vars=[tf.constant(1), outputs, next_inputs, next_ready, first_end, rows],
+        loop_vars=[execution_step, empty_outputs, next_optional_inputs, ready, start, rows],
     )
-    steps = tf.where(first_inputs.has_value(), steps, 0)
-    return outputs, rows.stack()[:steps]
+    final_optional_outputs._element_spec = empty_outputs.element_spec
+    return final_optional_outputs, rows.stack()[:steps]

@@ -6,6 +6,13 @@ a budget, by default the larger of `MIN_BUDGET_S` and `FIT_SHARE` of the fit's
 own time, and measured part by part, so the report can say what it cost. A
 probe that would not fit in what is left of the budget does not run, and says
 so (see `after_training.probes`).
+
+The rest of its work once per fit is stated beside it: before the first step
+(reading the pipeline and linting it, setting up the timing), and the outputs
+written during training (each epoch's, the checkpoints', the early verdict's).
+Together with the work after training that is what a fit with the tuner takes
+beyond its steps (`TunerCost.per_fit_s`); what the tuner adds to each step is
+measured by `bench/overhead.py` and `bench/step_cost.py`, not here.
 """
 
 import contextlib
@@ -50,6 +57,11 @@ class TunerCost:
         check_cap_s: the cap of its own the contention check ran on because
             its result could change the verdict (it is given the time it
             needs, not the budget's); `None` when it ran within the budget.
+        before_training_s: the tuner's work before the first step (its
+            `on_train_begin`: reading and linting the pipeline, setting up
+            the timing).
+        outputs_during_training_s: the outputs it wrote during training
+            (each epoch's, the checkpoints', the early verdict's).
 
     Example:
 
@@ -64,6 +76,20 @@ class TunerCost:
     parts: Dict[str, float] = dataclasses.field(default_factory=dict)
     fix_timing_cap_s: Optional[float] = None
     check_cap_s: Optional[float] = None
+    before_training_s: float = 0.0
+    outputs_during_training_s: float = 0.0
+
+    @property
+    def per_fit_s(self) -> float:
+        """The tuner's work once per fit: before training, its outputs during it, and after.
+
+        Example:
+
+        >>> TunerCost(60.0, 2.0, 0.25, before_training_s=0.03,
+        ...           outputs_during_training_s=0.02).per_fit_s
+        0.3
+        """
+        return self.before_training_s + self.outputs_during_training_s + self.after_training_s
 
     @property
     def within_budget(self) -> bool:
@@ -89,13 +115,18 @@ class TunerCost:
         return _capped_s(self.parts, self.fix_timing_cap_s, self.check_cap_s)
 
     def summary(self) -> str:
-        """One sentence: what the tuner's work after training took, and of what.
+        """What the tuner's work after training took, and of what; then its work per fit.
 
         Example:
 
         >>> TunerCost(60.0, 2.0, 0.5, {"contention check": 0.4}).summary()
         "The tuner's own work after training took 0.50 s (contention check 0.40 s), \
 within its budget of 2.0 s."
+        >>> TunerCost(60.0, 2.0, 0.25, before_training_s=0.03,
+        ...           outputs_during_training_s=0.02).summary()
+        "The tuner's own work after training took 0.25 s, within its budget of 2.0 s. \
+Once per fit it took 0.30 s in all: 0.03 s before the first step, 0.02 s of outputs \
+during training, 0.25 s after it."
         """
         parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
         within = "within" if self.within_budget else "over"
@@ -110,10 +141,19 @@ within its budget of 2.0 s."
                 " The contention check could change the verdict, so it was given the time "
                 f"it needed, against a cap of its own, {self.check_cap_s:.1f} s."
             )
+        per_fit = ""
+        if self.before_training_s or self.outputs_during_training_s:
+            per_fit = (
+                f" Once per fit it took {self.per_fit_s:.2f} s in all: "
+                f"{self.before_training_s:.2f} s before the first step, "
+                f"{self.outputs_during_training_s:.2f} s of outputs during training, "
+                f"{self.after_training_s:.2f} s after it."
+            )
         return (
             f"The tuner's own work after training took {self.after_training_s:.2f} s"
             f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
             + capped
+            + per_fit
         )
 
 
@@ -180,6 +220,8 @@ class CostMeter:
         self._outputs_due = 0.0
         self._fix_timing_cap_s: Optional[float] = None
         self._check_cap_s: Optional[float] = None
+        self._before_s = 0.0
+        self._during_s = 0.0
 
     def run_started(self) -> None:
         """The run begins: its fit time counts from now."""
@@ -188,6 +230,16 @@ class CostMeter:
         self._parts = {}
         self._reserved_s = self._outputs_due = 0.0
         self._fix_timing_cap_s = self._check_cap_s = None
+        self._before_s = self._during_s = 0.0
+
+    def before_training(self, seconds: float) -> None:
+        """The tuner's work before the first step took `seconds`."""
+        self._before_s += seconds
+
+    def output_during_training(self, seconds: float) -> None:
+        """Outputs written during training (a checkpoint, the early verdict's) took `seconds`."""
+        if self._ended is None:
+            self._during_s += seconds
 
     def training_ended(self) -> None:
         """Training ended: the tuner's own work counts from now."""
@@ -235,6 +287,7 @@ class CostMeter:
         """
         self._outputs_due = time.monotonic() + seconds / EPOCH_OUTPUT_SHARE
         self._reserved_s = max(self._reserved_s, seconds)
+        self.output_during_training(seconds)
 
     def fix_timing_capped(self, cap_s: float) -> None:
         """The fix timing runs on a cap of its own (`measure_fixes`), not the budget."""
@@ -278,4 +331,6 @@ class CostMeter:
             parts={name: round(seconds, 4) for name, seconds in self._parts.items()},
             fix_timing_cap_s=self._fix_timing_cap_s,
             check_cap_s=self._check_cap_s,
+            before_training_s=self._before_s,
+            outputs_during_training_s=self._during_s,
         )
