@@ -10,7 +10,9 @@ have been without the tuner. Kept and put back:
 - TensorFlow's eager op-seed sequence (with a global seed set, each eager
   random op or unseeded dataset shuffle created takes the next seed from it)
   and its global `tf.random.Generator`, when one exists;
-- Keras' global `SeedGenerator` (`keras.random.*` calls with `seed=None`).
+- Keras' global `SeedGenerator` (`keras.random.*` calls with `seed=None`);
+- torch's global CPU generator, when torch is imported (a DataLoader draws
+  from it each time an iterator over it is made).
 
 TensorFlow and Keras are only read when the process has imported them; the
 TensorFlow op-seed sequence is an attribute of its eager context, read when
@@ -43,6 +45,7 @@ def preserved_random_state() -> Iterator[None]:
     restore.append(lambda: np.random.set_state(numpy_state))
     restore += _tensorflow_states()
     restore += _keras_states()
+    restore += _torch_states()
     try:
         yield
     finally:
@@ -67,6 +70,16 @@ def _tensorflow_states() -> List[Callable[[], None]]:
         value = generator.state.numpy()
         restore.append(lambda: generator.state.assign(value))
     return restore
+
+
+def _torch_states() -> List[Callable[[], None]]:
+    # A DataLoader draws its workers' base seed from torch's global generator
+    # each time an iterator over it is made.
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    state = torch.get_rng_state()
+    return [lambda: torch.set_rng_state(state)]
 
 
 def _keras_states() -> List[Callable[[], None]]:

@@ -121,7 +121,11 @@ class AfterTraining:
             compute_ms = None
             if steady is not None and steady.steps:
                 compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
-            run.fetch_floor = fetch_floor.measure_fetch_floor(*fetched, compute_ms=compute_ms)
+            # Keras' torch iterator makes a DataLoader, which draws a seed.
+            with preserved_random_state():
+                run.fetch_floor = fetch_floor.measure_fetch_floor(
+                    *fetched, compute_ms=compute_ms
+                )
 
     # Grain.
 

@@ -235,6 +235,14 @@ def measure_torch_loader(fetches: int = FETCHES, gap_s: float = 0.0) -> FetchFlo
     return FetchFloor(time_fetches(iter(loader), fetches, gap_s=gap_s), fetches, TORCH_LOADER)
 
 
+def _known_ranks(element_spec) -> bool:
+    """Whether every tensor of `element_spec` has a known rank (zeros can be made of it)."""
+    tf = tensorflow()
+    specs = tf.nest.flatten(element_spec)
+    return all(getattr(spec, "shape", None) is not None and spec.shape.rank is not None
+               for spec in specs)
+
+
 def measure_fetch_floor(
     backend: str, kind: str, element_spec=None, compute_ms: Optional[float] = None
 ) -> Optional[FetchFloor]:
@@ -258,6 +266,8 @@ def measure_fetch_floor(
     >>> measure_fetch_floor("jax", "PyDataset") is None
     True
     """
+    if element_spec is not None and not _known_ranks(element_spec):
+        return None
     gap_s = min((compute_ms or 0.0) / 1e3, MAX_GAP_S)
     if kind == "DataLoader" and backend == "torch":
         return measure_torch_loader(gap_s=gap_s)

@@ -5,10 +5,12 @@ import os
 import time
 
 import numpy as np
+import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner._util.feature_guard import FeatureGuard
+from keras_pipeline_tuner.outputs import compiled_scalars
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.timing.step_clock import StepClock
 
@@ -39,7 +41,7 @@ def test_one_compiled_scalar_writer_serves_every_fit_of_the_process(tmp_path):
         points = _tensors(str(tmp_path / str(fit)), "input_pipeline/step_ms")
         assert [point.step for point in points] == list(range(1, 601))
     # Traced once, whatever fit came first: each fit's writer is an argument.
-    write = tensorboard_sink._COMPILED_WRITERS[tensorboard_sink.SCALAR_TAGS]
+    write = compiled_scalars.compiled_scalar_writer(tf, tensorboard_sink.SCALAR_TAGS)
     assert write.experimental_get_tracing_count() == 1
 
 

@@ -34,3 +34,9 @@ def test_the_floor_is_timed_on_zeros_of_the_fits_structure_a_steps_compute_apart
     # Nothing is measured for inputs whose fetch runs the user's Python.
     assert fetch_floor.measure_fetch_floor("tensorflow", "PyDataset", spec) is None
     assert fetch_floor.measure_fetch_floor("jax", "generator", None) is None
+
+
+def test_no_floor_is_measured_for_elements_of_unknown_rank():
+    # A py_function map that does not set its output's shape.
+    spec = (tf.TensorSpec(None, tf.float32), tf.TensorSpec((None,), tf.int64))
+    assert fetch_floor.measure_fetch_floor("tensorflow", "tf.data", spec) is None
