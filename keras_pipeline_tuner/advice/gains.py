@@ -24,12 +24,12 @@ from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import NOT_READ_BACK
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import ExpectedGain
+from keras_pipeline_tuner.advice.replay_comparison import WALL_STATISTIC
 from keras_pipeline_tuner.advice.stage_fixes import CACHE
 from keras_pipeline_tuner.advice.stage_fixes import PARALLEL
 from keras_pipeline_tuner.advice.stage_fixes import SPREAD
 from keras_pipeline_tuner.advice.stages import parse_stage
 from keras_pipeline_tuner.advice.stages import same_place
-from keras_pipeline_tuner.advice.verdict import WALL_STATISTIC
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.pipeline.graph import kinds
 from keras_pipeline_tuner.pipeline.lint.keras_inputs import ADVISED_WORKERS

@@ -17,7 +17,7 @@ apart with their size:
   cached batches through the compiled step after training (the what-if replay)
   times the step with input free, around steps on the real pipeline
   (under the same load); when the real step is slower than the replayed one by
-  at least `CONTENTION_MIN_SPEEDUP`, its share of the step,
+  at least `replay_comparison.CONTENTION_MIN_SPEEDUP`, its share of the step,
   `1 - replayed / real`, is the input's cost, and decides when it is larger
   than the wait's. Where a CPU quota throttled the job, the two are compared
   by wall time a step: the kernel's stops fall between steps too.
@@ -50,6 +50,10 @@ from keras_pipeline_tuner.advice.recommendation import CPU_USE
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.recommendation import STEP_CLOCK
+from keras_pipeline_tuner.advice.replay_comparison import CONTENTION_MIN_MS
+from keras_pipeline_tuner.advice.replay_comparison import alongside
+from keras_pipeline_tuner.advice.replay_comparison import compared_steps
+from keras_pipeline_tuner.advice.replay_comparison import contention_of
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import Share
@@ -65,16 +69,6 @@ from keras_pipeline_tuner.timing.step_stats import verdict_for
 # the later epochs' wait per step, and at least this many ms more.
 WARMUP_RATIO = 2.0
 WARMUP_MIN_MS = 1.0
-# The replayed step must be at least this much faster than the real one for
-# the difference to count as input cost: below it, the two are within the
-# noise of these machines (steps come out two-valued in 10 ms thread slices;
-# a healthy cached pipeline beside a 20 ms model measured 1.00-1.17 here).
-CONTENTION_MIN_SPEEDUP = 1.15
-# ...and by at least this many ms a step: with sub-millisecond steps, a ratio
-# above 1.15 is a tenth of a millisecond, which scheduling moves from one fit
-# to the next (0.38 against 0.52 ms, and 0.15 against 0.18 ms, in fits of a
-# healthy cached pipeline of 0.2 ms steps on a quiet machine here).
-CONTENTION_MIN_MS = 0.2
 # The replay's fetch floor varies from fit to fit on a busy machine (0.12-0.14
 # ms quiet, 0.65-1.06 ms loaded, for one pipeline of 0.2 ms steps here): a
 # wait within this share above the floor is the fetch itself, not the pipeline...
@@ -91,9 +85,6 @@ WAIT_DECIDES_MARGIN = 0.05
 # A share this close to a class boundary (relative to it) is borderline: fits of
 # the same pipeline on a busy machine may read either side, and the line says so.
 BORDERLINE_MARGIN = 0.2
-
-# How the rounds are compared under a quota that throttled the job, as the line says.
-WALL_STATISTIC = "wall time a step, start to start, with the quota's stops between steps"
 
 _SEVERITY = {
     Verdict.NOT_INPUT_BOUND: 0,
@@ -224,13 +215,13 @@ def judge(
     if bounded is not None:
         wait_fraction = bounded
     fraction, source = wait_fraction, STEP_CLOCK
-    compared = _compared_steps(what_if, share, stats, throttled)
+    compared = compared_steps(what_if, share, stats, throttled)
     skipped_ms = _skipped_fetch_ms(what_if, fetch_floor)
     if compared is not None and skipped_ms:
         # A step on an in-memory copy of the batches still fetches them
         # through Keras' iterator, which the replay's step left out.
         compared = (compared[0], compared[1] + skipped_ms, compared[2])
-    contention = _contention(compared)
+    contention = contention_of(compared)
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
     elif contention is None and cpu_contention is not None:
@@ -531,68 +522,6 @@ def _warm_up(epochs: Sequence, stats: StepStats, floor_ms: Optional[float]):
     return first, later, (first_wait - later_wait) * first.steady.steps
 
 
-def _compared_steps(what_if, share: Optional[Share], stats: StepStats, throttled: bool = False):
-    """`(real ms, replayed ms, statistic)` the contention is judged from, or None."""
-    if what_if is None or what_if.replay_step.mean_ms is None:
-        return None
-    if what_if.pipeline_source == "measured" and what_if.rounds:
-        # Timed beside the replay, under the same load: the fairer comparison.
-        # By means, as total time goes: a pipeline whose threads work in bursts
-        # slows some steps only, which a median would not show. Of several
-        # rounds, the one with the least contention: a burst of another load
-        # on the machine can fall on one round's pipeline steps, seldom on all.
-        # Under a quota that throttled the job, by wall time a step: the stops
-        # land between steps too, and on either side (a fit's replay step read
-        # 1.04 ms against 0.56 ms on the pipeline, its wall time 1.46 against 2.11).
-        figures = [found.compared(throttled) for found in what_if.rounds]
-        real_ms, replayed_ms, walled = min(figures, key=lambda each: each[0] / each[1])
-        return real_ms, replayed_ms, WALL_STATISTIC if walled else "mean"
-    if what_if.pipeline_source == "measured" and what_if.pipeline_step.mean_ms:
-        return what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms, "mean"
-    real_ms = (
-        share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
-    )
-    return real_ms, what_if.replay_step.mean_ms, "mean"
-
-
-def _contention(compared) -> Optional[float]:
-    """`1 - replayed / real` step time, when the replay is clearly faster."""
-    if compared is None:
-        return None
-    real_ms, replayed_ms, _ = compared
-    if not real_ms or not replayed_ms or replayed_ms <= 0:
-        return None
-    if not shows_contention(real_ms, replayed_ms):
-        return 0.0
-    return 1.0 - replayed_ms / real_ms
-
-
-def shows_contention(real_ms: float, replayed_ms: float) -> bool:
-    """Whether steps on the real pipeline were slower than replayed ones beyond the noise.
-
-    Args:
-        real_ms: mean step time with the real input pipeline.
-        replayed_ms: mean step time on replayed, cached batches, under the
-            same load.
-
-    Returns:
-        True when the real step is at least `CONTENTION_MIN_SPEEDUP` times the
-        replayed one, and `CONTENTION_MIN_MS` longer: the input pipeline's work
-        slows the step.
-
-    Example:
-
-    >>> shows_contention(10.0, 7.0), shows_contention(10.0, 9.6), shows_contention(0.18, 0.15)
-    (True, False, False)
-    """
-    if replayed_ms <= 0:
-        return False
-    return (
-        real_ms / replayed_ms >= CONTENTION_MIN_SPEEDUP
-        and real_ms - replayed_ms >= CONTENTION_MIN_MS
-    )
-
-
 def _line(
     verdict, fraction, source, scope, wait_fraction, contention, what_if, compared, beyond,
     cpu_contention=None,
@@ -607,7 +536,7 @@ def _line(
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
             f"steps took {compared[1]:.2f} ms ({compared[2]}) on replayed cached batches "
-            f"against {compared[0]:.2f} ms with the pipeline{_alongside(what_if)}, "
+            f"against {compared[0]:.2f} ms with the pipeline{alongside(what_if)}, "
             f"which shares the CPU; the wait at the fetch alone was "
             f"{wait_fraction * 100:.1f} %{beyond} (step clock)."
         )
@@ -622,17 +551,6 @@ def _line(
                 f"against {compared[0]:.2f} ms with the pipeline: no contention beyond that."
             )
     return line
-
-
-def _alongside(what_if) -> str:
-    if what_if.pipeline_source != "measured":
-        return ""
-    if len(what_if.rounds) > 1:
-        return (
-            f" (timed between parts of the replay, in {len(what_if.rounds)} rounds; "
-            "the round with the least difference)"
-        )
-    return " (timed between two halves of the replay)"
 
 
 def _percent(part: float, whole: float) -> str:

@@ -18,6 +18,7 @@ from typing import Tuple
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
+from keras_pipeline_tuner.advice import replay_comparison
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.after_training import framework_replay
@@ -224,7 +225,7 @@ class ReplayProbe:
                 if backend in framework_replay.BACKENDS:
                     replay = functools.partial(framework_replay.replay, model, backend)
                 run.what_if = what_if_replay.contention_check(
-                    model, verdict.shows_contention, plan, deadline, traced_step,
+                    model, replay_comparison.shows_contention, plan, deadline, traced_step,
                     first_round_by=first_round_by, wall_time=throttled(run.cpu_usage()),
                     replay=replay, given_s=given_s,
                 )
