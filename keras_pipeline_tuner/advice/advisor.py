@@ -232,8 +232,10 @@ def advise(evidence: RunEvidence, figures: Figures) -> List[Recommendation]:
     limits = cpu_limits.cpu_limit_recommendations(pipeline, cpu, run.bound, fix_timings)
     ranked = one_per_stage(ranked)
     if host is not None:
+        # The input bounds this run: the host's work between steps comes after
+        # the pipeline's fixes, whose waits it cannot remove (and on a loader
+        # fetched outside the step, its "gap" holds some of that wait).
         ranked.append(host)
-        sort_by_figure(ranked)
     return ([straggler] if straggler else []) + ranked + limits + offload_last
 
 

@@ -65,8 +65,11 @@ _SHOWN = f"""(() => {{
     tuneRows: all(".kpt-tune tr").length - 1,
     epochRows: all(".kpt-epochs tr").slice(1).map((row) =>
         [row.cells[0].textContent, row.cells[1].textContent, row.cells[2].textContent]),
-    stageTable: all(".kpt-stages-table tr").slice(1).map((row) =>
+    stageTable: all(".kpt-stage-section:not(.kpt-live-stages) .kpt-stages-table tr")
+        .slice(1).map((row) =>
         [row.cells[0].textContent, row.classList.contains("kpt-bottleneck")]),
+    liveStages: all(".kpt-live-stages .kpt-stages-table tr").slice(1).map((row) =>
+        row.cells[0].textContent),
     compareWith: (doc.querySelector("#kpt-compare") || {{}}).value,
   }};
 }})()"""
@@ -266,6 +269,9 @@ def _check_the_naive_run(shown, copied, runs):
         item.stage for item in iterators if item.iterator == report.profile.bottleneck_iterator
     ]
     assert marked, "the bottleneck stage is not marked"
+    # tf.data's live model of the fit's iterator, in a table of its own.
+    live = report.stage_table
+    assert shown["liveStages"] == ([row.stage for row in live.rows] if live else [])
 
 
 def _check_the_other_runs(shown, seen, runs):
