@@ -40,22 +40,22 @@ def python_calls(cpu_ms, source="tf.py_function"):
     )
 
 
-def test_the_inputs_cores_against_the_budget_predict_the_computes_loss():
-    # 5 ms of Python CPU a 10 ms step: half a core of the two, all busy, and
-    # the whole step computes: a quarter of it.
-    found = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=10.0)
-    assert found.input_cores == pytest.approx(0.5)
-    assert found.fraction == pytest.approx(0.25)
-    assert "Python calls of map(load) 0.50 cores" in found.describe()
-    # Worker processes count too, and a quota is the budget: 0.5 cores of 1.0.
+def test_the_inputs_cpu_seconds_displace_the_computes_one_for_one():
+    # 3 ms of Python CPU a 10 ms step, all CPUs busy, the whole step computing:
+    # 0.3 cores of input, 30 % of the step.
+    found = cpu_contention(usage(), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0)
+    assert found.input_cores == pytest.approx(0.3)
+    assert found.fraction == pytest.approx(0.3)
+    assert "Python calls of map(load) 0.30 cores" in found.describe()
+    # Worker processes count too; a quota is the budget the line names.
     workers = cpu_contention(usage(children=0.5, quota=1.0), [], step_ms=10.0, compute_ms=10.0)
     assert workers.budget_cpus == 1.0 and workers.fraction == pytest.approx(0.5)
     # Idle CPUs absorb the input's work: at 40 % busy, half of it counts.
-    idle = cpu_contention(usage(busy=0.4), [python_calls(5.0)], step_ms=10.0, compute_ms=10.0)
-    assert idle.fraction == pytest.approx(0.125)
+    idle = cpu_contention(usage(busy=0.4), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0)
+    assert idle.fraction == pytest.approx(0.15)
     # Only the compute part of the step can be slowed.
     waiting = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0)
-    assert waiting.fraction == pytest.approx(0.1)
+    assert waiting.fraction == pytest.approx(0.4)
 
 
 def test_calls_on_the_training_thread_are_the_wait_not_contention():
@@ -171,7 +171,7 @@ def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
         steps=1000,
     )
     assert found.parts == ["tf.data's map(decode) 0.50 cores"]
-    assert found.fraction == pytest.approx(0.25)
+    assert found.fraction == pytest.approx(0.5)
     # A stretched clock on a busy machine cannot claim more than the process used.
     stretched = cpu_contention(
         usage(busy=0.2), [], step_ms=10.0, compute_ms=10.0, stage_table=table, steps=10000
