@@ -135,7 +135,7 @@ def cpu_contention(
         if used >= NEGLIGIBLE:
             cores += used
             parts.append(f"tf.data's {row.stage} {used:.2f} cores")
-    if cpu.children_cores:
+    if cpu.children_cores and cpu.children_cores >= NEGLIGIBLE:
         cores += cpu.children_cores
         parts.append(f"worker processes {cpu.children_cores:.2f} cores")
     cores = min(cores, cpu.process_cores)

@@ -44,6 +44,7 @@ import dataclasses
 from typing import List
 from typing import Optional
 from typing import Sequence
+from typing import Tuple
 
 from keras_pipeline_tuner.advice.cpu_contention import CpuContention
 from keras_pipeline_tuner.advice.recommendation import CPU_USE
@@ -193,10 +194,9 @@ def judge(
         scope = "in steady state"
         if epoch_starts is not None and epoch_starts.steps and epoch_starts.wait_ms > 0:
             one_off.append(_epoch_starts_line(share, epoch_starts))
-        later = _later_epochs(epochs)
+        later = later_epochs(epochs)
         if later is not None:
-            share = later
-            from_epoch = _train_epochs(epochs)[1].epoch
+            from_epoch, share = later
         warm = _warm_up(epochs, stats, floor_ms)
         if warm is not None:
             first, later, extra_ms = warm
@@ -491,15 +491,30 @@ def _train_epochs(epochs: Sequence) -> list:
     return [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
 
 
-def _later_epochs(epochs: Sequence) -> Optional[Share]:
-    """The steady share of the training epochs after the first, once two have ended."""
+def later_epochs(epochs: Sequence) -> Optional[Tuple[int, Share]]:
+    """Where the verdict's steady state starts once two training epochs have ended.
+
+    The first epoch is left out: it fills caches and warms the pipeline up.
+
+    Args:
+        epochs: the clock's `EpochBreakdown`s.
+
+    Returns:
+        The first later epoch and the steady share of it and those after it,
+        or `None` before two training epochs ended.
+
+    Example:
+
+    >>> later_epochs([]) is None
+    True
+    """
     train = _train_epochs(epochs)
     if len(train) < 2:
         return None
     later = Share()
     for epoch in train[1:]:
         later = later.plus(epoch.steady)
-    return later
+    return train[1].epoch, later
 
 
 def _warm_up(epochs: Sequence, stats: StepStats, floor_ms: Optional[float]):

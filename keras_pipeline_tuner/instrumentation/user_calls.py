@@ -148,6 +148,48 @@ def with_batches(timings: List[UserCallTiming], batches: int) -> List[UserCallTi
     ]
 
 
+def calls_since(now: List[UserCallTiming], then: List[UserCallTiming]) -> List[UserCallTiming]:
+    """The calls made between two readings of the same timer (`UserCallTimer.so_far`).
+
+    Counts and means are the difference's; the median is the later
+    reading's, over all calls (the samples are not kept per span).
+
+    Args:
+        now: the later reading.
+        then: the earlier reading.
+
+    Returns:
+        One record per function called in between.
+
+    Example:
+
+    >>> then = [UserCallTiming("map(load)", "load", "tf.py_function", 10, 2.0, 2.0, 1.0, 1)]
+    >>> now = [UserCallTiming("map(load)", "load", "tf.py_function", 30, 3.0, 2.0, 2.0, 1)]
+    >>> later = calls_since(now, then)[0]
+    >>> later.calls, later.wall_ms, later.cpu_ms
+    (20, 3.5, 2.5)
+    """
+    before = {(t.stage, t.function, t.source): t for t in then}
+    spans = []
+    for timing in now:
+        earlier = before.get((timing.stage, timing.function, timing.source))
+        if earlier is None:
+            spans.append(timing)
+            continue
+        calls = timing.calls - earlier.calls
+        if calls <= 0:
+            continue
+        spans.append(
+            dataclasses.replace(
+                timing,
+                calls=calls,
+                wall_ms=(timing.wall_ms * timing.calls - earlier.wall_ms * earlier.calls) / calls,
+                cpu_ms=(timing.cpu_ms * timing.calls - earlier.cpu_ms * earlier.calls) / calls,
+            )
+        )
+    return spans
+
+
 class _Tally:
     """The running figures of one timed function; `add` is safe from any thread."""
 

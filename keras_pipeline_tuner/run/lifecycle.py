@@ -23,8 +23,10 @@ import threading
 import time
 import weakref
 from typing import Callable
+from typing import Dict
 from typing import List
 from typing import Optional
+from typing import Tuple
 
 import numpy as np
 
@@ -50,6 +52,7 @@ from keras_pipeline_tuner.run.late_profile import LateProfile
 from keras_pipeline_tuner.run.run_files import RunFiles
 from keras_pipeline_tuner.run.run_workers import RunWorkers
 from keras_pipeline_tuner.timing import measurement as measured_by
+from keras_pipeline_tuner.timing.cpu_usage import CpuMark
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.held_rows import HeldRows
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -171,6 +174,10 @@ class Run:
         # What `steps_ended` last saw of the clock: rows recorded, epochs ended.
         self._seen = (-1, -1)
         self._cpu: Optional[CpuMeter] = None
+        # The CPU counters and the user's calls so far at each training
+        # epoch's start: the verdict's steady state may start at an epoch
+        # (`advice.verdict.later_epochs`), and so must the CPU it judges.
+        self._epoch_marks: Dict[int, Tuple[CpuMark, list]] = {}
         self._next_checkpoint = time.monotonic() + CHECKPOINT_S
         self._workers: Optional[RunWorkers] = None
         # The profiler window's evidence of this run, once its training ended
@@ -219,6 +226,8 @@ class Run:
             with self.guard(features.STEP_CLOCK):
                 self._held.flush()
                 self.clock.begin_epoch(epoch, kind)
+        if kind == TRAIN:
+            self._mark_epoch(epoch)
 
     def add_rows(
         self, kind: str, rows, wall_s: float, called_at: float, tracing_s: Optional[float] = None
@@ -402,6 +411,20 @@ class Run:
         if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
             with self.guard(features.CPU_USAGE):
                 return self._cpu.usage()
+        return None
+
+    def usage_since_epoch(self, epoch: int) -> Optional[Tuple[object, list]]:
+        """The CPU meter's figures and the user's calls since training epoch `epoch` began.
+
+        Returns:
+            `(CpuUsage, user call timings at that epoch's start)`, or `None`
+            where that epoch's start was not read.
+        """
+        mark = self._epoch_marks.get(epoch)
+        if mark is None or self._cpu is None or not self.guard.enabled(features.CPU_USAGE):
+            return None
+        with self.guard(features.CPU_USAGE):
+            return self._cpu.usage(mark[0]), mark[1]
         return None
 
     def failure_notes(self) -> List[str]:
@@ -607,6 +630,15 @@ class Run:
             self.tensorboard.write_report(report, report.train.steps)
             self.tensorboard.flush()
         self.cost.output_during_training(time.monotonic() - began)
+
+    def _mark_epoch(self, epoch: int) -> None:
+        # Once an epoch, on the training thread: a few hundred microseconds.
+        if self._cpu is None or not self.guard.enabled(features.CPU_USAGE):
+            return
+        with self.guard(features.CPU_USAGE):
+            so_far = self.user_calls_so_far
+            calls = so_far() if so_far is not None else list(self.user_calls)
+            self._epoch_marks[epoch] = (self._cpu.mark(), calls)
 
     def _restart_cpu_meter(self) -> None:
         if self.guard.enabled(features.CPU_USAGE):

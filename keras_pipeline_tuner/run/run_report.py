@@ -23,6 +23,8 @@ from keras_pipeline_tuner.advice.figures import build_figures
 from keras_pipeline_tuner.advice.scale_out import job_stats
 from keras_pipeline_tuner.advice.verdict import Judgement
 from keras_pipeline_tuner.advice.verdict import judge
+from keras_pipeline_tuner.advice.verdict import later_epochs
+from keras_pipeline_tuner.instrumentation.user_calls import calls_since
 from keras_pipeline_tuner.instrumentation.user_calls import with_batches
 from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.pipeline.graph import kinds
@@ -75,16 +77,28 @@ def _judgement(run, cpu, profile) -> Judgement:
 
 
 def _cpu_contention(run, cpu, train: StepStats):
-    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`)."""
-    steady = run.clock.steady_share(TRAIN)
-    if steady is not None and steady.steps:
-        step_ms = steady.step_ms / steady.steps
-        compute_ms = (steady.step_ms - steady.wait_ms) / steady.steps
+    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`).
+
+    Over the verdict's steady state: from the second training epoch once two
+    ended (a first epoch that filled a cache called the user's map; later ones
+    did not), else over the whole run.
+    """
+    clock = run.clock
+    share, steps, calls = clock.steady_share(TRAIN), train.steps, _timings(run)
+    later = later_epochs(clock.epochs)
+    since = run.usage_since_epoch(later[0]) if later is not None else None
+    if since is not None:
+        from_epoch, share = later
+        cpu, calls = since[0], calls_since(calls, since[1])
+        steps -= sum(
+            e.stats.steps for e in clock.epochs if e.kind == TRAIN and e.epoch < from_epoch
+        )
+    if share is not None and share.steps:
+        step_ms = share.step_ms / share.steps
+        compute_ms = (share.step_ms - share.wait_ms) / share.steps
     else:
         step_ms, compute_ms = train.step.mean_ms, train.compute.mean_ms
-    return cpu_contention(
-        cpu, _user_calls(run, train), step_ms, compute_ms, run.stage_table, train.steps
-    )
+    return cpu_contention(cpu, calls, step_ms, compute_ms, run.stage_table, steps)
 
 
 def build_report(run) -> Report:
@@ -300,13 +314,18 @@ def _batches_read(run, train) -> int:
 
 def _user_calls(run, train) -> list:
     """The user's Python calls timed during training, per training batch where known."""
+    return with_batches(_timings(run), _batches_read(run, train))
+
+
+def _timings(run) -> list:
+    """The user's Python calls timed during training: final, else the figures so far."""
     timings = run.user_calls
     so_far = run.user_calls_so_far
     if not timings and so_far is not None and run.guard.enabled(features.USER_CALLS):
         # Training still runs: the figures so far.
         with run.guard(features.USER_CALLS):
             timings = so_far()
-    return with_batches(timings, _batches_read(run, train))
+    return timings
 
 
 def _reuse(run, train) -> Optional[DataReuse]:

@@ -295,54 +295,6 @@ class Throttling:
         )
 
 
-class ThrottleMeter:
-    """Measures a cgroup's throttling over a span: `start()`, then `stop()`.
-
-    Args:
-        cgroup: the cgroup directory whose `cpu.stat` to read; by default
-            the one `read_cpu_budget()` finds (the one whose quota binds,
-            else the process's own).
-
-    Example:
-
-    >>> meter = ThrottleMeter()
-    >>> meter.start()
-    >>> delta = meter.stop()            # None where there is no cpu.stat
-    >>> delta is None or delta.throttled_periods >= 0
-    True
-    """
-
-    def __init__(self, cgroup: Optional[str] = None):
-        self.cgroup = cgroup if cgroup is not None else read_cpu_budget().cgroup
-        self._start: Optional[Throttling] = None
-
-    def start(self) -> None:
-        """Takes the starting reading."""
-        self._start = read_throttling(self.cgroup)
-
-    def elapsed(self) -> Optional[Throttling]:
-        """The throttling from the start to now, the span going on.
-
-        Returns:
-            The `Throttling` delta, or `None` without counters (no
-            `cpu.stat` with throttling figures, or no `start()`).
-        """
-        if self._start is None:
-            return None
-        now = read_throttling(self.cgroup)
-        return None if now is None else now.since(self._start)
-
-    def stop(self) -> Optional[Throttling]:
-        """Ends the span.
-
-        Returns:
-            The `Throttling` from the start to now, or `None` (see `elapsed`).
-        """
-        delta = self.elapsed()
-        self._start = None
-        return delta
-
-
 def read_cpu_budget() -> CpuBudget:
     """Reads the CPUs this process may use, from the kernel; never raises.
 

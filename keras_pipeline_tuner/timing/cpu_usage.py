@@ -30,9 +30,9 @@ from keras_pipeline_tuner._util import own_processes
 from keras_pipeline_tuner.timing.cpu_budget import HOST
 from keras_pipeline_tuner.timing.cpu_budget import QUOTA
 from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
-from keras_pipeline_tuner.timing.cpu_budget import ThrottleMeter
 from keras_pipeline_tuner.timing.cpu_budget import Throttling
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
+from keras_pipeline_tuner.timing.cpu_budget import read_throttling
 
 _PROC_STAT = "/proc/stat"
 # Fields of a /proc/stat cpu line that are idle time: idle and iowait.
@@ -199,16 +199,42 @@ class CpuUsage:
         return text
 
 
+@dataclasses.dataclass(frozen=True)
+class CpuMark:
+    """The CPU counters at one moment of a run: where a span of `CpuMeter.usage` begins.
+
+    Attributes:
+        at: `time.monotonic()` when read.
+        process_s: CPU seconds of the process with its children.
+        children_s: CPU seconds of its children alone, or `None`.
+        host: busy and total clock ticks of the allowed CPUs, or `None`.
+        throttling: the cgroup's throttling counters, or `None`.
+    """
+
+    at: float
+    process_s: float
+    children_s: Optional[float]
+    host: Optional[Tuple[int, int]]
+    throttling: Optional[Throttling]
+
+
 class CpuMeter:
-    """Measures `CpuUsage` from a starting point to now.
+    """Measures `CpuUsage` from a starting point, or from a mark taken on the way, to now.
+
+    Reading the counters costs a few hundred microseconds (psutil lists the
+    children; `/proc/stat` is read once): a run reads them at its start, at
+    each training epoch's start and at its end, never per step.
 
     Example:
 
     ```python
     meter = CpuMeter()
-    ...                           # training
+    ...                           # epoch 1
+    mark = meter.mark()
+    ...                           # later epochs
     meter.stop()
     usage = meter.usage()         # from the start (or restart) to the stop
+    later = meter.usage(mark)     # from the mark to the stop
     ```
     """
 
@@ -219,46 +245,57 @@ class CpuMeter:
     def restart(self) -> None:
         """Starts measuring from now."""
         self._budget = read_cpu_budget()
-        self._throttle = ThrottleMeter(self._budget.cgroup)
-        self._throttle.start()
-        self._started = time.monotonic()
-        self._process_s, self._children_s = _process_cpu_s()
-        self._host = _host_counters(self._cpus)
-        self._stopped: Optional[CpuUsage] = None
+        self._start = self.mark()
+        self._stopped: Optional[CpuMark] = None
+
+    def mark(self) -> CpuMark:
+        """The counters now: pass it to `usage` to measure from here."""
+        process_s, children_s = _process_cpu_s()
+        return CpuMark(
+            at=time.monotonic(),
+            process_s=process_s,
+            children_s=children_s,
+            host=_host_counters(self._cpus),
+            throttling=read_throttling(self._budget.cgroup),
+        )
 
     def stop(self) -> None:
         """Ends the span: `usage()` returns the usage up to now from then on."""
-        self._stopped = self.usage()
+        self._stopped = self.mark()
 
-    def usage(self) -> Optional[CpuUsage]:
-        """The usage from the start to now, or to the stop.
+    def usage(self, since: Optional[CpuMark] = None) -> Optional[CpuUsage]:
+        """The usage from the start (or `since`) to now, or to the stop.
+
+        Args:
+            since: a `mark()` to measure from instead of the start.
 
         Returns:
             The `CpuUsage`, or `None` before any time has passed.
         """
-        if self._stopped is not None:
-            return self._stopped
-        wall = time.monotonic() - self._started
+        begin = since if since is not None else self._start
+        end = self._stopped if self._stopped is not None else self.mark()
+        wall = end.at - begin.at
         if wall <= 0:
             return None
         host_busy = None
-        host = _host_counters(self._cpus)
-        if host is not None and self._host is not None:
-            busy = host[0] - self._host[0]
-            total = host[1] - self._host[1]
+        if end.host is not None and begin.host is not None:
+            busy = end.host[0] - begin.host[0]
+            total = end.host[1] - begin.host[1]
             if total > 0:
                 host_busy = min(max(busy / total, 0.0), 1.0)
-        process_s, children_s = _process_cpu_s()
         children_cores = None
-        if children_s is not None and self._children_s is not None:
-            children_cores = max(children_s - self._children_s, 0.0) / wall
+        if end.children_s is not None and begin.children_s is not None:
+            children_cores = max(end.children_s - begin.children_s, 0.0) / wall
+        throttling = None
+        if end.throttling is not None and begin.throttling is not None:
+            throttling = end.throttling.since(begin.throttling)
         return CpuUsage(
             wall_s=wall,
             cpu_count=len(self._cpus) or (os.cpu_count() or 1),
-            process_cores=max(process_s - self._process_s, 0.0) / wall,
+            process_cores=max(end.process_s - begin.process_s, 0.0) / wall,
             host_busy=host_busy,
             budget=self._budget,
-            throttling=self._throttle.elapsed(),
+            throttling=throttling,
             children_cores=children_cores,
         )
 

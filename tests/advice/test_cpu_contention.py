@@ -177,3 +177,33 @@ def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
         usage(busy=0.2), [], step_ms=10.0, compute_ms=10.0, stage_table=table, steps=10000
     )
     assert stretched.input_cores == pytest.approx(0.4)
+
+
+def test_a_map_before_a_cache_counts_only_where_the_verdict_looks():
+    # The map computes in Python for 4 ms a batch in the first epoch only,
+    # which fills the cache; the later epochs, the verdict's steady state,
+    # read the cache and call nothing. The CPU it took in the first epoch is
+    # not the steady state's contention.
+    def spin(x):
+        end = time.thread_time() + 0.004
+        while time.thread_time() < end:
+            pass
+        return x
+
+    def mapped(x, y):
+        x = tf.py_function(spin, [x], tf.float32)
+        x.set_shape((None, 64))
+        return x, y
+
+    x = np.random.default_rng(0).random((32 * 40, 64), dtype=np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(32)
+    data = data.map(mapped).cache().prefetch(2)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    tuner = kpt.PipelineTuner(verbose=0)
+    model.fit(data, epochs=3, verbose=0, callbacks=[tuner])
+    judgement = tuner.report.judgement
+    assert judgement.from_epoch == 1, judgement.line
+    found = judgement.cpu_contention
+    assert found is None or not any("Python calls" in part for part in found.parts), found

@@ -14,7 +14,6 @@ from keras_pipeline_tuner.timing import cpu_budget
 from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
 from keras_pipeline_tuner.timing.cpu_budget import CpuCgroup
 from keras_pipeline_tuner.timing.cpu_budget import Mount
-from keras_pipeline_tuner.timing.cpu_budget import ThrottleMeter
 from keras_pipeline_tuner.timing.cpu_budget import Throttling
 from keras_pipeline_tuner.timing.cpu_budget import cgroup_directory
 from keras_pipeline_tuner.timing.cpu_budget import find_cpu_cgroups
@@ -24,6 +23,7 @@ from keras_pipeline_tuner.timing.cpu_budget import parse_cpu_stat
 from keras_pipeline_tuner.timing.cpu_budget import parse_mountinfo
 from keras_pipeline_tuner.timing.cpu_budget import parse_proc_cgroup
 from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
+from keras_pipeline_tuner.timing.cpu_budget import read_throttling
 from keras_pipeline_tuner.timing.cpu_budget import tightest_quota
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
 from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
@@ -250,8 +250,7 @@ CHILD = textwrap.dedent(
     elif mode == "affinity":
         os.sched_setaffinity(0, {int(target)})
     budget = cpu_budget.read_cpu_budget()
-    meter = cpu_budget.ThrottleMeter()
-    meter.start()
+    started = cpu_budget.read_throttling(budget.cgroup)
     began = time.monotonic()
     child = os.fork()  # two busy loops: this process and its child
     while time.monotonic() - began < float(sys.argv[4]):
@@ -259,12 +258,13 @@ CHILD = textwrap.dedent(
     if child == 0:
         os._exit(0)
     os.waitpid(child, 0)
-    throttling = meter.stop()
+    ended = cpu_budget.read_throttling(budget.cgroup)
+    throttling = None if started is None or ended is None else ended.since(started)
     print(json.dumps({
         "budget": dataclasses.asdict(budget),
         "cpus": budget.cpus,
         "binding": budget.binding,
-        "throttle_cgroup": meter.cgroup,
+        "throttle_cgroup": budget.cgroup,
         "throttling": None if throttling is None else dataclasses.asdict(throttling),
     }))
     """
@@ -333,9 +333,9 @@ def test_unlimited_budget_is_the_affinity_count():
         pytest.skip("this process runs under a cgroup quota")
     assert budget.cpus == len(os.sched_getaffinity(0))
     assert budget.binding in ("affinity", "host")
-    meter = ThrottleMeter()
-    meter.start()
-    throttling = meter.stop()
+    started = read_throttling(budget.cgroup)
+    ended = read_throttling(budget.cgroup)
+    throttling = None if started is None or ended is None else ended.since(started)
     assert throttling is None or throttling.throttled_periods == 0
 
 
