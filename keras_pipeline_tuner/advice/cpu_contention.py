@@ -17,16 +17,23 @@ without running anything after it:
   busy machine stretches, so the input's cores are never more than the
   process used.
 
-Their average cores are the input's CPU seconds a second of training. Each
-displaces the step's compute one for one, not spread over the CPU budget: the
-step's parallel compute waits for its slowest thread, and one preempted thread
-holds up the others (measured on 2 cores: a GIL-holding Python map of 3 ms a
-7.1 ms step cost 36 % of it, worker processes at 0.74 cores 64 %). Scaled by
-how busy the CPUs were (idle cores absorb the input's work; from
-`BUSY_FRACTION` busy, all of it counts), it predicts the share of the step the
-input cost inside the compute:
+Their average cores are the input's CPU seconds a second of training, and
+their share of the process's own cores is the input's share of the job's CPU
+work. Where the CPUs are saturated, that work is what the step's wall time is
+made of: with the input free, the step's own work alone would take the CPUs,
+and the step would shrink by the input's share. Scaled by how busy the CPUs
+were (idle cores absorb the input's work; from `BUSY_FRACTION` busy, all of it
+counts), it predicts the share of the step the input cost inside the compute:
 
-    contention = min(input cores, compute / step) x min(busy / 0.8, 1)
+    contention = min(input cores / process cores, compute / step)
+                 x min(busy / 0.8, 1)
+
+Measured on 2 cores, each case's own process alone on them (real-time
+priority), the steady step on the real input against an in-memory copy of its
+batches (`bench/contention_truth.py`): a `py_function` map computing 3 ms a
+batch in Python, 27.5 % true against 28-29 % predicted; the tf.data guide's
+map in a custom loop, 7.2 % against 11-12 %; a DataLoader's two worker
+processes, 66.7 % against 58-62 %.
 
 It is a prediction, and says so. Where the replay after training ran, its
 measured figure decides and this one is shown beside it. Calls the fetch makes
@@ -58,10 +65,14 @@ class CpuContention:
         budget_cpus: the CPUs the job may use.
         busy: the share of those CPUs that was busy (`CpuUsage.busy`).
         parts: what the input's cores consist of, each in words.
+        process_cores: the cores the whole process kept busy (its children
+            included), of which the input's are a share; `None` in reports
+            written before it was kept.
 
     Example:
 
-    >>> found = CpuContention(0.21, 0.9, 2.0, 0.95, ["Python calls of map(load) 0.90 cores"])
+    >>> found = CpuContention(0.21, 0.4, 2.0, 0.95, ["Python calls of map(load) 0.40 cores"],
+    ...                       process_cores=1.9)
     >>> found.describe().split(": ")[1]
     'predicted 21.0 % of step time (CPU use)'
     """
@@ -71,12 +82,17 @@ class CpuContention:
     budget_cpus: float
     busy: float
     parts: List[str] = dataclasses.field(default_factory=list)
+    process_cores: Optional[float] = None
 
     def describe(self) -> str:
         """The estimate in one phrase, with what it rests on."""
+        of_job = ""
+        if self.process_cores:
+            share = self.input_cores / max(self.process_cores, self.input_cores)
+            of_job = f", {share * 100:.0f} % of the {self.process_cores:.2f} the job used"
         return (
-            f"the input's threads and workers kept {self.input_cores:.2f} of the job's "
-            f"{self.budget_cpus:g} CPUs busy while the step computed ({'; '.join(self.parts)}; "
+            f"the input's threads and workers used {self.input_cores:.2f} cores{of_job}, "
+            f"of {self.budget_cpus:g} CPUs ({'; '.join(self.parts)}; "
             f"the CPUs {self.busy * 100:.0f} % busy): predicted {self.fraction * 100:.1f} % "
             "of step time (CPU use)"
         )
@@ -111,7 +127,7 @@ def cpu_contention(
     >>> cpu = CpuUsage(wall_s=10.0, cpu_count=2, process_cores=2.0, host_busy=1.0,
     ...                budget=CpuBudget(2, 2), children_cores=0.5)
     >>> round(cpu_contention(cpu, [], step_ms=10.0, compute_ms=10.0).fraction, 2)
-    0.5
+    0.25
     """
     if cpu is None or not step_ms or step_ms <= 0 or compute_ms is None:
         return None
@@ -143,10 +159,11 @@ def cpu_contention(
     if cores <= 0 or budget <= 0:
         return None
     busy = cpu.busy
-    fraction = min(cores, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
+    share = cores / max(cpu.process_cores, cores)
+    fraction = min(share, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
     if fraction < NEGLIGIBLE:
         return None
-    return CpuContention(fraction, cores, budget, busy, parts)
+    return CpuContention(fraction, cores, budget, busy, parts, cpu.process_cores)
 
 
 def _budget_cpus(cpu) -> float:

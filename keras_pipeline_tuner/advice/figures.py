@@ -32,7 +32,6 @@ from typing import Optional
 from typing import Sequence
 from typing import Tuple
 
-from keras_pipeline_tuner.advice import python_stages
 from keras_pipeline_tuner.advice.capacity import Capacity
 from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.advice.gains import free_input_ceiling
@@ -225,7 +224,6 @@ def build_figures(
     cpu_budget: Optional[int] = None,
     fixes_line: str = "",
     keras_verbose: Optional[int] = None,
-    user_calls: Sequence = (),
     stage_table=None,
 ) -> Figures:
     """Builds the run's `Figures` once, from its judgement and evidence.
@@ -247,8 +245,6 @@ def build_figures(
         fixes_line: what the fix timing measured, in one line.
         keras_verbose: the fit's `verbose` (`StepClock.keras_verbose`): how
             Keras counted the ms/step it showed.
-        user_calls: the user's Python calls timed during training
-            (`Report.user_calls`), for the input-free figure.
         stage_table: tf.data's live model of the fit's pipeline
             (`Report.stage_table`), for the capacity model.
 
@@ -292,7 +288,6 @@ def build_figures(
             shown.compute.median_ms,
             what_if,
             throttled,
-            next(iter(python_stages.stage_costs(user_calls, stats.steps)), None),
         ),
         window=window,
         cpu_budget=cpu_budget,
@@ -311,20 +306,17 @@ def input_free(
     compute_ms: Optional[float] = None,
     what_if=None,
     throttled: bool = False,
-    python=None,
 ) -> Optional[ExpectedGain]:
     """The run's one "input free" figure: the step with input free, and how much faster.
 
-    Four measurements bound it from below, each of the same steady state:
+    Three measurements bound it from below, each of the same steady state:
     the verdict's input share (a step that spends `share` of its time on input
-    is `1 / (1 - share)` times faster without it), the step over its compute
-    (the steady state's medians: with input free a step takes its compute),
-    the replay's step with input free against the real one, timed side by
-    side (the pipeline's threads also slow the compute), and the user's
-    Python in the pipeline, timed during training: the time a step its calls
-    computed, holding the GIL (and a core) that the step's own Python and
-    threads wait for, which the wait at the fetch misses when the map runs
-    ahead. The largest is the ceiling: no change to the input pipeline goes
+    is `1 / (1 - share)` times faster without it; the share holds the CPU the
+    input's threads took from the compute, `advice.cpu_contention`), the step
+    over its compute (the steady state's medians: with input free a step
+    takes its compute), and the replay's step with input free against the
+    real one, timed side by side (the pipeline's threads also slow the
+    compute). The largest is the ceiling: no change to the input pipeline goes
     beyond what any of them measured free input to bring. On a run that is
     not input-bound it is at most `1 / (1 - max(share, 5 %))`: the verdict
     says input costs no more. A replay that ran no faster with input free
@@ -336,8 +328,6 @@ def input_free(
         compute_ms: the steady state's median compute, if measured.
         what_if: the run's `WhatIfResult`, if a replay ran.
         throttled: a CPU quota stopped the job often.
-        python: the costliest Python stage's `PythonStageCost`
-            (`python_stages.stage_costs` of the run's timed calls), if any.
 
     Returns:
         The `ExpectedGain` (a ceiling; measured when the replay set it), or
@@ -361,9 +351,7 @@ def input_free(
     share = free_input_ceiling(fraction)
     over_compute = step_ms / compute_ms if compute_ms and 0 < compute_ms < step_ms else 1.0
     measured = replayed.speedup if replayed is not None and replayed.speedup else 1.0
-    python_ms = python.step_ms * python.cpu_share if python is not None else 0.0
-    over_python = step_ms / max(step_ms - python_ms, step_ms / _MOST) if python_ms else 1.0
-    ceiling = min(max(share, over_compute, measured, over_python), _MOST)
+    ceiling = min(max(share, over_compute, measured), _MOST)
     capped = ""
     if not judgement.verdict.input_bound:
         most = free_input_ceiling(max(fraction, MODERATELY_INPUT_BOUND_FRACTION))
@@ -377,11 +365,6 @@ def input_free(
         basis, how = MEASURED, (
             f"the replay with input free ran {measured:.2f}x faster than the real pipeline, "
             "side by side"
-        )
-    elif ceiling == over_python and over_python > max(share, over_compute):
-        basis, how = BOUND, (
-            f"your Python in {python.stage} computed {python_ms:.2f} ms a step during "
-            "training, holding the GIL and a core the step's own work waits for"
         )
     elif ceiling == over_compute and over_compute > share:
         basis, how = BOUND, (

@@ -56,7 +56,8 @@ class LiveModelReader:
 
     ```python
     reader = LiveModelReader(lambda: findings.pipeline)
-    reader.begin(model, "torch")   # on_train_begin
+    reader.begin(model, "torch")   # on_train_begin; a custom loop calls
+                                   # reader.track(iterator) at each pass instead
     reader.read(step)              # on_epoch_end
     table = reader.end()           # on_train_end
     ```
@@ -110,7 +111,7 @@ class LiveModelReader:
             return True
         if dataset is None:
             return False
-        self._stand_in = IteratorsMade(dataset, self._made)
+        self._stand_in = IteratorsMade(dataset, self.track)
         self._holder, self._name = holder, name
         setattr(holder, name, self._stand_in)
         return True
@@ -208,9 +209,16 @@ class LiveModelReader:
             current = frame.f_locals.get("iterator") if frame is not None else None
         return _per_replica(current)
 
-    def _made(self, iterator) -> None:
-        # On the training thread, once per pass over the data: the pass that
-        # ends is read before its iterator is let go.
+    def track(self, iterator) -> None:
+        """Reads the model of `iterator` from now on: a new pass over the data made it.
+
+        Fit's passes are found by `begin`; a custom loop hands its own
+        (`tuner.iterate`). On the training thread, once per pass: the pass
+        that ends is read before its iterator is let go.
+
+        Args:
+            iterator: the pass's `tf.data` iterator.
+        """
         if self._latest is not None and self._latest is not iterator:
             self.read()
         self._latest = iterator

@@ -1,6 +1,7 @@
 """When the tuner reads tf.data's live model during a fit, under its feature guard.
 
-The fit's hooks call these: `begin` once before the first step, `steady_step`
+The fit's hooks call these: `begin` once before the first step (a custom
+loop's driver calls `begin_loop`, then `track` at each training pass), `steady_step`
 at each training batch's begin (a count; one read at the steady state's step),
 `epoch_ended` at each epoch's end, `end` before the tuner's own work after
 training. Each read lands in the run (`Run.stage_table`,
@@ -48,6 +49,23 @@ class LiveModelHooks:
             self._reader = reader
             if not reader.begin(model, backend):
                 self._reader = None
+
+    def begin_loop(self, run) -> None:
+        """Starts reading the passes a custom loop makes over a tf.data dataset (`track`)."""
+        self.end(run)
+        if self._guard.enabled(features.LIVE_MODEL):
+            self._reader = LiveModelReader(
+                pipeline=lambda: getattr(run.findings, "pipeline", None),
+                on_failure=self._failed,
+            )
+
+    def track(self, iterator) -> None:
+        """A custom loop's training pass made `iterator` (see `LiveModelReader.track`)."""
+        reader = self._reader
+        if reader is None or not self._guard.enabled(features.LIVE_MODEL):
+            return
+        with self._guard(features.LIVE_MODEL):
+            reader.track(iterator)
 
     def steady_step(self) -> None:
         """One training step: a count, and at the steady state's step one read."""

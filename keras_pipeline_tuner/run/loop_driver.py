@@ -6,9 +6,9 @@
 loop's calls and passes happen. The driver does what fit's hooks do: begins a
 run at the loop's first measured call, hands the source's rows, failed steps
 and fallbacks to the run through the same verbs as fit's sources, marks the
-profiler window's steps, inspects the iterated dataset, times a Grain
-dataset's stages, writes the outputs between steps, and ends the run at
-`close()`.
+profiler window's steps, inspects the iterated dataset, reads tf.data's live
+model of its passes, times a Grain dataset's stages, writes the outputs
+between steps, and ends the run at `close()`.
 """
 
 import logging
@@ -29,6 +29,7 @@ from keras_pipeline_tuner.outputs.report import Report
 from keras_pipeline_tuner.pipeline.lint import keras_inputs as pipeline_lint
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.run.lifecycle import Run
+from keras_pipeline_tuner.run.live_model_hooks import LiveModelHooks
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 
 logger = logging.getLogger("keras_pipeline_tuner")
@@ -101,6 +102,8 @@ class LoopDriver:
         )
         # The tf.data dataset iterated for training, for the probes at the end.
         self._dataset = None
+        # tf.data's live model of the training passes over that dataset.
+        self._live_model = LiveModelHooks(guard)
         # Grain's stage timing of the training passes over a Grain dataset.
         self._grain: Optional[GrainStageTimer] = None
         self._grain_dataset = None
@@ -147,6 +150,7 @@ class LoopDriver:
         self._read_grain_stages(final=True)
         if running and not self._finished:
             self._finished = True
+            self._live_model.end(self._run)
             # As fit's end takes its source's notes.
             self._run.notes.extend(self.timing.notes())
             return self._finish_run(self._run, self._dataset)
@@ -187,6 +191,9 @@ class LoopDriver:
 
     def _end_epoch(self, kind: str) -> None:
         self._run.end_epoch(kind)
+        if kind == TRAIN:
+            # About a millisecond, on the loop's thread, once an epoch.
+            self._live_model.epoch_ended(self._run)
 
     def _step_ended(self, kind: str) -> None:
         """An eager training step ended: the profiler window marks one step to the next.
@@ -234,9 +241,12 @@ class LoopDriver:
         if isinstance(iterable, tf.data.Dataset):
             run.window.use_dataset(iterable)
             self._dataset = iterable
+            self._live_model.begin_loop(run)
         run.inspect(lambda: pipeline_lint.inspect(iterable))
 
     def _iterator_made(self, iterable, iterator, kind: str) -> None:
+        if kind == TRAIN and iterable is self._dataset and self._running():
+            self._live_model.track(iterator)
         # Grain times a training pass's stages.
         grain = self._grain
         if grain is not None and kind == TRAIN and iterable is self._grain_dataset:

@@ -128,7 +128,7 @@ def build_report(run) -> Report:
     judgement = _judgement(run, cpu, evidence)
     user_calls = _user_calls(run, train)
     figures = figures_of(
-        run, judgement, train, cpu, _fixes_line(run, judgement), user_calls, evidence
+        run, judgement, train, cpu, _fixes_line(run, judgement), evidence
     )
     report = Report(
         verdict=figures.verdict,
@@ -187,7 +187,6 @@ def figures_of(
     train: StepStats,
     cpu,
     fixes_line: str = "",
-    user_calls=(),
     profile=None,
 ) -> Figures:
     """The run's `Figures`, built once from its judgement and its evidence.
@@ -198,7 +197,6 @@ def figures_of(
         train: the clock's training `StepStats`.
         cpu: the run's `CpuUsage`, or `None`.
         fixes_line: what the fix timing measured, in one line.
-        user_calls: the user's Python calls timed during training.
         profile: the run's profile evidence (`run.profile_evidence()`), or
             `None` to read it now.
 
@@ -226,7 +224,6 @@ def figures_of(
         cpu_budget=cpu.budget.cpus if cpu is not None and cpu.budget is not None else None,
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
-        user_calls=user_calls,
         stage_table=run.stage_table,
     )
 
@@ -249,7 +246,6 @@ def _job(run, report: Report, figures: Figures):
         what_if=report.what_if,
         throttled=throttled(report.cpu),
         cpu_budget=figures.cpu_budget,
-        user_calls=report.user_calls,
     )
 
 

@@ -21,11 +21,11 @@ from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import Verdict
 
 
-def usage(busy=1.0, children=0.0, quota=None):
+def usage(busy=1.0, children=0.0, quota=None, process=None):
     return CpuUsage(
         wall_s=10.0,
         cpu_count=2,
-        process_cores=2.0 * busy,
+        process_cores=2.0 * busy if process is None else process,
         host_busy=busy,
         budget=CpuBudget(2, 2, quota_cpus=quota),
         children_cores=children,
@@ -40,21 +40,31 @@ def python_calls(cpu_ms, source="tf.py_function"):
     )
 
 
-def test_the_inputs_cpu_seconds_displace_the_computes_one_for_one():
-    # 3 ms of Python CPU a 10 ms step, all CPUs busy, the whole step computing:
-    # 0.3 cores of input, 30 % of the step.
-    found = cpu_contention(usage(), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0)
+def test_the_input_costs_its_share_of_the_jobs_cpu_work():
+    # 3 ms of Python CPU a 10 ms step, all CPUs busy, the whole step
+    # computing: 0.3 cores of input, of the 1.5 the process used: with the
+    # input free the step's own 1.2 cores of work would take 20 % less time.
+    found = cpu_contention(
+        usage(process=1.5), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
+    )
     assert found.input_cores == pytest.approx(0.3)
-    assert found.fraction == pytest.approx(0.3)
+    assert found.fraction == pytest.approx(0.2)
     assert "Python calls of map(load) 0.30 cores" in found.describe()
+    assert "20 % of the 1.50 the job used" in found.describe()
     # Worker processes count too; a quota is the budget the line names.
-    workers = cpu_contention(usage(children=0.5, quota=1.0), [], step_ms=10.0, compute_ms=10.0)
+    workers = cpu_contention(
+        usage(children=0.5, quota=1.0, process=1.0), [], step_ms=10.0, compute_ms=10.0
+    )
     assert workers.budget_cpus == 1.0 and workers.fraction == pytest.approx(0.5)
     # Idle CPUs absorb the input's work: at 40 % busy, half of it counts.
-    idle = cpu_contention(usage(busy=0.4), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0)
-    assert idle.fraction == pytest.approx(0.15)
+    idle = cpu_contention(
+        usage(busy=0.4, process=0.8), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
+    )
+    assert idle.fraction == pytest.approx(0.3 / 0.8 * 0.5)
     # Only the compute part of the step can be slowed.
-    waiting = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0)
+    waiting = cpu_contention(
+        usage(process=0.6), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0
+    )
     assert waiting.fraction == pytest.approx(0.4)
 
 
@@ -171,7 +181,8 @@ def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
         steps=1000,
     )
     assert found.parts == ["tf.data's map(decode) 0.50 cores"]
-    assert found.fraction == pytest.approx(0.5)
+    # Half a core of the two the process kept busy.
+    assert found.fraction == pytest.approx(0.25)
     # A stretched clock on a busy machine cannot claim more than the process used.
     stretched = cpu_contention(
         usage(busy=0.2), [], step_ms=10.0, compute_ms=10.0, stage_table=table, steps=10000

@@ -12,9 +12,7 @@ from keras_pipeline_tuner.advice.verdict import judge
 from keras_pipeline_tuner.timing.cpu_usage import throttled
 
 
-def figures_for(
-    stats, profile=None, what_if=None, judgement=None, cpu=None, cpu_count=None, user_calls=()
-):
+def figures_for(stats, profile=None, what_if=None, judgement=None, cpu=None, cpu_count=None):
     """The figures of a run with these statistics (the verdict judged from them if not given)."""
     if judgement is None:
         judgement = judge(stats, profile, what_if=what_if, throttled=throttled(cpu))
@@ -23,7 +21,7 @@ def figures_for(
         budget = cpu.budget.cpus
     return build_figures(
         judgement, stats, profile=profile, what_if=what_if, throttled=throttled(cpu),
-        cpu_budget=budget, user_calls=user_calls,
+        cpu_budget=budget,
     )
 
 
@@ -44,7 +42,7 @@ def advise(
     stats_of_job = job_stats(stats, workers)
     if workers is not None:
         judgement = None
-    figures = figures_for(stats_of_job, profile, what_if, judgement, cpu, cpu_count, user_calls)
+    figures = figures_for(stats_of_job, profile, what_if, judgement, cpu, cpu_count)
     evidence = advisor.RunEvidence(
         stats_of_job,
         profile,

@@ -800,3 +800,36 @@ def test_a_failed_step_closes_the_profiler_window_and_checkpoints(driver, tmp_pa
         report = tuner.close()
         assert report.train.steps == 3
         assert any("1 call(s) of the step raised" in note for note in report.notes)
+
+
+def test_a_custom_loop_reads_tf_datas_live_model_of_its_passes():
+    # The loop's passes through `tuner.iterate` make their own iterators: the
+    # tuner reads tf.data's model of each, as it does of fit's.
+    def decode(i):
+        t = tf.random.stateless_uniform([32, 32], seed=tf.stack([i, i]))
+        t = tf.matmul(t, t)
+        return tf.fill([FEATURES], tf.reduce_mean(t)), tf.cast(i % 2, tf.float32)[None]
+
+    data = (
+        tf.data.Dataset.range(64)
+        .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(8)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model = tiny_model()
+    tuner = kpt.PipelineTuner(verbose=0)
+
+    @tuner.instrument
+    def step(x, y):
+        return model.train_on_batch(x, y)
+
+    for _ in range(2):
+        for x, y in tuner.iterate(data):
+            step(x, y)
+    report = tuner.close()
+    table = report.stage_table
+    assert table is not None, report.notes
+    stages = {row.stage: row for row in table.rows}
+    mapped = stages["map(decode, num_parallel_calls=AUTOTUNE)"]
+    assert mapped.ms_per_batch > 0
+    assert mapped.parallelism is not None and mapped.parallelism >= 1
