@@ -52,6 +52,9 @@ from keras_pipeline_tuner.timing.cpu_usage import BUSY_FRACTION
 ON_TRAINING_THREAD = frozenset({"generator next"})
 # Below this share of the step the estimate is not worth a word.
 NEGLIGIBLE = 0.01
+# The kernel counts a process's children's CPU time in clock ticks (10 ms),
+# four counters rounded apiece: below ten ticks over the span it tells nothing.
+CHILDREN_RESOLUTION_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +154,7 @@ def cpu_contention(
         if used >= NEGLIGIBLE:
             cores += used
             parts.append(f"tf.data's {row.stage} {used:.2f} cores")
-    if cpu.children_cores and cpu.children_cores >= NEGLIGIBLE:
+    if cpu.children_cores and cpu.children_cores * cpu.wall_s >= CHILDREN_RESOLUTION_S:
         cores += cpu.children_cores
         parts.append(f"worker processes {cpu.children_cores:.2f} cores")
     cores = min(cores, cpu.process_cores)

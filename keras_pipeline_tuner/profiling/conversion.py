@@ -60,8 +60,6 @@ from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 _REQUEST = "request.pickle"
 _RESULT = "result.pickle"
 _STDERR = "stderr.txt"
-# The process's own CPU seconds, written as it ends (`_util.own_processes`).
-_CPU = "cpu_s.txt"
 # The child's scheduling priority, below the training's: on cores the training
 # keeps busy, the conversion mostly takes what is left, so that it slows the
 # steps (and the pipeline whose wait the step clock measures meanwhile) little.
@@ -162,7 +160,7 @@ class Conversion:
 
     def done(self) -> bool:
         """Whether the process has ended (without waiting)."""
-        return self._ended(self._process.poll() is not None)
+        return own_processes.reap(self._process, timeout=0.0)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits up to `timeout` seconds (`None`: until it ends) for the process.
@@ -170,11 +168,7 @@ class Conversion:
         Returns:
             Whether it has ended.
         """
-        try:
-            self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return self._ended(True)
+        return own_processes.reap(self._process, timeout)
 
     def result(self) -> ConversionResult:
         """Waits for the process and returns its result; its files are removed.
@@ -186,17 +180,11 @@ class Conversion:
             ConversionFailed: the conversion raised (its exception's type and
                 message), or its process ended without a result (e.g. killed).
         """
-        self._ended(self._process.wait() is not None)
+        own_processes.reap(self._process)
         try:
             return self._read_result()
         finally:
             self._stop()
-
-    def _ended(self, ended: bool) -> bool:
-        """Once the process has ended: its CPU time leaves the job's (`_util.own_processes`)."""
-        if ended:
-            own_processes.ended(self._process.pid, _cpu_s(self._directory))
-        return ended
 
     def cancel(self) -> None:
         """Stops the process if it still runs, and removes its files (idempotent)."""
@@ -256,9 +244,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     answer["ended_at"] = time.time()
     with open(os.path.join(directory, _RESULT), "wb") as file:
         pickle.dump(answer, file)
-    times = os.times()
-    with open(os.path.join(directory, _CPU), "w", encoding="ascii") as file:
-        file.write(repr(sum(times[:4])))
     return 0
 
 
@@ -304,20 +289,10 @@ def _child_environment() -> Dict[str, str]:
 
 
 def _stop_process(process: subprocess.Popen, directory: str) -> None:
-    if process.poll() is None:
+    if process.returncode is None:
         process.kill()
-        process.wait()
-    own_processes.ended(process.pid, _cpu_s(directory))
+        own_processes.reap(process)
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def _cpu_s(directory: str) -> float:
-    """The CPU seconds the process reported as it ended (0 if killed first)."""
-    try:
-        with open(os.path.join(directory, _CPU), encoding="ascii") as file:
-            return float(file.read())
-    except (OSError, ValueError):
-        return 0.0
 
 
 def _last_line(path: str) -> str:

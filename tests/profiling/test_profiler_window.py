@@ -381,7 +381,11 @@ def test_a_window_opened_at_the_last_step_names_no_bottleneck(tmp_path):
     assert evidence is not None, report.notes
     assert evidence.bottleneck is None
     assert any("fewer than" in note for note in evidence.notes), evidence.notes
-    assert all(r.id != advisor.BOTTLENECK_STAGE for r in report.recommendations)
+    # The slow stage is named from tf.data's live model of the loop's passes,
+    # never from a window too short to tell.
+    for recommendation in report.recommendations:
+        if recommendation.id == advisor.BOTTLENECK_STAGE:
+            assert "live model" in recommendation.title, recommendation.title
 
 
 def test_a_window_that_measured_no_input_wait_puts_no_stage_first(tmp_path):
