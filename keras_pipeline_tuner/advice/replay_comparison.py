@@ -62,6 +62,17 @@ def contention_of(compared) -> Optional[float]:
     return 1.0 - replayed_ms / real_ms
 
 
+def resolution(real_ms: float) -> float:
+    """The least share of the step a replay can tell from the noise (`shows_contention`).
+
+    Example:
+
+    >>> round(resolution(10.0), 3), round(resolution(0.5), 2)
+    (0.13, 0.4)
+    """
+    return max(1.0 - 1.0 / CONTENTION_MIN_SPEEDUP, CONTENTION_MIN_MS / real_ms if real_ms else 1.0)
+
+
 def shows_contention(real_ms: float, replayed_ms: float) -> bool:
     """Whether steps on the real pipeline were slower than replayed ones beyond the noise.
 

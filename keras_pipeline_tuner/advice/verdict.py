@@ -55,6 +55,7 @@ from keras_pipeline_tuner.advice.replay_comparison import CONTENTION_MIN_MS
 from keras_pipeline_tuner.advice.replay_comparison import alongside
 from keras_pipeline_tuner.advice.replay_comparison import compared_steps
 from keras_pipeline_tuner.advice.replay_comparison import contention_of
+from keras_pipeline_tuner.advice.replay_comparison import resolution
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import TRAIN
 from keras_pipeline_tuner.timing.step_clock import Share
@@ -222,9 +223,16 @@ def judge(
         # through Keras' iterator, which the replay's step left out.
         compared = (compared[0], compared[1] + skipped_ms, compared[2])
     contention = contention_of(compared)
+    # A replay whose steps differ within its noise bounds the contention, not
+    # measures it: below that bound, the CPU use's prediction stands.
+    unresolved = contention == 0.0 and compared is not None
     if contention is not None and contention > fraction:
         fraction, source = contention, REPLAY
-    elif contention is None and cpu_contention is not None:
+    elif cpu_contention is not None and (contention is None or unresolved):
+        if unresolved and cpu_contention.fraction > resolution(compared[0]):
+            cpu_contention = dataclasses.replace(
+                cpu_contention, fraction=resolution(compared[0])
+            )
         fraction, source = min(wait_fraction + cpu_contention.fraction, 1.0), CPU_USE
     verdict = verdict_for(fraction)
     line = _line(
@@ -542,11 +550,18 @@ def _line(
     cpu_contention=None,
 ) -> str:
     if source == CPU_USE:
-        return (
+        line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "
             f"the wait at the fetch, {wait_fraction * 100:.1f} %{beyond} (step clock), and "
             f"{cpu_contention.describe()}."
         )
+        if compared is not None:
+            line += (
+                f" A replay with input free ran {compared[1]:.2f} ms a step ({compared[2]}) "
+                f"against {compared[0]:.2f} ms with the pipeline: a difference within its "
+                f"noise, which cannot tell contention under {resolution(compared[0]) * 100:.0f} %."
+            )
+        return line
     if source == REPLAY:
         line = (
             f"{verdict.value}: the input costs {fraction * 100:.1f} % of step time {scope}: "

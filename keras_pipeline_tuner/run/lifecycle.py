@@ -506,6 +506,18 @@ class Run:
         self._next_checkpoint = ended + CHECKPOINT_S
         self.cost.output_during_training(ended - began)
 
+    def training_ended(self) -> None:
+        """Training has ended: what follows is the tuner's own time, and no CPU use of the job's.
+
+        The CPU meter stops here, before the probes after training (a
+        replay, the fetch floor) and the outputs, so that the CPU figures are
+        training's alone. Safe to call more than once.
+        """
+        self.cost.training_ended()
+        if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
+            with self.guard(features.CPU_USAGE):
+                self._cpu.stop()
+
     def finish(self, summary: bool = True) -> Report:
         """Builds the final report and writes every output.
 
@@ -523,12 +535,9 @@ class Run:
         """
         _RUNNING.discard(self)
         self.finished = True
-        self.cost.training_ended()
+        self.training_ended()
         self.flush_rows()
         self.files.finish()
-        if self._cpu is not None and self.guard.enabled(features.CPU_USAGE):
-            with self.guard(features.CPU_USAGE):
-                self._cpu.stop()
         self._exchange_worker_summaries(final=True)
         profile = self.profile
         if profile is not None and profile.pending and profile.done():

@@ -335,7 +335,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         self._end_timing()
         run = self._run
         # From here on, the tuner's own time (see `timing.tuner_cost`).
-        run.cost.training_ended()
+        run.training_ended()
         if timing is not None:
             run.notes.extend(timing.notes())
         # Nothing here waits for the profile's conversion: Keras' fit iterator
@@ -474,7 +474,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         return self._loop
 
     def _finish_loop_run(self, run: Run, dataset) -> Report:
-        run.cost.training_ended()
+        run.training_ended()
         with run.cost.part("profile conversion"):
             run.end_window()
             # The loop has ended and `close()` asked for the final report: it

@@ -260,8 +260,9 @@ class CpuMeter:
         )
 
     def stop(self) -> None:
-        """Ends the span: `usage()` returns the usage up to now from then on."""
-        self._stopped = self.mark()
+        """Ends the span: `usage()` returns the usage up to now from then on (once)."""
+        if self._stopped is None:
+            self._stopped = self.mark()
 
     def usage(self, since: Optional[CpuMark] = None) -> Optional[CpuUsage]:
         """The usage from the start (or `since`) to now, or to the stop.

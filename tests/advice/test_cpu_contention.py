@@ -218,3 +218,26 @@ def test_a_map_before_a_cache_counts_only_where_the_verdict_looks():
     assert judgement.from_epoch == 1, judgement.line
     found = judgement.cpu_contention
     assert found is None or not any("Python calls" in part for part in found.parts), found
+
+
+def test_a_replay_within_its_noise_bounds_the_cpu_estimate_instead_of_zeroing_it():
+    clock = clock_of(wait_ms=0.0, compute_ms=10.0)
+    found = cpu_contention(usage(process=1.0), [python_calls(1.0)], step_ms=10.0, compute_ms=10.0)
+    # 9.0 against 10.0 ms: 1.11x, under the replay's 1.15x resolution.
+    unresolved = WhatIfResult(
+        replay_step=Distribution(mean_ms=9.0),
+        replay_input_wait=Distribution(mean_ms=0.05),
+        pipeline_step=Distribution(mean_ms=10.0),
+        pipeline_source="measured",
+    )
+    judgement = judged(clock, what_if=unresolved, cpu_contention=found)
+    assert judgement.source == CPU_USE
+    assert judgement.input_fraction == pytest.approx(found.fraction)
+    assert "within its noise" in judgement.line
+    # A prediction above what the replay could have missed is capped there.
+    heavy = cpu_contention(
+        usage(process=1.0), [python_calls(6.0)], step_ms=10.0, compute_ms=10.0
+    )
+    capped = judged(clock, what_if=unresolved, cpu_contention=heavy)
+    assert capped.source == CPU_USE
+    assert capped.input_fraction == pytest.approx(1 - 1 / 1.15)
