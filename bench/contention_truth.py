@@ -50,6 +50,8 @@ import subprocess
 import sys
 import time
 
+import busy_loops
+
 BACKEND_OF = {
     "augment": "tensorflow",
     "numpy": "tensorflow",
@@ -387,12 +389,6 @@ def run_case(name: str, rounds: int) -> str:
     return "\n".join([head] + ["    tuner " + row for row in rows])
 
 
-def _busy_loops(count: int):
-    return [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
-    ]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="*", default=list(BACKEND_OF))
@@ -403,7 +399,7 @@ def main():
     if args.one:
         print(run_case(args.one, args.rounds), flush=True)
         return
-    loops = _busy_loops(args.busy_loops)
+    loops = busy_loops.start(args.busy_loops)
     try:
         print(f"{time.strftime('%Y-%m-%d %H:%M')}, busy loops {args.busy_loops}, "
               f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -415,8 +411,7 @@ def main():
             )
             print(done.stdout.strip() or f"{name}: failed\n{done.stderr[-2000:]}", flush=True)
     finally:
-        for loop in loops:
-            loop.kill()
+        busy_loops.stop(loops)
 
 
 if __name__ == "__main__":
