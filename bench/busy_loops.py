@@ -9,6 +9,7 @@ that never yields keeps its CPU from every other process of its priority.
 Yielding, they share the CPUs with the bench as busy processes do elsewhere.
 """
 
+import contextlib
 import subprocess
 import sys
 
@@ -32,3 +33,13 @@ def stop(loops: list) -> None:
     for loop in loops:
         loop.kill()
         loop.wait()
+
+
+@contextlib.contextmanager
+def running(count: int):
+    """`count` busy loops for as long as the block runs."""
+    loops = start(count)
+    try:
+        yield
+    finally:
+        stop(loops)

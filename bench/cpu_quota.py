@@ -30,6 +30,8 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import busy_loops  # noqa: E402
+
 from tests.helpers.cgroups import cpu_hierarchy  # noqa: E402
 from tests.helpers.cgroups import make_quota_cgroup  # noqa: E402
 from tests.helpers.cgroups import remove_cgroup  # noqa: E402
@@ -124,9 +126,7 @@ def main() -> None:
     version, top = cpu_hierarchy()
     if version is None:
         sys.exit(f"cannot make a cgroup: {top}")
-    loads = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
-    ]
+    loads = busy_loops.start(args.load)
     made = []
     try:
         path = make_quota_cgroup(version, top, args.quota, made)
@@ -137,8 +137,7 @@ def main() -> None:
             check=True,
         )
     finally:
-        for process in loads:
-            process.kill()
+        busy_loops.stop(loads)
         for path in made:
             remove_cgroup(path, top)
     rounds = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]

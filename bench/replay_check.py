@@ -26,13 +26,14 @@ pure Python.
 """
 
 import argparse
-import contextlib
 import gc
 import json
 import os
 import subprocess
 import sys
 import time
+
+import busy_loops as loads
 
 CASES = ("recipe", "numpy", "jax", "torch")
 BACKEND = {"recipe": "tensorflow", "numpy": "tensorflow", "jax": "jax", "torch": "torch"}
@@ -142,17 +143,8 @@ def run_case(case: str, fits: int) -> list:
     return found
 
 
-@contextlib.contextmanager
 def busy_loops(count: int):
-    loops = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)
-    ]
-    try:
-        yield
-    finally:
-        for loop in loops:
-            loop.kill()
-            loop.wait()
+    return loads.running(count)
 
 
 def _in_process(case: str, fits: int) -> list:

@@ -84,6 +84,7 @@ os.environ["KERAS_BACKEND"] = BACKEND if BACKEND in BACKENDS else "tensorflow"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import busy_loops as loads  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -309,17 +310,9 @@ def fit_pair(pipeline: Pipeline, tuned_first: bool, log_dir: Optional[str]) -> P
     )
 
 
-@contextlib.contextmanager
 def cpu_load(processes: int):
     """`processes` busy loops in pure Python for as long as the block runs."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for process in busy:
-            process.kill()
-        for process in busy:
-            process.wait()
+    return loads.running(processes)
 
 
 def load_average() -> str:
