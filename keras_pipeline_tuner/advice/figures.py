@@ -37,6 +37,7 @@ from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.advice.gains import free_input_ceiling
 from keras_pipeline_tuner.advice.gains import replayed_gain
 from keras_pipeline_tuner.advice.recommendation import BOUND
+from keras_pipeline_tuner.advice.recommendation import CPU_USE
 from keras_pipeline_tuner.advice.recommendation import MEASURED
 from keras_pipeline_tuner.advice.recommendation import PROFILER
 from keras_pipeline_tuner.advice.recommendation import REPLAY
@@ -346,6 +347,10 @@ def input_free(
     if fraction is None or not step_ms:
         return None
     replayed = replayed_gain(what_if, throttled)
+    if judgement.source == CPU_USE:
+        # The replay's steps differed within its noise: it bounds nothing the
+        # CPU use's prediction does not (see `advice.verdict`).
+        replayed = None
     if replayed is not None and replayed.speedup is not None and replayed.speedup <= 1.0:
         return dataclasses.replace(replayed, step_ms=step_ms, step_ms_after=step_ms)
     share = free_input_ceiling(fraction)

@@ -1,5 +1,6 @@
 """Contention from CPU use: the input's threads and workers against the CPU budget."""
 
+import dataclasses
 import time
 
 import keras
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
+from keras_pipeline_tuner.advice.figures import input_free
 from keras_pipeline_tuner.advice.recommendation import CPU_USE
 from keras_pipeline_tuner.advice.recommendation import REPLAY
 from keras_pipeline_tuner.advice.verdict import judge
@@ -234,6 +236,14 @@ def test_a_replay_within_its_noise_bounds_the_cpu_estimate_instead_of_zeroing_it
     assert judgement.source == CPU_USE
     assert judgement.input_fraction == pytest.approx(found.fraction)
     assert "within its noise" in judgement.line
+    # One figure: the input-free ceiling is the share's, not a replay's "no gain".
+    even = dataclasses.replace(
+        unresolved, replay_step=Distribution(mean_ms=10.1), speedup_if_input_free=10.0 / 10.1
+    )
+    judgement = judged(clock, what_if=even, cpu_contention=found)
+    assert judgement.source == CPU_USE
+    ceiling = input_free(judgement, 10.0, compute_ms=10.0, what_if=even)
+    assert ceiling.speedup == pytest.approx(1 / (1 - found.fraction))
     # A prediction above what the replay could have missed is capped there.
     heavy = cpu_contention(
         usage(process=1.0), [python_calls(6.0)], step_ms=10.0, compute_ms=10.0
