@@ -34,6 +34,7 @@ torch on NumPy arrays (torch on one thread, as the tests run it).
 
     python bench/overhead.py [--rounds 7] [--epochs 6] [--epoch-s 0.5]
                              [--backend tensorflow|jax|torch|all] [--cases small large tiny]
+                             [--busy-loops 2]
 """
 
 import argparse
@@ -44,6 +45,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import busy_loops
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The package of this checkout, not whichever one is installed.
@@ -321,7 +324,18 @@ def main():
     parser.add_argument(
         "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
     )
+    parser.add_argument("--busy-loops", type=int, default=0, help="run beside N busy loops")
     args = parser.parse_args()
+    if not args.busy_loops:
+        return run(args)
+    # Started once, here: the per-backend processes below pass 0 on.
+    with busy_loops.running(args.busy_loops):
+        print(f"beside {args.busy_loops} busy loops", flush=True)
+        return run(args)
+
+
+def run(args) -> None:
+    """Measures each case of `args.backend` (each backend in a process of its own for "all")."""
     if args.backend == "all":
         for backend in BACKENDS:
             # A process per backend: Keras fixes it at import.
