@@ -25,8 +25,13 @@ and the step would shrink by the input's share. Scaled by how busy the CPUs
 were (idle cores absorb the input's work; from `BUSY_FRACTION` busy, all of it
 counts), it predicts the share of the step the input cost inside the compute:
 
-    contention = min(input cores / process cores, compute / step)
+    contention = min(input cores / process cores, input cores, compute / step)
                  x min(busy / 0.8, 1)
+
+Its CPU seconds can displace no more of the step than themselves: the share is
+never above the input's cores (a step that sleeps, or waits on a device, uses
+little CPU, and the input is then most of the job's CPU while it takes little
+from the step).
 
 Measured on 2 cores, each case's own process alone on them (real-time
 priority), the steady step on the real input against an in-memory copy of its
@@ -162,7 +167,10 @@ def cpu_contention(
     if cores <= 0 or budget <= 0:
         return None
     busy = cpu.busy
-    share = cores / max(cpu.process_cores, cores)
+    # Never more than the input's own CPU seconds a second, one for one: a step
+    # that sleeps or waits on a device uses little CPU, and the input's share
+    # of the job's CPU is then near all of it while it slows the step little.
+    share = min(cores / max(cpu.process_cores, cores), cores)
     fraction = min(share, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
     if fraction < NEGLIGIBLE:
         return None

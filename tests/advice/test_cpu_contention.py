@@ -62,7 +62,7 @@ def test_the_input_costs_its_share_of_the_jobs_cpu_work():
     idle = cpu_contention(
         usage(busy=0.4, process=0.8), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
     )
-    assert idle.fraction == pytest.approx(0.3 / 0.8 * 0.5)
+    assert idle.fraction == pytest.approx(0.3 * 0.5)
     # Only the compute part of the step can be slowed.
     waiting = cpu_contention(
         usage(process=0.6), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0
@@ -251,3 +251,12 @@ def test_a_replay_within_its_noise_bounds_the_cpu_estimate_instead_of_zeroing_it
     capped = judged(clock, what_if=unresolved, cpu_contention=heavy)
     assert capped.source == CPU_USE
     assert capped.input_fraction == pytest.approx(1 - 1 / 1.15)
+
+
+def test_a_step_that_uses_little_cpu_is_slowed_by_no_more_than_the_inputs_cpu():
+    # The step sleeps (or waits on a device): the input is 80 % of the job's
+    # 0.125 cores of CPU, yet its 0.1 cores can take at most 10 % of the step.
+    found = cpu_contention(
+        usage(process=0.125), [python_calls(1.0)], step_ms=10.0, compute_ms=10.0
+    )
+    assert found.fraction == pytest.approx(0.1)
