@@ -171,9 +171,11 @@ def test_a_python_map_that_keeps_ahead_is_measured_as_cpu_the_step_shares():
     found = tuner.report.judgement.cpu_contention
     assert found is not None, tuner.report.judgement.line
     assert "Python calls of map(mapped, num_parallel_calls=2)" in found.parts[0]
-    # 80 calls of 2 ms of CPU in the two later epochs.
-    assert found.input_cores == pytest.approx(80 * 0.002 / span.wall_s, rel=0.25)
-    assert found.input_cores <= 2.0
+    # 80 calls of 2 ms of CPU in the two later epochs (tf.data's other stages,
+    # timed on its threads' clocks, add what load stretches).
+    python_cores = float(found.parts[0].split()[-2])
+    assert python_cores == pytest.approx(80 * 0.002 / span.wall_s, rel=0.25)
+    assert python_cores <= found.input_cores <= 2.0
 
 
 def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
