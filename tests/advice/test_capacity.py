@@ -5,7 +5,6 @@ import threading
 import time
 
 import keras
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -15,6 +14,8 @@ from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.profiling.live_model import StageRow
 from keras_pipeline_tuner.profiling.live_model import StageTable
 from keras_pipeline_tuner.timing.cpu_usage import CpuMeter
+from tests.helpers.training_data import spinning_map
+from tests.helpers.training_data import tiny_model
 
 
 def table(*rows):
@@ -82,25 +83,6 @@ def test_the_cpu_meter_reads_the_marking_threads_wait_for_a_core():
     assert meter.usage(marks[0]).thread_delay_s is None
 
 
-def spin_3ms(x):
-    end = time.thread_time() + 0.003
-    while time.thread_time() < end:
-        pass
-    return x
-
-
-def sleep_10ms(x):
-    time.sleep(0.01)
-    return x
-
-
-class Sleeping(keras.layers.Layer):
-    def call(self, x):
-        y = tf.py_function(sleep_10ms, [x], tf.float32)
-        y.set_shape(x.shape)
-        return y
-
-
 class TrainingSpan(keras.callbacks.Callback):
     # Placed before the tuner: its on_train_end comes before the tuner's
     # work after training.
@@ -114,17 +96,9 @@ class TrainingSpan(keras.callbacks.Callback):
 def test_a_fit_gives_its_cpu_a_step_and_the_meter_stops_with_training():
     # A map that burns 3 ms of CPU a batch on its thread's clock, into a step
     # that sleeps 10 ms: load stretches both, but cannot make the CPU less.
-    def mapped(x, y):
-        x = tf.py_function(spin_3ms, [x], tf.float32)
-        x.set_shape((None, 8))
-        return x, y
-
-    x = np.random.default_rng(0).random((8 * 30, 8), dtype=np.float32)
-    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(8)
-    data = data.map(mapped, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    data = spinning_map(30, 8, 0.003, parallel_calls=tf.data.AUTOTUNE)
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), Sleeping(), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
+    model = tiny_model(compute_delay_s=0.01)
     span = TrainingSpan()
     # what_if: a replay after training, which the CPU figures must leave out.
     tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=False, what_if=True)

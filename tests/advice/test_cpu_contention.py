@@ -19,6 +19,7 @@ from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from tests.helpers.training_data import spinning_map
 
 
 def usage(busy=1.0, children=0.0, quota=None, process=None):
@@ -133,20 +134,7 @@ def test_a_python_map_that_keeps_ahead_is_measured_as_cpu_the_step_shares():
     # A parallel py_function map that computes in Python (holding the GIL) for
     # 2 ms a batch, prefetched, into a step that computes for a few ms: the
     # estimate counts its CPU time as the input's cores, whatever the load.
-    def spin(x):
-        end = time.thread_time() + 0.002
-        while time.thread_time() < end:
-            pass
-        return x
-
-    def mapped(x, y):
-        x = tf.py_function(spin, [x], tf.float32)
-        x.set_shape((None, 256))
-        return x, y
-
-    x = np.random.default_rng(0).random((64 * 40, 256), dtype=np.float32)
-    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(64)
-    data = data.map(mapped, num_parallel_calls=2).prefetch(4)
+    data = spinning_map(40, 64, 0.002, features=256)
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [keras.Input((256,)), keras.layers.Dense(1024), keras.layers.Dense(1024),
