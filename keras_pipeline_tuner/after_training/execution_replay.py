@@ -13,8 +13,9 @@ that a later fit's order is unchanged) is trained on by Keras' own `fit`, at
 turned every round), the median of each: the gain is measured, not
 predicted. A fit's step is its time from its first call's end (the first
 call makes the iterator, and the first fit at a setting compiles) to its
-end, over the steps in between: at the advised setting 7 calls of 32 steps,
-where a fit of 4 calls timed by whole epochs varied 0.66-1.28x of what the
+end, over the steps in between. A fit at the advised setting runs
+`ADVISED_CALLS` calls, so that both sides are timed over about the same wall
+time: fits of 4 calls timed by whole epochs varied 0.66-1.28x of what the
 setting delivered on a loaded machine. The pipeline's own work stays
 in both, as in the fit: cached batches alone overstated the gain 1.5-2x where
 the input's work shows once the loop's is gone (a 2-core machine, load 8-10).
@@ -37,8 +38,10 @@ from keras_pipeline_tuner.pipeline.tune import rebuild as pipeline_rewrite
 # The setting advised: Keras' documentation's example, far past where the per-step
 # host work stops mattering for a step of a few milliseconds.
 ADVISED = 32
-# Training steps each timed fit runs (at the advised setting: this many / ADVISED calls).
+# Training steps each timed fit at 1 runs; at the advised setting, ADVISED_CALLS
+# calls (its steps cost a fraction of those at 1).
 STEPS = 8 * ADVISED
+ADVISED_CALLS = 32
 ROUNDS = 3
 # A compilation of the train function, about (a small model here: 0.1-0.6 s).
 COMPILE_S = 0.5
@@ -53,7 +56,7 @@ class ExecutionReplay:
         step_ms_at_one: the mean step of a fit on cached batches at 1.
         step_ms_advised: the same at `steps_per_execution`.
         speedup: `step_ms_at_one` over `step_ms_advised`.
-        steps: training steps each timed fit ran.
+        steps: training steps each timed fit at 1 ran.
         rounds: alternated rounds (medians of them).
     """
 
@@ -63,6 +66,7 @@ class ExecutionReplay:
     speedup: float
     steps: int
     rounds: int
+    steps_advised: int = 0
 
     def sentence(self) -> str:
         """What was measured, in one sentence.
@@ -70,11 +74,12 @@ class ExecutionReplay:
         Example:
 
         >>> ExecutionReplay(32, 2.0, 0.5, 4.0, 128, 3).sentence()  # doctest: +ELLIPSIS
-        'Keras fits of 128 batches of a copy of the pipeline, timed after their first call: ...'
+        'Keras fits of 128 batches at 1 and 128 at 32 of a copy of the pipeline, timed after ...'
         """
         return (
-            f"Keras fits of {self.steps} batches of a copy of the pipeline, timed after "
-            "their first call: "
+            f"Keras fits of {self.steps} batches at 1 and {self.steps_advised or self.steps} "
+            f"at {self.steps_per_execution} of a copy of the pipeline, timed after their "
+            "first call: "
             f"{self.step_ms_at_one:.2f} ms a step at "
             f"steps_per_execution=1, {self.step_ms_advised:.2f} ms at "
             f"{self.steps_per_execution} ({self.speedup:.2f}x, medians of {self.rounds} "
@@ -151,7 +156,14 @@ def replay_execution(model, dataset, setting: int = ADVISED) -> Optional[Executi
     finally:
         saved.restore()
     at_one, advised = statistics.median(times[1]), statistics.median(times[setting])
-    return ExecutionReplay(setting, at_one, advised, at_one / advised, STEPS, ROUNDS)
+    return ExecutionReplay(
+        setting, at_one, advised, at_one / advised, STEPS, ROUNDS, _steps(setting)
+    )
+
+
+def _steps(setting: int) -> int:
+    """Training steps a timed fit at `setting` runs."""
+    return STEPS if setting == 1 else ADVISED_CALLS * setting
 
 
 def _step_ms(model, replayed, setting: int, functions: dict) -> float:
@@ -169,9 +181,10 @@ def _step_ms(model, replayed, setting: int, functions: dict) -> float:
                 marks.append((time.perf_counter(), batch + 1))
 
         def on_epoch_end(self, epoch, logs=None):
-            marks.append((time.perf_counter(), STEPS))
+            marks.append((time.perf_counter(), steps))
 
-    model.fit(replayed, steps_per_epoch=STEPS, epochs=1, verbose=0, callbacks=[_Calls()])
+    steps = _steps(setting)
+    model.fit(replayed, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[_Calls()])
     functions[setting] = model.train_function
     (began, first), (ended, last) = marks[0], marks[-1]
     return (ended - began) * 1e3 / (last - first)
