@@ -44,6 +44,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import busy_loops  # noqa: E402
+
 from tests.helpers.cgroups import cpu_hierarchy  # noqa: E402
 from tests.helpers.cgroups import make_quota_cgroup  # noqa: E402
 from tests.helpers.cgroups import remove_cgroup  # noqa: E402
@@ -179,9 +181,7 @@ def main() -> None:
     if version != 1:
         # The child rewrites a v1 quota (cpu.cfs_quota_us); v2 would need cpu.max.
         sys.exit(f"no cgroup v1 CPU controller to make a quota in: {top}")
-    loads = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
-    ]
+    loads = busy_loops.start(args.load)
     began = time.monotonic()
     print(f"{args.load} busy loops beside; load average {os.getloadavg()[0]:.1f} at the start")
     made, rounds = [], []
@@ -203,8 +203,7 @@ def main() -> None:
         if child.wait() != 0:
             sys.exit(error[-3000:])
     finally:
-        for process in loads:
-            process.kill()
+        busy_loops.stop(loads)
         for made_path in reversed(made):
             remove_cgroup(made_path, top)
     report(rounds, args.load)

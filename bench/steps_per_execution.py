@@ -24,12 +24,11 @@ import argparse
 import gc
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import busy_loops  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -105,15 +104,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--load", type=int, default=0, help="busy-loop processes beside it")
     args = parser.parse_args()
-    loads = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)
-    ]
+    loads = busy_loops.start(args.load)
     began = time.monotonic()
     try:
         run(args.rounds, args.load)
     finally:
-        for process in loads:
-            process.kill()
+        busy_loops.stop(loads)
     print(f"load average {os.getloadavg()[0]:.1f} at the end; {time.monotonic() - began:.0f} s")
 
 

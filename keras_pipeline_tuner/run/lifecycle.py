@@ -174,7 +174,6 @@ class Run:
         # What `steps_ended` last saw of the clock: rows recorded, epochs ended.
         self._seen = (-1, -1)
         self._cpu: Optional[CpuMeter] = None
-        self._cpu_stopped = False
         # The CPU counters and the user's calls so far at each training
         # epoch's start: the verdict's steady state may start at an epoch
         # (`advice.verdict.later_epochs`), and so must the CPU it judges.
@@ -490,20 +489,6 @@ class Run:
         """Whether the run writes anything during training (report files, TensorBoard)."""
         return self.files.writes or self.tensorboard is not None
 
-    def training_ended(self) -> None:
-        """Training ended: the tuner's own time counts from here, and the CPU meter stops.
-
-        Before the probes after training: their work is the tuner's, not the
-        job's, and would count in the CPU figures (the input's cores, the CPU
-        a step) as training's.
-        """
-        self.cost.training_ended()
-        if self._cpu is not None and not self._cpu_stopped:
-            if self.guard.enabled(features.CPU_USAGE):
-                with self.guard(features.CPU_USAGE):
-                    self._cpu.stop()
-                    self._cpu_stopped = True
-
     def checkpoint(self) -> None:
         """Within long epochs: report.json and the scalars so far, on disk."""
         self.flush_rows()
@@ -671,7 +656,6 @@ class Run:
                     self._cpu = CpuMeter()
                 else:
                     self._cpu.restart()
-                self._cpu_stopped = False
 
     def _join_workers(self, identity: Optional[worker_reports.WorkerIdentity]) -> None:
         """Sets up the exchange with the other workers, where this one writes, its folder."""

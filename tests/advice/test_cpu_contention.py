@@ -161,9 +161,9 @@ def test_a_python_map_that_keeps_ahead_is_measured_as_cpu_the_step_shares():
     assert "Python calls of map(mapped, num_parallel_calls=2)" in found.parts[0]
     # 80 calls of 2 ms of CPU in the two later epochs (tf.data's other stages,
     # timed on its threads' clocks, add what load stretches).
-    python_cores = float(found.parts[0].split()[-2])
+    python_cores = float(found.parts[0].split()[-2])  # as printed, to 0.01
     assert python_cores == pytest.approx(80 * 0.002 / span.wall_s, rel=0.25)
-    assert python_cores <= found.input_cores <= 2.0
+    assert python_cores - 0.005 <= found.input_cores <= 2.0
 
 
 def test_tf_data_stages_count_by_their_own_time_and_never_past_the_process():
