@@ -22,6 +22,19 @@ cache read back), the cores that make the input free, and how much faster the
 model may get before the input caps the step. Every figure here is a
 prediction, labelled so where shown, and checked against `kpt.tune`'s
 measurements in `bench/advice_accuracy.py`.
+
+The cores that make the input free rest on CPU time, not on tf.data's stage
+times: tf.data times a stage on its threads' clocks, which other work on the
+cores stretches (a busy machine: up to twice the CPU) and which ops running on
+several threads shrink. The job's CPU time a training step, as the CPU meter
+measured it over the steady state (`timing.cpu_usage`: all its threads and
+worker processes, the step's own work too), has to fit in a step with the
+input free (the compute and the host's time between steps, less the time the
+training thread waited for a core: other work on the cores stretches the
+compute too): their ratio is the cores the job needs for the input to keep
+ahead of the step (`bench/capacity_cores.py` checks it under cgroup CPU
+quotas). tf.data's stage times remain the fallback where the meter measured
+nothing.
 """
 
 import dataclasses
@@ -34,8 +47,25 @@ PARALLEL = "parallel"
 CACHE = "cache"
 # Stages whose work a parallel version runs on several threads.
 _PARALLEL_KINDS = ("map(", "interleave(", "batch(", "filter(")
-# tf.data kernels whose own time is waiting (for room, for input), not work.
-_BUFFERS = ("Prefetch",)
+# The step with input free is never taken as less than this share of the
+# measured one (the training thread's wait for a core also falls in input waits).
+_LEAST_FREE_SHARE = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCpu:
+    """The job's CPU a training step over the steady state (measured by the CPU meter).
+
+    Attributes:
+        cpu_ms: the CPU time of all its threads and worker processes a step
+            (the input's and the step's own).
+        delayed_ms: how long the training thread waited for a core a step
+            (the kernel's run-queue delay: other work on the cores, a quota's
+            throttling), or `None` where not read.
+    """
+
+    cpu_ms: float
+    delayed_ms: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +104,20 @@ class Capacity:
         compute_ms: the model's compute a step (measured by the step clock).
         step_ms: the step it allows: the largest of `compute_ms`, `input_ms`
             and the two sharing the budget's cores.
-        cores_for_input_free: the cores of CPU time the input needs to
-            deliver a batch each compute time (a quota may give a fraction);
-            `None` when no core count would (a sequential stage slower than
-            the step) or without a compute time.
+        cores_for_input_free: the cores of CPU time the job needs for the
+            input to keep ahead of the step (a quota may give a fraction): its
+            CPU time a step (the input's and the step's own) over the step
+            with input free (`cpu_ms_per_step`, `free_step_ms`); `None` when
+            no core count would (a sequential stage slower than the step) or
+            without a compute time.
         faster_model_cap: a model up to this many times faster gains in full
             before the input caps its step (1 or less: it already does).
+        cpu_ms_per_step: the job's CPU time a training step over the steady
+            state (measured by the CPU meter), or `None` where not measured:
+            then the cores rest on tf.data's stage times.
+        free_step_ms: the step with input free the cores are for: the
+            compute and the host's time between steps, less the training
+            thread's wait for a core (all measured).
     """
 
     stages: Tuple[StageCapacity, ...] = ()
@@ -91,6 +129,8 @@ class Capacity:
     step_ms: Optional[float] = None
     cores_for_input_free: Optional[float] = None
     faster_model_cap: Optional[float] = None
+    cpu_ms_per_step: Optional[float] = None
+    free_step_ms: Optional[float] = None
 
     def input_caps(self) -> bool:
         """Whether the input's rate, not the compute, sets the step the model predicts."""
@@ -160,8 +200,9 @@ class Capacity:
 
         Example:
 
-        >>> capacity_of(_example(), compute_ms=5.0, cpu_budget=4).line()  # doctest: +ELLIPSIS
-        'Capacity model (predicted): the input sustains 50.0 batches/s (20.00 ms a batch, ...'
+        >>> print(capacity_of(_example(), compute_ms=5.0, cpu_budget=4).line())
+        ... # doctest: +ELLIPSIS
+        Capacity model (predicted): the input sustains 50.0 batches/s (20.00 ms a batch, ...
         """
         text = (
             f"Capacity model (predicted): the input sustains {self.batches_per_s:.1f} batches/s "
@@ -172,8 +213,18 @@ class Capacity:
         text += f" against a compute of {self.compute_ms:.2f} ms a step"
         if self.cores_for_input_free is None:
             text += "; no core count makes the input free (a sequential stage is slower)"
+        elif self.cpu_ms_per_step is not None:
+            text += (
+                f"; {self.cores_for_input_free:.2f} cores make the input free (the job's "
+                f"{self.cpu_ms_per_step:.2f} ms of CPU a step, measured, within a step of "
+                f"{self.free_step_ms:.2f} ms: compute and the time between steps, less "
+                "waits for a core)"
+            )
         else:
-            text += f"; {self.cores_for_input_free:.1f} cores for the input make it free"
+            text += (
+                f"; {self.cores_for_input_free:.2f} cores make the input free (from tf.data's "
+                "stage times, which load stretches)"
+            )
         if self.faster_model_cap is not None and self.faster_model_cap > 1.0:
             text += (
                 f"; a model up to {self.faster_model_cap:.1f}x faster gains in full before "
@@ -185,7 +236,11 @@ class Capacity:
 
 
 def capacity_of(
-    table, compute_ms: Optional[float] = None, cpu_budget: Optional[int] = None
+    table,
+    compute_ms: Optional[float] = None,
+    cpu_budget: Optional[int] = None,
+    step_cpu: Optional[StepCpu] = None,
+    gap_ms: Optional[float] = None,
 ) -> Optional[Capacity]:
     """The capacity model of a stage table.
 
@@ -193,16 +248,27 @@ def capacity_of(
         table: a `StageTable` (tf.data's live model).
         compute_ms: the model's compute a step (measured), if known.
         cpu_budget: the cores the job may use; tf.data's own budget when `None`.
+        step_cpu: the job's `StepCpu` over the steady state (the CPU
+            meter's), for the cores that make the input free.
+        gap_ms: the host's time between steps (measured), part of the step
+            with input free.
 
     Returns:
         The `Capacity`, or `None` without a timed stage.
+
+    Example:
+
+    >>> capacity = capacity_of(_example(), compute_ms=30.0, cpu_budget=2,
+    ...                        step_cpu=StepCpu(12.0, delayed_ms=8.0), gap_ms=2.0)
+    >>> capacity.free_step_ms, capacity.cores_for_input_free
+    (24.0, 0.5)
     """
     if table is None:
         return None
     budget = max(int(cpu_budget or table.cpu_budget or 1), 1)
     stages = []
     for row in table.rows:
-        if row.ms_per_batch <= 0 or row.runs_as in _BUFFERS:
+        if row.ms_per_batch <= 0 or row.waits:
             continue
         threads = max(int(row.parallelism or 1), 1)
         rate = 1000.0 * threads / row.ms_per_batch
@@ -218,6 +284,8 @@ def capacity_of(
     slowest = min(stages, key=lambda item: item.batches_per_s)
     input_ms = 1000.0 / rate
     step_ms = _step_ms(compute_ms, input_ms, cpu, budget) if compute_ms else None
+    free_ms = _free_step_ms(compute_ms, gap_ms, step_cpu)
+    measured = step_cpu.cpu_ms if step_cpu is not None and step_cpu.cpu_ms > 0 else None
     return Capacity(
         stages=tuple(stages),
         cpu_budget=budget,
@@ -226,9 +294,22 @@ def capacity_of(
         input_ms=input_ms,
         compute_ms=compute_ms,
         step_ms=step_ms,
-        cores_for_input_free=_cores_for(stages, compute_ms),
+        cores_for_input_free=_cores_for(stages, compute_ms, measured, free_ms),
         faster_model_cap=compute_ms / max(input_ms, cpu / budget) if compute_ms else None,
+        cpu_ms_per_step=measured if compute_ms else None,
+        free_step_ms=free_ms,
     )
+
+
+def _free_step_ms(compute_ms, gap_ms, step_cpu: Optional[StepCpu]) -> Optional[float]:
+    """The step with input free: compute and gap, less the training thread's wait for a core."""
+    if not compute_ms:
+        return None
+    measured = compute_ms + max(gap_ms or 0.0, 0.0)
+    delayed = step_cpu.delayed_ms if step_cpu is not None else None
+    if not delayed or delayed <= 0:
+        return measured
+    return max(measured - delayed, _LEAST_FREE_SHARE * measured)
 
 
 def _step_ms(compute_ms: float, input_ms: float, cpu_ms: float, budget: int) -> float:
@@ -242,14 +323,22 @@ def _pipeline_rate(rates, cpu_ms: float, budget: int) -> float:
     return min([*rates, bound])
 
 
-def _cores_for(stages, compute_ms: Optional[float]) -> Optional[float]:
-    """Cores whose work delivers a batch each `compute_ms`: the input is then free."""
+def _cores_for(
+    stages, compute_ms: Optional[float], cpu_ms: Optional[float], free_ms: Optional[float]
+) -> Optional[float]:
+    """Cores whose work keeps the input ahead of a step of `free_ms`: the input is then free.
+
+    The job's measured CPU a step (`cpu_ms`) where there is one; else tf.data's
+    stage times over the compute (the step's own cores left out).
+    """
     if not compute_ms:
         return None
     for item in stages:
         sequential = item.batches_per_s_at_budget == item.batches_per_s and item.threads == 1
         if sequential and item.cpu_ms_per_batch > compute_ms:
             return None
+    if cpu_ms is not None and free_ms:
+        return cpu_ms / free_ms
     cpu = sum(item.cpu_ms_per_batch for item in stages)
     return cpu / compute_ms
 

@@ -152,8 +152,9 @@ def cpu_contention(
             parts.append(f"Python calls of {timing.stage} {used:.2f} cores")
     called = {timing.stage for timing in user_calls}
     for row in getattr(stage_table, "rows", ()):
-        # A stage of Python is counted by its calls' CPU time, not its wall.
-        if row.stage in called or row.added_by_tf or cpu.wall_s <= 0 or not steps:
+        # A stage of Python is counted by its calls' CPU time, not its wall; a
+        # prefetch's own time is waiting, not work.
+        if row.stage in called or row.added_by_tf or row.waits or cpu.wall_s <= 0 or not steps:
             continue
         used = row.ms_per_batch * steps / 1e3 / cpu.wall_s
         if used >= NEGLIGIBLE:

@@ -33,6 +33,7 @@ from typing import Sequence
 from typing import Tuple
 
 from keras_pipeline_tuner.advice.capacity import Capacity
+from keras_pipeline_tuner.advice.capacity import StepCpu
 from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.advice.gains import free_input_ceiling
 from keras_pipeline_tuner.advice.gains import replayed_gain
@@ -226,6 +227,7 @@ def build_figures(
     fixes_line: str = "",
     keras_verbose: Optional[int] = None,
     stage_table=None,
+    step_cpu: Optional[StepCpu] = None,
 ) -> Figures:
     """Builds the run's `Figures` once, from its judgement and evidence.
 
@@ -248,6 +250,8 @@ def build_figures(
             Keras counted the ms/step it showed.
         stage_table: tf.data's live model of the fit's pipeline
             (`Report.stage_table`), for the capacity model.
+        step_cpu: the job's CPU a training step over the steady state (the
+            CPU meter's `StepCpu`), for the capacity model's cores.
 
     Returns:
         The `Figures`.
@@ -297,7 +301,8 @@ def build_figures(
         keras_line=_keras_line(train_epochs, step_ms, first_steps, keras_verbose),
         epochs=_epochs(epochs, stats, judgement, epoch_steady or {}),
         fixes_line=fixes_line,
-        capacity=capacity_of(stage_table, shown.compute.median_ms, cpu_budget),
+        capacity=capacity_of(stage_table, shown.compute.median_ms, cpu_budget,
+                             step_cpu, shown.host_gap.median_ms),
     )
 
 

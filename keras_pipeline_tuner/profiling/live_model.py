@@ -95,6 +95,17 @@ class StageRow:
     added_by_tf: bool = False
 
     @property
+    def waits(self) -> bool:
+        """Whether its own time is waiting (a prefetch: for room, for its input), not work.
+
+        Example:
+
+        >>> StageRow("prefetch(AUTOTUNE)", runs_as="Prefetch").waits
+        True
+        """
+        return self.runs_as == _PREFETCH
+
+    @property
     def parallel(self) -> bool:
         """Whether it runs its work on several threads (a parallelism parameter)."""
         return self.parallelism is not None

@@ -15,6 +15,7 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import RunEvidence
 from keras_pipeline_tuner.advice.advisor import advise
+from keras_pipeline_tuner.advice.capacity import StepCpu
 from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.data_reuse import reuse_of
@@ -76,12 +77,12 @@ def _judgement(run, cpu, profile) -> Judgement:
     )
 
 
-def _cpu_contention(run, cpu, train: StepStats):
-    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`).
+def _steady_span(run, cpu, train: StepStats):
+    """`(CpuUsage, user calls, training steps, steady share)` over the verdict's steady state.
 
-    Over the verdict's steady state: from the second training epoch once two
-    ended (a first epoch that filled a cache called the user's map; later ones
-    did not), else over the whole run.
+    From the second training epoch once two ended (a first epoch that filled a
+    cache called the user's map; later ones did not), else over the whole run
+    (the CPU meter starts after the first step, which traces).
     """
     clock = run.clock
     share, steps, calls = clock.steady_share(TRAIN), train.steps, _timings(run)
@@ -93,6 +94,27 @@ def _cpu_contention(run, cpu, train: StepStats):
         steps -= sum(
             e.stats.steps for e in clock.epochs if e.kind == TRAIN and e.epoch < from_epoch
         )
+    return cpu, calls, steps, share
+
+
+def _step_cpu(run, cpu, train: StepStats) -> Optional[StepCpu]:
+    """The job's CPU a training step over the steady state (the CPU meter's), or `None`."""
+    cpu, _, steps, _ = _steady_span(run, cpu, train)
+    if cpu is None or steps <= 0 or cpu.wall_s <= 0:
+        return None
+    delay = cpu.thread_delay_s
+    return StepCpu(
+        cpu.process_cores * cpu.wall_s * 1e3 / steps,
+        delay * 1e3 / steps if delay is not None else None,
+    )
+
+
+def _cpu_contention(run, cpu, train: StepStats):
+    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`).
+
+    Over the verdict's steady state (`_steady_span`).
+    """
+    cpu, calls, steps, share = _steady_span(run, cpu, train)
     if share is not None and share.steps:
         step_ms = share.step_ms / share.steps
         compute_ms = (share.step_ms - share.wait_ms) / share.steps
@@ -225,6 +247,7 @@ def figures_of(
         fixes_line=fixes_line,
         keras_verbose=clock.keras_verbose,
         stage_table=run.stage_table,
+        step_cpu=_step_cpu(run, cpu, train),
     )
 
 

@@ -13,6 +13,11 @@ a few counters at its start and end:
   the kernel's counters in `/proc/stat` (Linux; every process counts, so other
   jobs on the host show too). Elsewhere only the process figure exists.
 
+The meter also reads how long the thread that marks a span (the training
+thread) waited for a core over it: the kernel's run-queue delay
+(`/proc/thread-self/schedstat`, Linux), which other work on the cores and a
+quota's throttling add to a step's wall time.
+
 Beside them the meter reads the process's CPU budget (`cpu_budget`: affinity
 mask and the container's cgroup quota) and how often the kernel throttled the
 cgroup over the span. Where a quota binds, the host's CPUs can be idle while
@@ -21,6 +26,7 @@ the job has no CPU time left, so the process's use is judged against the quota.
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Dict
 from typing import Optional
@@ -35,6 +41,8 @@ from keras_pipeline_tuner.timing.cpu_budget import read_cpu_budget
 from keras_pipeline_tuner.timing.cpu_budget import read_throttling
 
 _PROC_STAT = "/proc/stat"
+# The calling thread's time on a core and waiting for one, in ns (Linux).
+_THREAD_SCHEDSTAT = "/proc/thread-self/schedstat"
 # Fields of a /proc/stat cpu line that are idle time: idle and iowait.
 _IDLE_FIELDS = (3, 4)
 # Busy share from which the CPUs count as saturated.
@@ -89,6 +97,10 @@ class CpuUsage:
         children_cores: the part of `process_cores` its child processes used
             (a DataLoader's or a PyDataset's worker processes), or `None`
             where it was not read apart (no psutil).
+        thread_delay_s: how long the thread that marked the span's start and
+            end (the training thread) waited for a core over it (the
+            kernel's run-queue delay), or `None` where not read (another
+            thread marked one end, or not Linux).
 
     Example:
 
@@ -103,6 +115,7 @@ class CpuUsage:
     budget: Optional[CpuBudget] = None
     throttling: Optional[Throttling] = None
     children_cores: Optional[float] = None
+    thread_delay_s: Optional[float] = None
 
     @property
     def busy(self) -> float:
@@ -209,6 +222,8 @@ class CpuMark:
         children_s: CPU seconds of its children alone, or `None`.
         host: busy and total clock ticks of the allowed CPUs, or `None`.
         throttling: the cgroup's throttling counters, or `None`.
+        thread: the native id of the thread that took it.
+        thread_delay_s: that thread's run-queue delay so far, or `None`.
     """
 
     at: float
@@ -216,6 +231,8 @@ class CpuMark:
     children_s: Optional[float]
     host: Optional[Tuple[int, int]]
     throttling: Optional[Throttling]
+    thread: Optional[int] = None
+    thread_delay_s: Optional[float] = None
 
 
 class CpuMeter:
@@ -257,6 +274,8 @@ class CpuMeter:
             children_s=children_s,
             host=_host_counters(self._cpus),
             throttling=read_throttling(self._budget.cgroup),
+            thread=threading.get_native_id(),
+            thread_delay_s=_thread_delay_s(),
         )
 
     def stop(self) -> None:
@@ -290,6 +309,9 @@ class CpuMeter:
         throttling = None
         if end.throttling is not None and begin.throttling is not None:
             throttling = end.throttling.since(begin.throttling)
+        delay = None
+        if begin.thread == end.thread and None not in (begin.thread_delay_s, end.thread_delay_s):
+            delay = max(end.thread_delay_s - begin.thread_delay_s, 0.0)
         return CpuUsage(
             wall_s=wall,
             cpu_count=len(self._cpus) or (os.cpu_count() or 1),
@@ -298,7 +320,17 @@ class CpuMeter:
             budget=self._budget,
             throttling=throttling,
             children_cores=children_cores,
+            thread_delay_s=delay,
         )
+
+
+def _thread_delay_s() -> Optional[float]:
+    """The calling thread's run-queue delay so far (seconds), or `None` where unreadable."""
+    try:
+        with open(_THREAD_SCHEDSTAT, encoding="ascii") as file:
+            return int(file.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _allowed_cpus() -> Tuple[int, ...]:

@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice.recommendation import describe_gain
 
 
 def dataset():
@@ -52,6 +53,10 @@ def test_without_the_time_for_a_replay_the_gain_is_predicted_and_said_so():
     model.fit(dataset(), epochs=1, callbacks=[tuner], verbose=0)
     report = tuner.report
     (advice,) = [r for r in report.recommendations if r.id == "steps-per-execution"]
-    assert advice.expected_gain.basis == "bound" and advice.expected_gain.predicted_speedup > 1
+    gain = advice.expected_gain
+    # A prediction, not a bound: the step clock's step holds per-call work too.
+    assert gain.basis == "estimated" and gain.predicted_speedup > 1
+    assert "Predicted" in gain.statement and "at most" not in gain.statement
+    assert describe_gain(gain).endswith("(predicted)")
     assert report.execution is None
     assert any(note.startswith("steps_per_execution was not timed") for note in report.notes)

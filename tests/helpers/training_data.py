@@ -78,6 +78,30 @@ def cached_source(elements: int, features: int = FEATURES) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).cache()
 
 
+def spinning_map(
+    batches: int, batch: int, cpu_s: float, features: int = FEATURES, parallel_calls=2
+) -> tf.data.Dataset:
+    """Batches whose `py_function` map burns `cpu_s` of CPU each on its thread's clock.
+
+    Load stretches its wall time, never its CPU time. Prefetched.
+    """
+
+    def spin(x):
+        end = time.thread_time() + cpu_s
+        while time.thread_time() < end:
+            pass
+        return x
+
+    def mapped(x, y):
+        x = tf.py_function(spin, [x], tf.float32)
+        x.set_shape((None, features))
+        return x, y
+
+    x = np.random.default_rng(0).random((batch * batches, features), dtype=np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(batch)
+    return data.map(mapped, num_parallel_calls=parallel_calls).prefetch(4)
+
+
 class Sleep(keras.layers.Layer):
     """Identity layer whose forward pass takes at least `delay_s` (a known compute cost)."""
 
