@@ -140,7 +140,8 @@ class Figures:
         source: what measured it: "step clock", "what-if replay" or "profiler".
         wait_fraction: the steady share of step time waiting at the fetch
             (beyond a fetch of a ready batch where the replay measured it);
-            equal to `input_fraction` unless the replay's contention decided.
+            equal to `input_fraction` unless the replay's contention or the
+            input's CPU use decided (the verdict's line then names it as a part).
         scope: which steps `step`, `wait`, `compute` and the share are of.
         line: the verdict in one sentence, with the profiler window's figure
             as evidence where a window ran.

@@ -116,8 +116,10 @@ def check_common(report, timing):
     assert [(e.kind, e.epoch, e.stats.steps) for e in report.epochs] == [("train", 0, STEPS - 1)]
     gap = report.train.host_gap.median_ms
     if timing == "decorator+iterator":
-        # The loop's own work between a step's end and the next fetch: small, not 0.
-        assert 0 < gap < 5
+        # The loop's own work between a step's end and the next fetch: not 0, and
+        # neither a step (100 ms of sleep when compute-bound) nor a wait (200 ms a
+        # slow batch). Some 1 ms quiet; beside three busy loops once 5.3 ms.
+        assert 0 < gap < 25
     else:
         # Folded into the wait (decorator) or the compute (iterator).
         assert gap == 0

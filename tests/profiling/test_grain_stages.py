@@ -11,7 +11,9 @@ from keras_pipeline_tuner.pipeline.lint.grain_findings import grain_stage_findin
 from keras_pipeline_tuner.profiling import grain_stages
 from keras_pipeline_tuner.profiling.evidence import GRAIN
 
-ELEMENT_S = 0.002
+# A sleep well beyond a busy machine's scheduling slices (beside three busy
+# loops, a batch of four tiny arrays once took longer than four 2 ms sleeps).
+ELEMENT_S = 0.010
 
 
 def slow_parse(index):

@@ -39,15 +39,16 @@ from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
 
-# A live feed: one element every 25 ms, 8 to a batch, 8 steps a fit. The fit is
+# A live feed: one element every 50 ms, 8 to a batch, 8 steps a fit. The fit is
 # input-bound (a step computes in a millisecond), so the window's steps wait.
-FEED_DELAY_S = 0.025
+FEED_DELAY_S = 0.050
 FEED_BATCH = 8
 FEED_STEPS = 8
 # Elements a fit with the tuner may take from the feed beyond what plain Keras
-# takes: one batch, 200 ms of the end of fit's own work (some 10-25 ms, stretched
-# by a busy machine). Waiting there for the conversion (seconds, with
-# `slow_conversions`) let the prefetch fill its buffer: two batches, 16 elements.
+# takes: one batch, 400 ms of the end of fit's own work (some 10-25 ms quiet;
+# beside three busy loops it once took 10 elements of 25 ms). Waiting there for
+# the conversion (3 s, with `slow_conversions`) let the prefetch fill its
+# buffer: two batches, 16 elements, 0.8 s of this feed.
 FEED_TOLERANCE = 8
 
 

@@ -100,6 +100,12 @@ def test_a_result_not_faster_than_the_original_keeps_the_original_and_says_so(mo
     ]
     if len(kept_alone) < 2:
         pytest.skip(f"fewer than two rewrites were kept on their own here: {tried}")
+    # A machine busy enough to spend the budget before the final comparison
+    # leaves nothing for this test to see (the kept rewrites' own ratios then
+    # give the speed-up, and a note says so).
+    missed = [n for n in result.notes if n.startswith("The final comparison with the original")]
+    if missed:
+        pytest.skip(missed[0])
     assert tuned_ds is dataset and result.ratio == 1.0 and not result.applied, tried
     assert result.code == ""
     (note,) = [n for n in result.notes if n.startswith("The original pipeline is returned")]
