@@ -117,16 +117,20 @@ def test_without_a_replay_the_cpu_estimate_adds_to_the_wait_and_says_it_is_predi
     assert kpt.Report.from_json(report.to_json()).judgement.cpu_contention == found
 
 
+def replayed(free_ms, real_ms=10.0):
+    """A replay that stepped in `free_ms` on cached batches against `real_ms` on the pipeline."""
+    return WhatIfResult(
+        replay_step=Distribution(mean_ms=free_ms),
+        replay_input_wait=Distribution(mean_ms=0.05),
+        pipeline_step=Distribution(mean_ms=real_ms),
+        pipeline_source="measured",
+    )
+
+
 def test_a_replay_measurement_decides_and_the_cpu_estimate_is_shown_beside_it():
     clock = clock_of(wait_ms=0.5, compute_ms=9.5)
     found = cpu_contention(usage(), [python_calls(5.0)], step_ms=10.0, compute_ms=9.5)
-    replay = WhatIfResult(
-        replay_step=Distribution(mean_ms=6.0),
-        replay_input_wait=Distribution(mean_ms=0.05),
-        pipeline_step=Distribution(mean_ms=10.0),
-        pipeline_source="measured",
-    )
-    judgement = judged(clock, what_if=replay, cpu_contention=found)
+    judgement = judged(clock, what_if=replayed(6.0), cpu_contention=found)
     assert judgement.source == REPLAY
     assert judgement.input_fraction == pytest.approx(0.4)
     assert "Beside it, from CPU use:" in judgement.line
@@ -231,12 +235,7 @@ def test_a_replay_within_its_noise_bounds_the_cpu_estimate_instead_of_zeroing_it
     clock = clock_of(wait_ms=0.0, compute_ms=10.0)
     found = cpu_contention(usage(process=1.0), [python_calls(1.0)], step_ms=10.0, compute_ms=10.0)
     # 9.0 against 10.0 ms: 1.11x, under the replay's 1.15x resolution.
-    unresolved = WhatIfResult(
-        replay_step=Distribution(mean_ms=9.0),
-        replay_input_wait=Distribution(mean_ms=0.05),
-        pipeline_step=Distribution(mean_ms=10.0),
-        pipeline_source="measured",
-    )
+    unresolved = replayed(9.0)
     judgement = judged(clock, what_if=unresolved, cpu_contention=found)
     assert judgement.source == CPU_USE
     assert judgement.input_fraction == pytest.approx(found.fraction)
