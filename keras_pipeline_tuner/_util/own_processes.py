@@ -93,7 +93,7 @@ def reap(process, timeout: Optional[float] = None) -> bool:
                 break
         except ChildProcessError:
             break  # reaped elsewhere
-        if time.monotonic() >= deadline:
+        if deadline is not None and time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
     cpu_s = _final_cpu_s(process.pid)
