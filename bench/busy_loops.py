@@ -6,7 +6,9 @@ kernel shares the CPUs among busy processes by itself; but where a bench runs
 at real-time priority (`chrt -r 10 python bench/...`, so that other jobs on a
 shared host cannot take its CPUs) the loops inherit it, and a real-time loop
 that never yields keeps its CPU from every other process of its priority.
-Yielding, they share the CPUs with the bench as busy processes do elsewhere.
+Yielding, they share the CPUs with the bench, but round-robin in 2 ms turns,
+not as the usual scheduler shares them: loaded figures are taken at normal
+priority (see docs/performance.md).
 """
 
 import contextlib
