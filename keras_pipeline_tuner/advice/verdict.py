@@ -527,13 +527,10 @@ def later_epochs(epochs: Sequence) -> Optional[Tuple[int, Share]]:
 
 def _warm_up(epochs: Sequence, stats: StepStats, floor_ms: Optional[float]):
     """(first epoch, later epochs' share, extra wait in ms) when epoch 1 was a warm-up."""
-    train = [e for e in epochs if e.kind == TRAIN and e.steady is not None and e.steady.steps]
-    if len(train) < 2:
+    found = later_epochs(epochs)
+    if found is None:
         return None
-    first = train[0]
-    later = Share()
-    for epoch in train[1:]:
-        later = later.plus(epoch.steady)
+    first, later = _train_epochs(epochs)[0], found[1]
     first_wait, later_wait = first.steady.mean_wait_ms, later.mean_wait_ms
     if first_wait is None or later_wait is None:
         return None

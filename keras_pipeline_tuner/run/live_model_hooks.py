@@ -41,10 +41,7 @@ class LiveModelHooks:
         if not self._guard.enabled(features.LIVE_MODEL):
             return
         with self._guard(features.LIVE_MODEL):
-            reader = LiveModelReader(
-                pipeline=lambda: getattr(run.findings, "pipeline", None),
-                on_failure=self._failed,
-            )
+            reader = self._new_reader(run)
             # Kept before `begin`: what a failed `begin` replaced is put back.
             self._reader = reader
             if not reader.begin(model, backend):
@@ -54,10 +51,7 @@ class LiveModelHooks:
         """Starts reading the passes a custom loop makes over a tf.data dataset (`track`)."""
         self.end(run)
         if self._guard.enabled(features.LIVE_MODEL):
-            self._reader = LiveModelReader(
-                pipeline=lambda: getattr(run.findings, "pipeline", None),
-                on_failure=self._failed,
-            )
+            self._reader = self._new_reader(run)
 
     def track(self, iterator) -> None:
         """A custom loop's training pass made `iterator` (see `LiveModelReader.track`)."""
@@ -93,6 +87,13 @@ class LiveModelHooks:
             if run is not None:
                 self._keep(run, reader)
                 run.notes.extend(note for note in reader.notes if note not in run.notes)
+
+    def _new_reader(self, run) -> LiveModelReader:
+        # Stages are named from the run's own reading of the pipeline.
+        return LiveModelReader(
+            pipeline=lambda: getattr(run.findings, "pipeline", None),
+            on_failure=self._failed,
+        )
 
     def _keep(self, run, reader: LiveModelReader) -> None:
         if self._guard.enabled(features.LIVE_MODEL) and reader.table is not None:
