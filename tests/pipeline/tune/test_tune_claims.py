@@ -49,8 +49,13 @@ def test_the_readme_call_on_a_shuffled_slow_pipeline_shortens_its_passes_and_is_
     dataset = _shuffled_slow_python(1024)
     tuned_ds, result = kpt.tune(dataset, budget_s=20)  # the README's call, as written
     assert any("each timed pass read" in note for note in result.notes), result.notes
-    # The speed-up printed agrees with the user's own timing of both pipelines.
-    original_s, tuned_s = _epoch_s(dataset), _epoch_s(tuned_ds)
+    if not result.code:  # nothing kept: the original itself, and no gain claimed
+        assert tuned_ds is dataset and result.speedup == 1.0, result
+    # The speed-up printed agrees with the user's own timing of both pipelines,
+    # each the fastest of two alternated epochs: load only slows a sleeping
+    # pipeline down, and one busy epoch had read the same pipeline 1.8x slower.
+    rounds = [(_epoch_s(dataset), _epoch_s(tuned_ds)) for _ in range(2)]
+    original_s, tuned_s = (min(column) for column in zip(*rounds))
     assert 0.67 <= result.speedup / (original_s / tuned_s) <= 1.5, (
         result.speedup, original_s, tuned_s, result.notes
     )
