@@ -22,8 +22,6 @@ from typing import Dict
 from typing import List
 from typing import Optional
 
-import numpy as np
-
 from keras_pipeline_tuner.instrumentation.timing_source import ATTRIBUTE
 from keras_pipeline_tuner.instrumentation.timing_source import FitTiming
 from keras_pipeline_tuner.instrumentation.timing_source import OnError
@@ -150,10 +148,7 @@ class TensorFlowFitTiming(FitTiming):
             count = len(held)
             taken = held[:count]
             del held[:count]
-            # Each (steps, 3) tensor's numbers copied out (about 1 us each). Not
-            # one concat op: its kernel is made anew for each count of inputs
-            # (some 10 ms).
-            rows = np.concatenate([stamps.numpy() for stamps in taken])
+            rows = timed_step_function.stamp_rows(taken)
             if len(rows):
                 # From the first call's fetch to the last step's end, as the
                 # calls' own stamps give it.
@@ -168,7 +163,7 @@ class TensorFlowFitTiming(FitTiming):
             return
         # The kind's first call (it traces the step): at once, with its wall time.
         self._held[kind] = []
-        self._on_rows(kind, rows.numpy(), wall_s, called_at)
+        self._on_rows(kind, timed_step_function.stamp_rows([rows]), wall_s, called_at)
 
     def _first_call(self, kind: str, ran_before: bool, random_ops: List[str]) -> bool:
         """Decides, from the step's legacy random ops, which function trains."""

@@ -14,13 +14,14 @@ Keras' own runs per call (`make_train_function` in
   while-loop per call of `steps_per_execution > 1` steps, as Keras does;
 - the timing gets into the step as three `tf.timestamp()` ops in that outer
   function, before the fetch, after it and after the step (chained with control
-  dependencies, so that each stamp observes and nothing of the step waits on a
-  stamp but the step's start on "ready"), and one more output: the (steps, 3)
-  tensor of those stamps;
+  dependencies, so that each stamp observes), and one more output: the three
+  stamps (with several steps a call, the (steps, 3) tensor of them). Nothing
+  of the step waits on a stamp, except where the executor has one thread (see
+  `holds_the_step`);
 - the Python around the call is Keras': one call of the compiled function, then
   the Optional's `has_value()` (no value: the epoch ended) and `get_value()`,
-  eagerly, as Keras' `function` does on every call; then the stamps' three
-  numbers are copied out (`numpy()`) and handed on.
+  eagerly, as Keras' `function` does on every call; then the stamps are handed
+  on, to be read back later (`stamp_rows`).
 
 So a step with the tuner costs what it costs without it, and the input share,
 the compute and every figure built on them describe the step the user runs.
@@ -37,11 +38,15 @@ random state as they would Keras' own, or Keras' own when it has already run.
 """
 
 import logging
+import os
 import time
 import weakref
 from typing import Callable
 from typing import List
 from typing import Optional
+from typing import Sequence
+
+import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
@@ -108,6 +113,58 @@ def unsupported_reason(model) -> Optional[str]:
     return None
 
 
+def holds_the_step() -> bool:
+    """Whether the step must wait for the "ready" stamp to be timed right.
+
+    Nothing orders the stamp taken when the batch is there before the step's
+    compute, which needs the same batch. With two executor threads or more the
+    stamp, a cheap op, runs as soon as the batch is there. On an executor of
+    one thread (an affinity mask of one CPU, or `inter_op_parallelism_threads`
+    set to 1) the thread ran the compute first and stamped "ready" after it,
+    so the whole step read as input wait: there the step is held until the
+    stamp has run. Elsewhere it is not, because the hold puts the stamp on the
+    step's path, 5-10 % of a 1 ms step here (`bench/step_cost.py`).
+
+    Returns:
+        `True` when TensorFlow's executor has one thread.
+
+    Example:
+
+    >>> isinstance(holds_the_step(), bool)
+    True
+    """
+    tf = tensorflow()
+    threads = tf.config.threading.get_inter_op_parallelism_threads()
+    if not threads:
+        # TensorFlow's default: the CPUs the process may run on.
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1
+        )
+    return threads < 2
+
+
+def stamp_rows(calls: Sequence) -> np.ndarray:
+    """The (start, ready, end) rows of timed calls, in seconds, one row per step.
+
+    Args:
+        calls: what the calls handed on, in order: each the three stamps of a
+            call of one step, or the (steps, 3) stamps of a call of several.
+
+    Returns:
+        A (steps, 3) float64 array.
+
+    Example:
+
+    >>> stamp_rows([(1.0, 1.5, 2.0), np.array([[2.0, 2.1, 3.0], [3.0, 3.1, 4.0]])])[:, 1]
+    array([1.5, 2.1, 3.1])
+    """
+    if not calls:
+        return np.zeros((0, 3))
+    # Each tensor's numbers copied out (about 1 us each). Not one concat op:
+    # its kernel is made anew for each count of inputs (some 10 ms).
+    return np.concatenate([np.asarray(stamps, dtype=np.float64).reshape(-1, 3) for stamps in calls])
+
+
 class TimedFunction:
     """Callable that replaces `model.train_function` or `model.test_function`.
 
@@ -116,9 +173,9 @@ class TimedFunction:
         step_function: `model.train_step` or `model.test_step`.
         original: the Keras function it replaces (called for inputs that are not
             tf.data iterators, e.g. `train_on_batch`).
-        on_rows: called after each call with the (steps, 3) tensor of (start,
-            ready, end) seconds, the call's wall time in seconds, and when it
-            began (`time.time()`).
+        on_rows: called after each call with its stamps (start, ready and end
+            in seconds, as tensors: `stamp_rows` reads them back), the call's
+            wall time in seconds, and when it began (`time.time()`).
         on_error: called with the exception when the user's step raises, before
             it propagates (so the caller can restore Keras' functions).
         on_first_call: called once, at the first call, with the
@@ -183,6 +240,8 @@ class TimedFunction:
             )
         one_step_on_data = model._autoconvert_optionals(one_step_on_data)
 
+        hold = holds_the_step()
+
         @tf.autograph.experimental.do_not_convert
         def timed_steps(iterator):
             # The graph mirrors Keras' own `_make_function` op for op, because
@@ -193,8 +252,8 @@ class TimedFunction:
             # counts that step. Timestamps only observe: nothing of the step
             # waits on them, so the step starts exactly when Keras' would.
             if steps_per_execution == 1:
-                return _timed_one_step(iterator, one_step_on_data)
-            return _timed_several_steps(iterator, one_step_on_data, steps_per_execution)
+                return _timed_one_step(iterator, one_step_on_data, hold)
+            return _timed_several_steps(iterator, one_step_on_data, steps_per_execution, hold)
 
         if not model.run_eagerly:
             timed_steps = tf.function(timed_steps, reduce_retracing=True)
@@ -330,23 +389,24 @@ def _stamp_after(structure):
         return tf.timestamp()
 
 
-def _held_until(stamp, structure):
-    """`structure`, given to what follows only once `stamp` has run.
+def _held_until(stamp, structure, hold: bool):
+    """`structure`, given to what follows only once `stamp` has run, where `hold`.
 
-    Nothing else orders a timestamp before the step's compute: on a single
-    CPU (an affinity mask of one) the executor's one thread ran the compute
-    first and stamped "ready" after it, so the whole step read as input wait
-    and compute as zero.
+    See `holds_the_step`.
     """
+    if not hold:
+        return structure
     tf = tensorflow()
     with tf.control_dependencies([stamp]):
         return tf.nest.map_structure(tf.identity, structure, expand_composites=True)
 
 
-def _timed_one_step(iterator, one_step_on_data):
-    """One step per call: `(outputs, rows)`, one `(start, ready, end)` row.
+def _timed_one_step(iterator, one_step_on_data, hold: bool):
+    """One step per call: `(outputs, (start, ready, end))`.
 
-    The outputs come wrapped in an Optional, as Keras' own function returns them.
+    The outputs come wrapped in an Optional, as Keras' own function returns
+    them. The stamps are three outputs: stacked into one tensor they cost two
+    ops more a step.
     """
     tf = tensorflow()
     start = tf.timestamp()
@@ -355,13 +415,12 @@ def _timed_one_step(iterator, one_step_on_data):
         # iterator turns into the end of the epoch.
         data = iterator.get_next()
     ready = _stamp_after(data)
-    outputs = one_step_on_data(_held_until(ready, data))
+    outputs = one_step_on_data(_held_until(ready, data, hold))
     end = _stamp_after(outputs)
-    rows = tf.reshape(tf.stack([start, ready, end]), [1, 3])
-    return tf.experimental.Optional.from_value(outputs), rows
+    return tf.experimental.Optional.from_value(outputs), (start, ready, end)
 
 
-def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
+def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int, hold: bool):
     """Several steps per call, in Keras' own loop: `(outputs, rows)`, a row per step.
 
     Keras' `multi_step_on_iterator` op for op: an optional fetch, then a while
@@ -384,7 +443,9 @@ def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int):
 
     def body(execution_step, optional_outputs, next_optional_inputs, ready, previous_end, rows):
         def has_next():
-            step_outputs = one_step_on_data(_held_until(ready, next_optional_inputs.get_value()))
+            step_outputs = one_step_on_data(
+                _held_until(ready, next_optional_inputs.get_value(), hold)
+            )
             next_optional_outputs = tf.experimental.Optional.from_value(step_outputs)
             empty_outputs._element_spec = next_optional_outputs.element_spec
             return next_optional_outputs, _stamp_after(step_outputs)

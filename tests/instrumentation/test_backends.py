@@ -159,9 +159,9 @@ def test_source_with_no_delay_is_not_input_bound(backend, measured):
 def test_a_healthy_cached_pipeline_is_not_input_bound_beyond_its_measured_fetch(
     backend, measured
 ):
-    # Sub-millisecond steps: the fetch of a ready batch is much of the wait, and
-    # is measured: by the replay where it ran, else through the fit's own kind
-    # of fetch (Keras' iterator on JAX and torch).
+    # The fetch of a ready batch is much of the wait, and is measured: by the
+    # replay where it ran, else through the fit's own kind of fetch (Keras'
+    # iterator on JAX and torch).
     assert measured["verdict"] == "not input-bound", measured["verdict_line"]
     floor = measured["fetch_floor"] or ""
     assert floor == "the replay" or "Keras' iterator" in floor, measured["verdict_line"]
