@@ -261,22 +261,22 @@ def fast():
     return summary(tuner)
 
 
-# The cached fit's step: 10 ms of (sleeping) compute, so that a busy machine's
-# scheduling delays (a few ms beside three busy loops) cannot make the wait of
-# a ready batch a tenth of it. Sub-millisecond steps there read 33-44 % "input"
-# from the run queue alone.
-CACHED_COMPUTE_S = 0.01
+# The cached fit's step: 40 ms of (sleeping) compute, so that a busy machine's
+# scheduling delays cannot make the wait of a ready batch a tenth of it. Beside
+# three busy loops sub-millisecond steps read 33-44 % "input" from the run
+# queue alone, and on torch 10 ms steps waited 1.6 ms beyond the fetch floor.
+CACHED_COMPUTE_S = 0.04
 
 
 def cached():
-    """Not input-bound: a cached, prefetched tf.data pipeline into 10 ms steps.
+    """Not input-bound: a cached, prefetched tf.data pipeline into 40 ms steps.
 
     The wait at the fetch is then mostly the fetch of a ready batch itself,
     which the tuner measures after training (or its replay does).
     """
     import tensorflow as tf
 
-    x, y = arrays(40)
+    x, y = arrays(20)
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache().prefetch(2)
     tuner = kpt.PipelineTuner(verbose=0)
     tiny_model(compute_s=CACHED_COMPUTE_S).fit(data, epochs=3, callbacks=[tuner], verbose=0)
@@ -1155,6 +1155,9 @@ def grain_loop():
     return grain_report(tuner)
 
 
+REPLAY_COMPUTE_S = 0.01
+
+
 def replay():
     """The contention check after fit on this backend: the fit's own step, state restored.
 
@@ -1166,9 +1169,13 @@ def replay():
 
     def make(source):
         keras.utils.set_random_seed(3)
+        # 10 ms of (sleeping) compute a step: a busy machine's scheduling
+        # delays cannot make the wait decide (it did at 46 % of sub-millisecond
+        # steps beside three busy loops), which would leave no check to test.
         model = keras.Sequential(
             [
                 keras.Input((FEATURES,)),
+                SleepingCompute(REPLAY_COMPUTE_S),
                 keras.layers.Dense(16, activation="relu"),
                 keras.layers.Dropout(0.3),
                 keras.layers.Dense(1),
