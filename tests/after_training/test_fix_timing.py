@@ -655,10 +655,11 @@ def test_a_py_dataset_s_passes_span_a_binding_quotas_periods():
 
 
 def test_a_pipeline_holding_large_arrays_is_timed_without_copying_them():
-    # 48 MB of in-memory strings (encoded images, say) and a map that sleeps
-    # 10 ms an element. measure_fixes=3 may copy 36 MB, less than the data: its
+    # 96 MB of in-memory strings (encoded images, say) and a map that sleeps
+    # 10 ms an element. measure_fixes=6 may copy 72 MB, less than the data: its
     # rebuilds hold stand-ins of the strings and read the real ones in place.
-    strings = tf.data.Dataset.from_tensor_slices([bytes([i]) * (1 << 20) for i in range(48)])
+    # (At 48 MB and 3 s, beside three busy loops, the set-up left too little.)
+    strings = tf.data.Dataset.from_tensor_slices([bytes([i]) * (1 << 20) for i in range(96)])
 
     def wait(x):
         time.sleep(0.01)
@@ -671,8 +672,8 @@ def test_a_pipeline_holding_large_arrays_is_timed_without_copying_them():
 
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = False
-    dataset = tf.data.Dataset.zip((strings, cached_source(48))).map(decode).batch(BATCH)
-    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=3)
+    dataset = tf.data.Dataset.zip((strings, cached_source(96))).map(decode).batch(BATCH)
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=6)
     tiny_model().fit(dataset.with_options(options), epochs=1, callbacks=[tuner], verbose=0)
     top = tuner.report.recommendations[0]
     gain = top.expected_gain
