@@ -405,8 +405,8 @@ def _timed_one_step(iterator, one_step_on_data, hold: bool):
     """One step per call: `(outputs, (start, ready, end))`.
 
     The outputs come wrapped in an Optional, as Keras' own function returns
-    them. The stamps are three outputs: stacked into one tensor they cost two
-    ops more a step.
+    them. The stamps are three outputs, with no op to stack them (stacked,
+    they timed the same within the noise; `stamp_rows` reads either).
     """
     tf = tensorflow()
     start = tf.timestamp()
