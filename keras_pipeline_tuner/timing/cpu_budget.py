@@ -295,6 +295,21 @@ class Throttling:
         )
 
 
+def affinity_count() -> int:
+    """The CPUs this process may be scheduled on; the host's count where unknown.
+
+    Example:
+
+    >>> 1 <= affinity_count() <= (os.cpu_count() or 1)
+    True
+    """
+    host = os.cpu_count() or 1
+    try:
+        return len(os.sched_getaffinity(0)) or host
+    except (AttributeError, OSError):
+        return host
+
+
 def read_cpu_budget() -> CpuBudget:
     """Reads the CPUs this process may use, from the kernel; never raises.
 
@@ -309,12 +324,7 @@ def read_cpu_budget() -> CpuBudget:
     >>> 1 <= budget.cpus <= budget.affinity_count
     True
     """
-    host = os.cpu_count() or 1
-    try:
-        affinity = len(os.sched_getaffinity(0)) or host
-    except (AttributeError, OSError):
-        affinity = host
-    budget = CpuBudget(host_count=host, affinity_count=affinity)
+    budget = CpuBudget(host_count=os.cpu_count() or 1, affinity_count=affinity_count())
     proc_cgroup = _read(_PROC_CGROUP)
     mountinfo = _read(_MOUNTINFO)
     if proc_cgroup is None or mountinfo is None:

@@ -38,7 +38,6 @@ random state as they would Keras' own, or Keras' own when it has already run.
 """
 
 import logging
-import os
 import time
 import weakref
 from typing import Callable
@@ -49,6 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
+from keras_pipeline_tuner.timing.cpu_budget import affinity_count
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +137,7 @@ def holds_the_step() -> bool:
     threads = tf.config.threading.get_inter_op_parallelism_threads()
     if not threads:
         # TensorFlow's default: the CPUs the process may run on.
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1
-        )
+        threads = affinity_count()
     return threads < 2
 
 
