@@ -25,7 +25,9 @@ Fetches are not timed back to back: in training a step's compute lies
 between two, and the fetch then costs two to four times as much as in a tight
 loop (a prefetch thread woken, caches gone cold: 0.17 against 0.34-0.57 ms
 for Keras' torch iterator here). So the thread sleeps for the step's compute
-(at most `MAX_GAP_S`) between fetches. It takes up to 0.3 s after training.
+(at most `MAX_GAP_S`) between fetches. It takes about 0.3 s after training,
+and stops timing at `DEADLINE_S` (once `LEAST_FETCHES` are timed): beside other
+work one fit's floor took 5.2 s, 20 times its usual time.
 Where the input is a `PyDataset`, a Python generator or Grain, no floor is
 measured and the verdict keeps its bound.
 """
@@ -36,6 +38,7 @@ import time
 from typing import Callable
 from typing import Iterator
 from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util.tf_import import tensorflow
 
@@ -45,6 +48,10 @@ FETCHES = 40
 WARM_UP = 5
 # The most the thread sleeps between two fetches, as a step's compute would take.
 MAX_GAP_S = 0.005
+# The timed fetches stop here, in seconds from the first timed one, once at
+# least `LEAST_FETCHES` are timed: the floor's cost stays bounded on a busy machine.
+DEADLINE_S = 0.3
+LEAST_FETCHES = 10
 # How the floor was measured, per kind of fetch, as the verdict line says.
 GRAPH_FETCH = "TensorFlow's fetch op, in a compiled function"
 KERAS_ITERATOR = "Keras' iterator over a tf.data pipeline"
@@ -84,25 +91,27 @@ class FetchFloor:
 
 def time_fetches(
     iterator: Iterator, fetches: int = FETCHES, warm_up: int = WARM_UP, gap_s: float = 0.0
-) -> float:
+) -> Tuple[float, int]:
     """The mean time of `next(iterator)` in ms, after `warm_up` untimed calls.
 
     The mean, as the verdict weighs the wait in training: a share of the
-    steps' total, scheduling delays included.
+    steps' total, scheduling delays included. Timing stops at `DEADLINE_S`
+    once `LEAST_FETCHES` calls are timed.
 
     Args:
         iterator: an iterator with at least `fetches + warm_up` items.
-        fetches: calls timed.
+        fetches: calls timed at most.
         warm_up: calls first, untimed.
         gap_s: seconds slept after each call, as a step's compute would take.
 
     Returns:
-        The mean, in milliseconds.
+        `(mean in milliseconds, calls timed)`.
 
     Example:
 
-    >>> time_fetches(iter(range(10)), fetches=5, warm_up=1) < 1.0
-    True
+    >>> mean_ms, timed = time_fetches(iter(range(10)), fetches=5, warm_up=1)
+    >>> mean_ms < 1.0, timed
+    (True, 5)
     """
 
     def fetch() -> float:
@@ -113,14 +122,24 @@ def time_fetches(
     return _mean_ms(fetch, fetches, warm_up, gap_s)
 
 
-def _mean_ms(fetch: Callable[[], float], fetches: int, warm_up: int, gap_s: float) -> float:
-    """The mean of the seconds `fetch()` reports, in ms, `gap_s` apart, the first `warm_up` out."""
+def _mean_ms(
+    fetch: Callable[[], float], fetches: int, warm_up: int, gap_s: float
+) -> Tuple[float, int]:
+    """`(mean ms, count)` of the seconds `fetch()` reports, `gap_s` apart, the first
+    `warm_up` out, until `fetches` or, past `LEAST_FETCHES`, `DEADLINE_S`."""
+    for _ in range(warm_up):
+        fetch()
+        if gap_s > 0:
+            time.sleep(gap_s)
     seconds = []
-    for _ in range(fetches + warm_up):
+    began = time.monotonic()
+    while len(seconds) < fetches:
         seconds.append(fetch())
         if gap_s > 0:
             time.sleep(gap_s)
-    return statistics.fmean(seconds[warm_up:]) * 1e3
+        if len(seconds) >= LEAST_FETCHES and time.monotonic() - began > DEADLINE_S:
+            break
+    return statistics.fmean(seconds) * 1e3, len(seconds)
 
 
 def zero_batches(element_spec, count: int):
@@ -180,8 +199,8 @@ def measure_graph_fetch(element_spec, fetches: int = FETCHES, gap_s: float = 0.0
         with tf.control_dependencies(tf.nest.flatten(element)):
             return tf.timestamp() - start
 
-    mean_ms = _mean_ms(lambda: float(fetch()), fetches, WARM_UP, gap_s)
-    return FetchFloor(mean_ms, fetches, GRAPH_FETCH)
+    mean_ms, timed = _mean_ms(lambda: float(fetch()), fetches, WARM_UP, gap_s)
+    return FetchFloor(mean_ms, timed, GRAPH_FETCH)
 
 
 def measure_keras_iterator(
@@ -214,8 +233,7 @@ def measure_keras_iterator(
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
     adapter = TFDatasetAdapter(zero_batches(element_spec, fetches + WARM_UP).prefetch(1))
-    seconds = time_fetches(iterator_of(adapter), fetches, gap_s=gap_s)
-    return FetchFloor(seconds, fetches, KERAS_ITERATOR)
+    return FetchFloor(*time_fetches(iterator_of(adapter), fetches, gap_s=gap_s), KERAS_ITERATOR)
 
 
 def measure_torch_loader(fetches: int = FETCHES, gap_s: float = 0.0) -> FetchFloor:
@@ -232,7 +250,7 @@ def measure_torch_loader(fetches: int = FETCHES, gap_s: float = 0.0) -> FetchFlo
 
     batches = [(torch.zeros(1), torch.zeros(1)) for _ in range(fetches + WARM_UP)]
     loader = torch.utils.data.DataLoader(batches, batch_size=None)
-    return FetchFloor(time_fetches(iter(loader), fetches, gap_s=gap_s), fetches, TORCH_LOADER)
+    return FetchFloor(*time_fetches(iter(loader), fetches, gap_s=gap_s), TORCH_LOADER)
 
 
 def _known_ranks(element_spec) -> bool:
@@ -273,7 +291,7 @@ def measure_fetch_floor(
         return measure_torch_loader(gap_s=gap_s)
     if kind == LOOP and element_spec is not None:
         data = zero_batches(element_spec, FETCHES + WARM_UP).prefetch(1)
-        return FetchFloor(time_fetches(iter(data), gap_s=gap_s), FETCHES, PYTHON_ITERATOR)
+        return FetchFloor(*time_fetches(iter(data), gap_s=gap_s), PYTHON_ITERATOR)
     if element_spec is None or kind not in ("tf.data", "arrays"):
         return None
     if backend == "tensorflow":

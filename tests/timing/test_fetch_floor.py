@@ -1,5 +1,7 @@
 """The fetch floor is measured through the kind of fetch training ran, never assumed."""
 
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -30,7 +32,8 @@ def test_a_custom_loops_floor_is_its_own_kind_of_fetch():
 def test_the_floor_is_timed_on_zeros_of_the_fits_structure_a_steps_compute_apart():
     spec = (tf.TensorSpec((None, 3), tf.float32), tf.TensorSpec((None,), tf.int64))
     floor = fetch_floor.measure_fetch_floor("tensorflow", "tf.data", spec, compute_ms=2.0)
-    assert floor.how == fetch_floor.GRAPH_FETCH and floor.fetches == fetch_floor.FETCHES
+    assert floor.how == fetch_floor.GRAPH_FETCH
+    assert fetch_floor.LEAST_FETCHES <= floor.fetches <= fetch_floor.FETCHES
     # Nothing is measured for inputs whose fetch runs the user's Python.
     assert fetch_floor.measure_fetch_floor("tensorflow", "PyDataset", spec) is None
     assert fetch_floor.measure_fetch_floor("jax", "generator", None) is None
@@ -40,3 +43,19 @@ def test_no_floor_is_measured_for_elements_of_unknown_rank():
     # A py_function map that does not set its output's shape.
     spec = (tf.TensorSpec(None, tf.float32), tf.TensorSpec((None,), tf.int64))
     assert fetch_floor.measure_fetch_floor("tensorflow", "tf.data", spec) is None
+
+
+def test_the_floor_stops_timing_at_its_deadline_on_a_slow_fetch():
+    def slow_batches():
+        while True:
+            # 50 ms a fetch: ten of them pass the deadline, whatever the load.
+            time.sleep(0.05)
+            yield 0
+
+    began = time.monotonic()
+    mean_ms, timed = fetch_floor.time_fetches(slow_batches(), warm_up=1)
+    took_s = time.monotonic() - began
+    assert timed == fetch_floor.LEAST_FETCHES < fetch_floor.FETCHES
+    assert mean_ms >= 50
+    # Ten timed fetches and the warm-up: not the forty the loop would time.
+    assert took_s < 0.05 * (fetch_floor.FETCHES + 1)
