@@ -59,6 +59,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+from keras_pipeline_tuner.advice import capacity as capacity_model  # noqa: E402
+from keras_pipeline_tuner.advice import stage_fixes  # noqa: E402
 from keras_pipeline_tuner.advice.recommendation import describe_gain  # noqa: E402
 
 FEATURES = 8
@@ -522,6 +524,8 @@ def run_case(case, rounds, log_dir, defaults: bool = False, all_fixes: bool = Fa
         "predicted": _headline(gain)[0],
         "basis": _headline(gain)[1],
         "capacity": gain.predicted_speedup if gain is not None else None,
+        "predicted_by": predicted_by(gain),
+        "live_capacity": live_capacity(report, top),
         "capacity_line": (
             report.figures.capacity.line()
             if report.figures is not None and report.figures.capacity is not None else ""
@@ -539,6 +543,49 @@ def run_case(case, rounds, log_dir, defaults: bool = False, all_fixes: bool = Fa
     else:
         line["ratio"] = None
     return line
+
+
+# Where a predicted figure comes from, as its statement names it (`advice.gains`).
+_PREDICTED_BY = (
+    ("Predicted by the capacity model", "capacity model, tf.data's live model"),
+    ("Predicted from those calls timed", "capacity model, your Python's timed calls"),
+    ("Predicted from the profiled stage", "the profiled stage"),
+    ("Predicted at", "the step clock's host gap"),
+)
+
+
+def predicted_by(gain):
+    """The source of `gain.predicted_speedup`, or `None` without one."""
+    if gain is None or gain.predicted_speedup is None:
+        return None
+    return next((source for marker, source in _PREDICTED_BY if marker in gain.statement), "?")
+
+
+def live_capacity(report, top):
+    """The capacity model's figure from tf.data's live model for the top change, or `None`.
+
+    The model's step now over its step after the change (`Capacity.predicted_step_ms`),
+    over the fit's passes for a cache (its filling pass at today's speed), as
+    `advice.gains` makes it; uncapped, and computed whether or not the headline shows it.
+    """
+    capacity = report.figures.capacity if report.figures is not None else None
+    if capacity is None or top is None or not top.stage or not capacity.step_ms:
+        return None
+    change = stage_fixes.change_of(top.id)
+    if top.id == "bottleneck-stage":
+        change = stage_fixes.CACHE if ".cache(" in top.fix else (
+            stage_fixes.PARALLEL if "num_parallel_calls" in top.fix else None
+        )
+    kind = {stage_fixes.PARALLEL: capacity_model.PARALLEL,
+            stage_fixes.SPREAD: capacity_model.PARALLEL,
+            stage_fixes.CACHE: capacity_model.CACHE}.get(change)
+    after = capacity.predicted_step_ms(top.stage, kind, top.stage_node) if kind else None
+    if not after:
+        return None
+    figure = capacity.step_ms / after
+    if kind == capacity_model.CACHE and report.reuse is not None and report.reuse.repeats:
+        figure = report.reuse.fit_speedup(figure)
+    return figure
 
 
 def _headline(gain):
@@ -651,21 +698,41 @@ def main():
                 print(f"  cache: {line['cache']}")
             if line["capacity_line"]:
                 print(f"  {line['capacity_line']}")
+            print(f"  predicted figure from: {line['predicted_by']}; " + live_text(line))
             lines.append(line)
     print_table(lines)
 
 
+def live_text(line) -> str:
+    """The capacity model's own figure (tf.data's live model) for the top change, and its ratio."""
+    live = line["live_capacity"]
+    if live is None:
+        return "the live model's capacity model has no figure for the top change"
+    text = f"the live model's capacity model: {live:.2f}x"
+    if line["delivered"]:
+        ratio = live / line["delivered"]
+        text += f", / delivered {ratio:.2f} ({_within(ratio)})"
+    return text
+
+
 def print_table(lines) -> None:
     """The input-bound cases: the top figure and its label, what its fix delivered, the ratio."""
-    print("\n| case | top | figure (label) | delivered | figure / delivered |")
-    print("|---|---|---|---|---|")
+    print("\n| case | top | figure (label) | from | delivered | figure / delivered "
+          "| live model's capacity figure / delivered |")
+    print("|---|---|---|---|---|---|---|")
     for line in lines:
         if line["top_id"] in (None, "input-not-bottleneck"):
             continue
+        live = line["live_capacity"]
+        live_ratio = (
+            f"{live:.2f}x / {live / line['delivered']:.2f}" if live and line["delivered"] else "-"
+        )
         print(
             f"| {line['case']} | {line['top_id']} | {figure_text(line)} | "
+            f"{line['predicted_by'] or '-'} | "
             + (f"{line['delivered']:.2f}x | {line['ratio']:.2f} |"
                if line["ratio"] is not None else "no fix written here | n/a |")
+            + f" {live_ratio} |"
         )
 
 
