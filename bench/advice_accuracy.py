@@ -38,6 +38,8 @@ every later one), so that a cache's filling epoch weighs as it does there.
 With `--all-fixes` every fix written for a case is timed, advised or not: what a
 fix the advice left out would have delivered.
 
+With `--load N`, N busy loops (`bench/busy_loops.py`) run beside it.
+
     python bench/advice_accuracy.py [--rounds 3] [--only NAME] [--defaults] [--all-fixes]
 """
 
@@ -54,6 +56,7 @@ from typing import Dict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import busy_loops  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -577,7 +580,7 @@ def live_capacity(report, top):
             stage_fixes.PARALLEL if "num_parallel_calls" in top.fix else None
         )
     kind = {stage_fixes.PARALLEL: capacity_model.PARALLEL,
-            stage_fixes.SPREAD: capacity_model.PARALLEL,
+            stage_fixes.SPREAD: capacity_model.SPREAD,
             stage_fixes.CACHE: capacity_model.CACHE}.get(change)
     after = capacity.predicted_step_ms(top.stage, kind, top.stage_node) if kind else None
     if not after:
@@ -660,7 +663,17 @@ def main():
         action="store_true",
         help="time every fix written for a case, advised or not: what the advice left out",
     )
+    parser.add_argument("--load", type=int, default=0, help="busy-loop processes beside it")
     args = parser.parse_args()
+    loads = busy_loops.start(args.load)
+    try:
+        run(args)
+    finally:
+        busy_loops.stop(loads)
+
+
+def run(args) -> None:
+    print(f"{args.load} busy loops beside, load average {os.getloadavg()[0]:.1f} at the start")
     print(
         f"compute {COMPUTE_S * 1e3:.0f} ms/step, batches of {BATCH}, {BATCHES} steps/epoch, "
         f"input stages {ELEMENT_S * 1e3:.0f} ms/element; a fit's step = mean of its steps but "
@@ -701,6 +714,7 @@ def main():
             print(f"  predicted figure from: {line['predicted_by']}; " + live_text(line))
             lines.append(line)
     print_table(lines)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def live_text(line) -> str:

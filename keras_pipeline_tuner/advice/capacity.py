@@ -13,7 +13,10 @@ budget the run read (`timing.cpu_budget`):
 - a pipeline that runs ahead of the step (tf.data prefetches) gives a step of
   the larger of the model's compute and the input's time per batch, and, where
   the model computes on the same cores (a CPU-only job), of the budget's cores
-  sharing the compute and the input's CPU a batch;
+  sharing the compute and the input's CPU a batch; a stage's time is its
+  threads' clock time, which a stage that sleeps or waits (a read from slow
+  storage, a `time.sleep` in Python) spends off the CPU, so where the CPU
+  meter measured the job's CPU a step, that bounds what the cores share;
 - a prefetch's own time is waiting for room in its buffer or for its input,
   not work: it costs nothing here.
 
@@ -45,6 +48,9 @@ from typing import Tuple
 # Changes the model predicts (`predicted_step_ms`).
 PARALLEL = "parallel"
 CACHE = "cache"
+# The stage's work moved onto parallel calls, whatever its kind (a
+# generator's work into a parallel map, a loader's work onto workers).
+SPREAD = "spread"
 # Stages whose work a parallel version runs on several threads.
 _PARALLEL_KINDS = ("map(", "interleave(", "batch(", "filter(")
 # The step with input free is never taken as less than this share of the
@@ -150,9 +156,11 @@ class Capacity:
 
         Args:
             stage: the stage changed, as the user wrote it.
-            change: `PARALLEL` (parallel calls at the budget's cores) or
-                `CACHE` (a cache after it, read back: it and its inputs cost
-                nothing on the passes that read it).
+            change: `PARALLEL` (parallel calls at the budget's cores, for a
+                stage that can run them), `SPREAD` (its work moved onto
+                parallel calls at the budget's cores, e.g. a generator's work
+                into a parallel map) or `CACHE` (a cache after it, read back:
+                it and its inputs cost nothing on the passes that read it).
             node: its graph node, if known.
 
         Returns:
@@ -168,10 +176,11 @@ class Capacity:
         target = self.stage(stage, node)
         if target is None or self.compute_ms is None:
             return None
-        if change == PARALLEL:
+        if change in (PARALLEL, SPREAD):
+            spread = 1000.0 * max(self.cpu_budget, target.threads) / target.cpu_ms_per_batch
+            at_budget = spread if change == SPREAD else target.batches_per_s_at_budget
             rates = [
-                item.batches_per_s_at_budget if item is target else item.batches_per_s
-                for item in self.stages
+                at_budget if item is target else item.batches_per_s for item in self.stages
             ]
             cpu = sum(item.cpu_ms_per_batch for item in self.stages)
         elif change == CACHE:
@@ -182,7 +191,10 @@ class Capacity:
         else:
             return None
         rate = _pipeline_rate(rates, cpu, self.cpu_budget)
-        return _step_ms(self.compute_ms, 1000.0 / rate if rate else 0.0, cpu, self.cpu_budget)
+        return _step_ms(
+            self.compute_ms, 1000.0 / rate if rate else 0.0, cpu, self.cpu_budget,
+            self.cpu_ms_per_step,
+        )
 
     def evidence(self, stage: str, node: Optional[str] = None) -> Optional[str]:
         """What the model says of one stage, with its line, or `None` for a stage it lacks."""
@@ -283,9 +295,9 @@ def capacity_of(
     rate = _pipeline_rate([item.batches_per_s for item in stages], cpu, budget)
     slowest = min(stages, key=lambda item: item.batches_per_s)
     input_ms = 1000.0 / rate
-    step_ms = _step_ms(compute_ms, input_ms, cpu, budget) if compute_ms else None
-    free_ms = _free_step_ms(compute_ms, gap_ms, step_cpu)
     measured = step_cpu.cpu_ms if step_cpu is not None and step_cpu.cpu_ms > 0 else None
+    step_ms = _step_ms(compute_ms, input_ms, cpu, budget, measured) if compute_ms else None
+    free_ms = _free_step_ms(compute_ms, gap_ms, step_cpu)
     return Capacity(
         stages=tuple(stages),
         cpu_budget=budget,
@@ -312,9 +324,20 @@ def _free_step_ms(compute_ms, gap_ms, step_cpu: Optional[StepCpu]) -> Optional[f
     return max(measured - delayed, _LEAST_FREE_SHARE * measured)
 
 
-def _step_ms(compute_ms: float, input_ms: float, cpu_ms: float, budget: int) -> float:
-    """The step: compute, the input's time a batch, or both on the budget's shared cores."""
-    return max(compute_ms, input_ms, (compute_ms + cpu_ms) / budget)
+def _step_ms(
+    compute_ms: float, input_ms: float, cpu_ms: float, budget: int,
+    measured_cpu_ms: Optional[float] = None,
+) -> float:
+    """The step: compute, the input's time a batch, or both on the budget's shared cores.
+
+    What the cores share is the compute and the stages' time, at most the
+    job's CPU a step where the meter measured it (a stage that waits spends
+    its time off the CPU); a change to the pipeline adds no CPU a step.
+    """
+    shared = compute_ms + cpu_ms
+    if measured_cpu_ms:
+        shared = min(shared, measured_cpu_ms)
+    return max(compute_ms, input_ms, shared / budget)
 
 
 def _pipeline_rate(rates, cpu_ms: float, budget: int) -> float:

@@ -9,6 +9,8 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice.capacity import PARALLEL
+from keras_pipeline_tuner.advice.capacity import SPREAD
 from keras_pipeline_tuner.advice.capacity import StepCpu
 from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.profiling.live_model import StageRow
@@ -113,3 +115,20 @@ def test_a_fit_gives_its_cpu_a_step_and_the_meter_stops_with_training():
     )
     assert "ms of CPU a step, measured" in capacity.line()
     assert report.cpu.wall_s <= span.wall_s
+
+
+def test_a_stage_that_waits_shares_no_cores_and_a_generators_work_spreads():
+    # A generator sleeping 26 ms a batch (its thread's clock), a job using 5 ms
+    # of CPU a step (the meter), a 10 ms compute, two cores.
+    generator = StageRow("from_generator()", ms_per_batch=26.0)
+    found = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2,
+                        step_cpu=StepCpu(5.0), gap_ms=1.0)
+    assert found.step_ms == pytest.approx(26.0)
+    # Its work moved into a parallel map: over the two cores, 13 ms a batch;
+    # the 36 ms of clock time is no CPU the cores share (5 ms is).
+    assert found.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(13.0)
+    # Parallel calls of a generator itself: it stays sequential.
+    assert found.predicted_step_ms("from_generator()", PARALLEL) == pytest.approx(26.0)
+    # Without the meter the stage's clock time counts as CPU: (10 + 26) / 2.
+    unmetered = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2)
+    assert unmetered.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(18.0)
