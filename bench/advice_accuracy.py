@@ -65,6 +65,8 @@ import keras_pipeline_tuner as kpt  # noqa: E402
 from keras_pipeline_tuner.advice import capacity as capacity_model  # noqa: E402
 from keras_pipeline_tuner.advice import stage_fixes  # noqa: E402
 from keras_pipeline_tuner.advice.recommendation import describe_gain  # noqa: E402
+from keras_pipeline_tuner.advice.stages import parse_stage  # noqa: E402
+from keras_pipeline_tuner.pipeline.graph import kinds  # noqa: E402
 
 FEATURES = 8
 BATCH = 4
@@ -576,9 +578,13 @@ def live_capacity(report, top):
         return None
     change = stage_fixes.change_of(top.id)
     if top.id == "bottleneck-stage":
-        change = stage_fixes.CACHE if ".cache(" in top.fix else (
-            stage_fixes.PARALLEL if "num_parallel_calls" in top.fix else None
-        )
+        # As the advisor reads its fix (`advice.advisor`).
+        change = None
+        if ".cache(" in top.fix:
+            change = stage_fixes.CACHE
+        elif "num_parallel_calls" in top.fix:
+            mapped = parse_stage(top.stage)[0] == kinds.MAP
+            change = stage_fixes.PARALLEL if mapped else stage_fixes.SPREAD
     kind = {stage_fixes.PARALLEL: capacity_model.PARALLEL,
             stage_fixes.SPREAD: capacity_model.SPREAD,
             stage_fixes.CACHE: capacity_model.CACHE}.get(change)

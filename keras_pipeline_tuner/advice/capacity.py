@@ -13,10 +13,9 @@ budget the run read (`timing.cpu_budget`):
 - a pipeline that runs ahead of the step (tf.data prefetches) gives a step of
   the larger of the model's compute and the input's time per batch, and, where
   the model computes on the same cores (a CPU-only job), of the budget's cores
-  sharing the compute and the input's CPU a batch; a stage's time is its
-  threads' clock time, which a stage that sleeps or waits (a read from slow
-  storage, a `time.sleep` in Python) spends off the CPU, so where the CPU
-  meter measured the job's CPU a step, that bounds what the cores share;
+  sharing the compute and the input's CPU a batch (a stage's time taken as
+  CPU: one that sleeps or waits on storage makes this term too large, and
+  the predicted gain of speeding it up too small);
 - a prefetch's own time is waiting for room in its buffer or for its input,
   not work: it costs nothing here.
 
@@ -191,10 +190,7 @@ class Capacity:
         else:
             return None
         rate = _pipeline_rate(rates, cpu, self.cpu_budget)
-        return _step_ms(
-            self.compute_ms, 1000.0 / rate if rate else 0.0, cpu, self.cpu_budget,
-            self.cpu_ms_per_step,
-        )
+        return _step_ms(self.compute_ms, 1000.0 / rate if rate else 0.0, cpu, self.cpu_budget)
 
     def evidence(self, stage: str, node: Optional[str] = None) -> Optional[str]:
         """What the model says of one stage, with its line, or `None` for a stage it lacks."""
@@ -295,9 +291,9 @@ def capacity_of(
     rate = _pipeline_rate([item.batches_per_s for item in stages], cpu, budget)
     slowest = min(stages, key=lambda item: item.batches_per_s)
     input_ms = 1000.0 / rate
-    measured = step_cpu.cpu_ms if step_cpu is not None and step_cpu.cpu_ms > 0 else None
-    step_ms = _step_ms(compute_ms, input_ms, cpu, budget, measured) if compute_ms else None
+    step_ms = _step_ms(compute_ms, input_ms, cpu, budget) if compute_ms else None
     free_ms = _free_step_ms(compute_ms, gap_ms, step_cpu)
+    measured = step_cpu.cpu_ms if step_cpu is not None and step_cpu.cpu_ms > 0 else None
     return Capacity(
         stages=tuple(stages),
         cpu_budget=budget,
@@ -324,20 +320,9 @@ def _free_step_ms(compute_ms, gap_ms, step_cpu: Optional[StepCpu]) -> Optional[f
     return max(measured - delayed, _LEAST_FREE_SHARE * measured)
 
 
-def _step_ms(
-    compute_ms: float, input_ms: float, cpu_ms: float, budget: int,
-    measured_cpu_ms: Optional[float] = None,
-) -> float:
-    """The step: compute, the input's time a batch, or both on the budget's shared cores.
-
-    What the cores share is the compute and the stages' time, at most the
-    job's CPU a step where the meter measured it (a stage that waits spends
-    its time off the CPU); a change to the pipeline adds no CPU a step.
-    """
-    shared = compute_ms + cpu_ms
-    if measured_cpu_ms:
-        shared = min(shared, measured_cpu_ms)
-    return max(compute_ms, input_ms, shared / budget)
+def _step_ms(compute_ms: float, input_ms: float, cpu_ms: float, budget: int) -> float:
+    """The step: compute, the input's time a batch, or both on the budget's shared cores."""
+    return max(compute_ms, input_ms, (compute_ms + cpu_ms) / budget)
 
 
 def _pipeline_rate(rates, cpu_ms: float, budget: int) -> float:

@@ -117,18 +117,13 @@ def test_a_fit_gives_its_cpu_a_step_and_the_meter_stops_with_training():
     assert report.cpu.wall_s <= span.wall_s
 
 
-def test_a_stage_that_waits_shares_no_cores_and_a_generators_work_spreads():
-    # A generator sleeping 26 ms a batch (its thread's clock), a job using 5 ms
-    # of CPU a step (the meter), a 10 ms compute, two cores.
+def test_a_generators_work_moved_into_a_parallel_map_spreads_over_the_cores():
+    # A generator of 26 ms a batch, a 10 ms compute, two cores.
     generator = StageRow("from_generator()", ms_per_batch=26.0)
-    found = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2,
-                        step_cpu=StepCpu(5.0), gap_ms=1.0)
+    found = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2)
     assert found.step_ms == pytest.approx(26.0)
-    # Its work moved into a parallel map: over the two cores, 13 ms a batch;
-    # the 36 ms of clock time is no CPU the cores share (5 ms is).
-    assert found.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(13.0)
-    # Parallel calls of a generator itself: it stays sequential.
+    # Its work in a parallel map: 13 ms a batch over the two cores, which
+    # also share the compute: (10 + 26) / 2.
+    assert found.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(18.0)
+    # Parallel calls of the generator itself: it stays sequential.
     assert found.predicted_step_ms("from_generator()", PARALLEL) == pytest.approx(26.0)
-    # Without the meter the stage's clock time counts as CPU: (10 + 26) / 2.
-    unmetered = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2)
-    assert unmetered.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(18.0)
