@@ -38,6 +38,8 @@ every later one), so that a cache's filling epoch weighs as it does there.
 With `--all-fixes` every fix written for a case is timed, advised or not: what a
 fix the advice left out would have delivered.
 
+With `--load N`, N busy loops (`bench/busy_loops.py`) run beside it.
+
     python bench/advice_accuracy.py [--rounds 3] [--only NAME] [--defaults] [--all-fixes]
 """
 
@@ -54,12 +56,17 @@ from typing import Dict
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import busy_loops  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import keras_pipeline_tuner as kpt  # noqa: E402
+from keras_pipeline_tuner.advice import capacity as capacity_model  # noqa: E402
+from keras_pipeline_tuner.advice import stage_fixes  # noqa: E402
 from keras_pipeline_tuner.advice.recommendation import describe_gain  # noqa: E402
+from keras_pipeline_tuner.advice.stages import parse_stage  # noqa: E402
+from keras_pipeline_tuner.pipeline.graph import kinds  # noqa: E402
 
 FEATURES = 8
 BATCH = 4
@@ -522,6 +529,8 @@ def run_case(case, rounds, log_dir, defaults: bool = False, all_fixes: bool = Fa
         "predicted": _headline(gain)[0],
         "basis": _headline(gain)[1],
         "capacity": gain.predicted_speedup if gain is not None else None,
+        "predicted_by": predicted_by(gain),
+        "live_capacity": live_capacity(report, top),
         "capacity_line": (
             report.figures.capacity.line()
             if report.figures is not None and report.figures.capacity is not None else ""
@@ -539,6 +548,53 @@ def run_case(case, rounds, log_dir, defaults: bool = False, all_fixes: bool = Fa
     else:
         line["ratio"] = None
     return line
+
+
+# Where a predicted figure comes from, as its statement names it (`advice.gains`).
+_PREDICTED_BY = (
+    ("Predicted by the capacity model", "capacity model, tf.data's live model"),
+    ("Predicted from those calls timed", "capacity model, your Python's timed calls"),
+    ("Predicted from the profiled stage", "the profiled stage"),
+    ("Predicted at", "the step clock's host gap"),
+)
+
+
+def predicted_by(gain):
+    """The source of `gain.predicted_speedup`, or `None` without one."""
+    if gain is None or gain.predicted_speedup is None:
+        return None
+    return next((source for marker, source in _PREDICTED_BY if marker in gain.statement), "?")
+
+
+def live_capacity(report, top):
+    """The capacity model's figure from tf.data's live model for the top change, or `None`.
+
+    The model's step now over its step after the change (`Capacity.predicted_step_ms`),
+    over the fit's passes for a cache (its filling pass at today's speed), as
+    `advice.gains` makes it; uncapped, and computed whether or not the headline shows it.
+    """
+    capacity = report.figures.capacity if report.figures is not None else None
+    if capacity is None or top is None or not top.stage or not capacity.step_ms:
+        return None
+    change = stage_fixes.change_of(top.id)
+    if top.id == "bottleneck-stage":
+        # As the advisor reads its fix (`advice.advisor`).
+        change = None
+        if ".cache(" in top.fix:
+            change = stage_fixes.CACHE
+        elif "num_parallel_calls" in top.fix:
+            mapped = parse_stage(top.stage)[0] == kinds.MAP
+            change = stage_fixes.PARALLEL if mapped else stage_fixes.SPREAD
+    kind = {stage_fixes.PARALLEL: capacity_model.PARALLEL,
+            stage_fixes.SPREAD: capacity_model.SPREAD,
+            stage_fixes.CACHE: capacity_model.CACHE}.get(change)
+    after = capacity.predicted_step_ms(top.stage, kind, top.stage_node) if kind else None
+    if not after:
+        return None
+    figure = capacity.step_ms / after
+    if kind == capacity_model.CACHE and report.reuse is not None and report.reuse.repeats:
+        figure = report.reuse.fit_speedup(figure)
+    return figure
 
 
 def _headline(gain):
@@ -613,7 +669,17 @@ def main():
         action="store_true",
         help="time every fix written for a case, advised or not: what the advice left out",
     )
+    parser.add_argument("--load", type=int, default=0, help="busy-loop processes beside it")
     args = parser.parse_args()
+    loads = busy_loops.start(args.load)
+    try:
+        run(args)
+    finally:
+        busy_loops.stop(loads)
+
+
+def run(args) -> None:
+    print(f"{args.load} busy loops beside, load average {os.getloadavg()[0]:.1f} at the start")
     print(
         f"compute {COMPUTE_S * 1e3:.0f} ms/step, batches of {BATCH}, {BATCHES} steps/epoch, "
         f"input stages {ELEMENT_S * 1e3:.0f} ms/element; a fit's step = mean of its steps but "
@@ -651,21 +717,42 @@ def main():
                 print(f"  cache: {line['cache']}")
             if line["capacity_line"]:
                 print(f"  {line['capacity_line']}")
+            print(f"  predicted figure from: {line['predicted_by']}; " + live_text(line))
             lines.append(line)
     print_table(lines)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def live_text(line) -> str:
+    """The capacity model's own figure (tf.data's live model) for the top change, and its ratio."""
+    live = line["live_capacity"]
+    if live is None:
+        return "the live model's capacity model has no figure for the top change"
+    text = f"the live model's capacity model: {live:.2f}x"
+    if line["delivered"]:
+        ratio = live / line["delivered"]
+        text += f", / delivered {ratio:.2f} ({_within(ratio)})"
+    return text
 
 
 def print_table(lines) -> None:
     """The input-bound cases: the top figure and its label, what its fix delivered, the ratio."""
-    print("\n| case | top | figure (label) | delivered | figure / delivered |")
-    print("|---|---|---|---|---|")
+    print("\n| case | top | figure (label) | from | delivered | figure / delivered "
+          "| live model's capacity figure / delivered |")
+    print("|---|---|---|---|---|---|---|")
     for line in lines:
         if line["top_id"] in (None, "input-not-bottleneck"):
             continue
+        live = line["live_capacity"]
+        live_ratio = (
+            f"{live:.2f}x / {live / line['delivered']:.2f}" if live and line["delivered"] else "-"
+        )
         print(
             f"| {line['case']} | {line['top_id']} | {figure_text(line)} | "
+            f"{line['predicted_by'] or '-'} | "
             + (f"{line['delivered']:.2f}x | {line['ratio']:.2f} |"
                if line["ratio"] is not None else "no fix written here | n/a |")
+            + f" {live_ratio} |"
         )
 
 

@@ -13,7 +13,9 @@ budget the run read (`timing.cpu_budget`):
 - a pipeline that runs ahead of the step (tf.data prefetches) gives a step of
   the larger of the model's compute and the input's time per batch, and, where
   the model computes on the same cores (a CPU-only job), of the budget's cores
-  sharing the compute and the input's CPU a batch;
+  sharing the compute and the input's CPU a batch (a stage's time taken as
+  CPU: one that sleeps or waits on storage makes this term too large, and
+  the predicted gain of speeding it up too small);
 - a prefetch's own time is waiting for room in its buffer or for its input,
   not work: it costs nothing here.
 
@@ -45,6 +47,9 @@ from typing import Tuple
 # Changes the model predicts (`predicted_step_ms`).
 PARALLEL = "parallel"
 CACHE = "cache"
+# The stage's work moved onto parallel calls, whatever its kind (a
+# generator's work into a parallel map, a loader's work onto workers).
+SPREAD = "spread"
 # Stages whose work a parallel version runs on several threads.
 _PARALLEL_KINDS = ("map(", "interleave(", "batch(", "filter(")
 # The step with input free is never taken as less than this share of the
@@ -150,9 +155,11 @@ class Capacity:
 
         Args:
             stage: the stage changed, as the user wrote it.
-            change: `PARALLEL` (parallel calls at the budget's cores) or
-                `CACHE` (a cache after it, read back: it and its inputs cost
-                nothing on the passes that read it).
+            change: `PARALLEL` (parallel calls at the budget's cores, for a
+                stage that can run them), `SPREAD` (its work moved onto
+                parallel calls at the budget's cores, e.g. a generator's work
+                into a parallel map) or `CACHE` (a cache after it, read back:
+                it and its inputs cost nothing on the passes that read it).
             node: its graph node, if known.
 
         Returns:
@@ -168,10 +175,11 @@ class Capacity:
         target = self.stage(stage, node)
         if target is None or self.compute_ms is None:
             return None
-        if change == PARALLEL:
+        if change in (PARALLEL, SPREAD):
+            spread = 1000.0 * max(self.cpu_budget, target.threads) / target.cpu_ms_per_batch
+            at_budget = spread if change == SPREAD else target.batches_per_s_at_budget
             rates = [
-                item.batches_per_s_at_budget if item is target else item.batches_per_s
-                for item in self.stages
+                at_budget if item is target else item.batches_per_s for item in self.stages
             ]
             cpu = sum(item.cpu_ms_per_batch for item in self.stages)
         elif change == CACHE:

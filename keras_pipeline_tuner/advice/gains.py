@@ -102,12 +102,13 @@ def _capacity_gain(run, gain, stage: str, change: Optional[str], node) -> Option
     """`gain` with the capacity model's predicted step for `change`, where it holds the stage.
 
     The model (`advice.capacity`) spreads the stage over the budget's cores
-    (parallel calls) or drops it and its inputs (a cache read back), from
+    (parallel calls, or its work moved onto them) or drops it and its inputs
+    (a cache read back), from
     tf.data's own measurement of every stage of the fit's iterator; the
     prediction never passes the ceiling.
     """
     capacity = getattr(run.figures, "capacity", None)
-    kind = {PARALLEL: capacity_model.PARALLEL, SPREAD: capacity_model.PARALLEL,
+    kind = {PARALLEL: capacity_model.PARALLEL, SPREAD: capacity_model.SPREAD,
             CACHE: capacity_model.CACHE}.get(change)
     if capacity is None or kind is None or gain is None or not gain.step_ms:
         return None
@@ -118,8 +119,8 @@ def _capacity_gain(run, gain, stage: str, change: Optional[str], node) -> Option
     # own errors cancel; never past the ceiling.
     predicted = min(capacity.step_ms / after, gain.speedup or math.inf)
     how = (
-        f"over {capacity.cpu_budget} cores" if kind == capacity_model.PARALLEL
-        else "served by the cache"
+        "served by the cache" if kind == capacity_model.CACHE
+        else f"over {capacity.cpu_budget} cores"
     )
     return dataclasses.replace(
         gain,

@@ -11,9 +11,17 @@ The iterator is the fit's own, found where Keras keeps it on each backend:
   keeps a reference to the latest one: the same elements, the same threads.
 
 `read` reads the model (`profiling.live_model`) at each epoch's end, and
-`steady_step` once at the `STEADY_STEP`-th training step, never on other
-steps. A read takes about a millisecond (see `bench/live_model_cost.py`); its
-time is kept in the table (`StageTable.read_ms`).
+`steady_step` between two steps in the middle of each pass whose length Keras
+knows (an unknown length is counted in the first pass), or at the fit's
+`STEADY_STEP`-th step while no length is known, never on other steps. A read takes
+about a millisecond (see `bench/live_model_cost.py`); its time is kept in the
+table (`StageTable.read_ms`).
+
+A pass that ended has let go of the iterators above a `batch()` tf.data did
+not fuse with a map (a batch drops its input at the input's end, and the
+final prefetch reads that far ahead), and tf.data's model drops their nodes
+with them: a read there lacks those stages. Such a read never replaces a
+read that had them (its time is still counted).
 """
 
 import dataclasses
@@ -79,6 +87,11 @@ class LiveModelReader:
         self._stand_in = None
         self._latest = None
         self._steady_left = STEADY_STEP
+        # Keras' epoch iterator (for a pass's length), the step in the pass,
+        # and the step of the pass's middle read (`None`: length unknown).
+        self._steps_of = None
+        self._pass_step = 0
+        self._middle: Optional[int] = None
         # What every read took, on the thread that made it.
         self._spent_ms = 0.0
         self._failed = False
@@ -98,6 +111,8 @@ class LiveModelReader:
         adapter = getattr(epoch_iterator, "data_adapter", None)
         if type(adapter).__name__ != "TFDatasetAdapter":
             return False
+        self._steps_of = weakref.ref(epoch_iterator)
+        self._middle = self._pass_middle()
         # Where Keras calls `iter()` on the dataset: the epoch iterator on
         # TensorFlow (a distributed dataset is looked up instead), the adapter
         # on JAX and torch.
@@ -117,10 +132,26 @@ class LiveModelReader:
         return True
 
     def steady_step(self) -> None:
-        """Counts one training step; reads the model at the `STEADY_STEP`-th."""
+        """Counts one training step; reads the model in the middle of a pass (see above)."""
         self._steady_left -= 1
-        if self._steady_left == 0:
+        self._pass_step += 1
+        middle = self._middle
+        if self._pass_step == middle or (middle is None and self._steady_left == 0):
             self.read(mid_pass=True)
+
+    def pass_ended(self) -> None:
+        """A fit's pass over the data (an epoch) ended: the next one's steps count from 0."""
+        self._pass_step = 0
+        self._middle = self._pass_middle()
+
+    def _pass_middle(self) -> Optional[int]:
+        # Keras knows a pass's length from the data's cardinality or
+        # `steps_per_epoch`, else once it counted the first pass.
+        epoch_iterator = self._steps_of() if self._steps_of is not None else None
+        steps = getattr(epoch_iterator, "steps_per_epoch", None) or getattr(
+            epoch_iterator, "num_batches", None
+        )
+        return max(1, steps // 2) if isinstance(steps, int) and steps > 0 else None
 
     def read(self, at_step: Optional[int] = None, mid_pass: bool = False) -> Optional[StageTable]:
         """Reads the model of the fit's current iterator (never raises).
@@ -177,6 +208,11 @@ class LiveModelReader:
             # A new iterator that gave nothing yet (Keras makes the next
             # epoch's at an epoch's end): the last table stands.
             return None
+        if self.table is not None and _lost_stages(self.table, table):
+            # An ended pass whose iterators above a batch() are gone: the
+            # read that measured them stands, this one's time counted.
+            self.table = dataclasses.replace(self.table, reads=table.reads, read_ms=table.read_ms)
+            return self.table
         self.table = table
         self.history.append(table)
         del self.history[:-MAX_HISTORY]
@@ -236,6 +272,16 @@ class LiveModelReader:
         if not self._failed:
             self._failed = True
             self._on_failure(reason)
+
+
+def _lost_stages(earlier: StageTable, later: StageTable) -> bool:
+    """Whether `later` lacks a stage of the user's that `earlier` measured working."""
+
+    def key(row):
+        return row.node or row.stage
+
+    worked = {key(row) for row in earlier.rows if row.ms_per_batch > 0 and not row.added_by_tf}
+    return bool(worked - {key(row) for row in later.rows})
 
 
 def _is_tf_data_iterator(value) -> bool:

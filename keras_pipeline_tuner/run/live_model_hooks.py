@@ -2,7 +2,7 @@
 
 The fit's hooks call these: `begin` once before the first step (a custom
 loop's driver calls `begin_loop`, then `track` at each training pass), `steady_step`
-at each training batch's begin (a count; one read at the steady state's step),
+at each training batch's begin (a count; a read in the middle of each pass),
 `epoch_ended` at each epoch's end, `end` before the tuner's own work after
 training. Each read lands in the run (`Run.stage_table`,
 `Run.stage_table_history`); a failure turns the feature off and training goes
@@ -62,7 +62,7 @@ class LiveModelHooks:
             reader.track(iterator)
 
     def steady_step(self) -> None:
-        """One training step: a count, and at the steady state's step one read."""
+        """One training step: a count, and in the middle of each pass one read."""
         reader = self._reader
         if reader is not None:
             reader.steady_step()
@@ -74,6 +74,7 @@ class LiveModelHooks:
             return
         with self._guard(features.LIVE_MODEL):
             reader.read()
+            reader.pass_ended()
             self._keep(run, reader)
 
     def end(self, run) -> None:

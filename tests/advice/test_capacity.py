@@ -9,6 +9,8 @@ import pytest
 import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
+from keras_pipeline_tuner.advice.capacity import PARALLEL
+from keras_pipeline_tuner.advice.capacity import SPREAD
 from keras_pipeline_tuner.advice.capacity import StepCpu
 from keras_pipeline_tuner.advice.capacity import capacity_of
 from keras_pipeline_tuner.profiling.live_model import StageRow
@@ -113,3 +115,15 @@ def test_a_fit_gives_its_cpu_a_step_and_the_meter_stops_with_training():
     )
     assert "ms of CPU a step, measured" in capacity.line()
     assert report.cpu.wall_s <= span.wall_s
+
+
+def test_a_generators_work_moved_into_a_parallel_map_spreads_over_the_cores():
+    # A generator of 26 ms a batch, a 10 ms compute, two cores.
+    generator = StageRow("from_generator()", ms_per_batch=26.0)
+    found = capacity_of(table(generator), compute_ms=10.0, cpu_budget=2)
+    assert found.step_ms == pytest.approx(26.0)
+    # Its work in a parallel map: 13 ms a batch over the two cores, which
+    # also share the compute: (10 + 26) / 2.
+    assert found.predicted_step_ms("from_generator()", SPREAD) == pytest.approx(18.0)
+    # Parallel calls of the generator itself: it stays sequential.
+    assert found.predicted_step_ms("from_generator()", PARALLEL) == pytest.approx(26.0)

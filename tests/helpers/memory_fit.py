@@ -15,12 +15,28 @@ CACHE_ELEMENTS = 768
 ELEMENT_FLOATS = 1024 * 1024  # 4 MiB an element: 3 GiB cached
 
 
-def dataset():
+# Elements the pipeline made in this process (counted by `dataset(counted=True)`).
+READ = []
+
+
+def dataset(counted: bool = False):
     import tensorflow as tf
+
+    def label(i):
+        if not counted:
+            return tf.cast(i % 2, tf.float32)
+
+        def count(value):
+            READ.append(1)
+            return value
+
+        found = tf.py_function(count, [tf.cast(i % 2, tf.float32)], tf.float32)
+        found.set_shape(())
+        return found
 
     return (
         tf.data.Dataset.range(CACHE_ELEMENTS)
-        .map(lambda i: (tf.zeros([ELEMENT_FLOATS], tf.float32), tf.cast(i % 2, tf.float32)))
+        .map(lambda i: (tf.zeros([ELEMENT_FLOATS], tf.float32), label(i)))
         .cache()
         .batch(2)
     )
@@ -32,9 +48,10 @@ def main(cgroup: str, what: str) -> None:
     import keras_pipeline_tuner as kpt
 
     if what == "inspect":
-        findings = kpt.inspect(dataset())
+        findings = kpt.inspect(dataset(counted=True))
         memory = findings.memory
         result = {
+            "elements_read": len(READ),
             "findings": [
                 {"id": f.id, "severity": str(f.severity), "stage": f.stage, "reason": f.reason}
                 for f in findings

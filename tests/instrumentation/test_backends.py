@@ -516,6 +516,7 @@ def test_report_names_the_users_map_with_what_autotune_chose(backend, measured):
     """tf.data's live model of fit's own iterator, on every backend, no profiler needed."""
     table = measured["stage_table"]
     assert table is not None, measured["notes"]
+    assert not measured["profiled"]
     (row,) = [row for row in table["rows"] if row["stage"].startswith("map(decode")]
     # The map is the pipeline's one real work: matrix products, TensorFlow ops.
     assert row["ms_per_element"] > 0 and row["elements"] > 0, row

@@ -87,3 +87,38 @@ def test_no_model_when_autotuning_is_off():
     iterator = iter(tf.data.Dataset.range(64).map(double_int).batch(4).with_options(options))
     next(iterator)
     assert live_model.read_model(iterator) is None
+
+
+def features(i):
+    # TensorFlow work the live model times: the stage's only real cost.
+    t = tf.random.stateless_uniform([48, 48], seed=tf.stack([i, i]))
+    for _ in range(4):
+        t = tf.matmul(t, t) / 48.0
+    return tf.fill([8], tf.reduce_mean(t)), tf.cast(i % 2, tf.float32)[None]
+
+
+def numbers():
+    yield from range(64)
+
+
+@pytest.mark.parametrize("length", ["known", "unknown"])
+def test_a_fit_keeps_the_stages_above_a_batch_that_its_passes_end_let_go(length):
+    """A batch() tf.data does not fuse drops its input at the input's end, and its nodes go."""
+    import keras_pipeline_tuner as kpt
+    from tests.helpers.backend_fit import tiny_model
+
+    if length == "known":
+        source = tf.data.Dataset.range(64)
+    else:
+        spec = tf.TensorSpec((), tf.int64)
+        source = tf.data.Dataset.from_generator(numbers, output_signature=spec)
+    # The shuffle keeps the map from fusing with the batch; 16 steps a pass.
+    dataset = source.map(features, num_parallel_calls=tf.data.AUTOTUNE).shuffle(8).batch(4)
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=False, check_contention=False)
+    tiny_model().fit(dataset, epochs=3, callbacks=[tuner], verbose=0)
+    table = tuner.report.stage_table
+    assert table is not None, tuner.report.notes
+    (row,) = [row for row in table.rows if row.stage.startswith("map(features")]
+    assert row.ms_per_batch > 0 and row.parallelism >= 1, table
+    # Every read counted (those at a pass's end too), the table one read's.
+    assert table.reads >= 4 and table.read_ms > 0, table

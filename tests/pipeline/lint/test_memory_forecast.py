@@ -84,6 +84,8 @@ def test_a_3_gib_cache_in_a_1_gib_cgroup_is_reported_before_any_element_is_read(
     (error,) = [f for f in inspected["findings"] if f["id"] == "cache-memory"]
     assert error["severity"] == "error" and error["stage"] == "cache()"
     assert "3.0 GiB" in error["reason"] and "1.0 GiB" in error["reason"]
+    # From the graph alone: the pipeline made no element.
+    assert inspected["elements_read"] == 0, inspected
     # A fit on it says so before its first step (and stops after it: the cache never fills).
     fitted = _in_cgroup(cgroup, "fit")
     said = " ".join(fitted["before_first_step"])
