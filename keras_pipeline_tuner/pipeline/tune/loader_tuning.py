@@ -294,10 +294,15 @@ class LoaderTuning:
             )
 
     def _factory(self, setting, name: str):
-        """For a number of batches, a fresh loader with `setting`, read in cut epochs."""
+        """For a number of batches, a fresh loader with `setting`, read in cut epochs.
+
+        Its workers, where they persist, are warm (`_warm`): the halving then
+        ranks the settings as the final comparison and training's later epochs
+        read them.
+        """
 
         def make(batches: int) -> Epochs:
-            epochs = Epochs(self.kind, self.kind.build(self.loader, setting), batches)
+            epochs = self._warm(setting, batches)()
             self._epochs[name] = epochs
             return epochs
 
