@@ -333,6 +333,14 @@ class LoaderTuning:
             "original": self._warm(result.original, final_batches),
             "tuned": self._warm(best, final_batches),
         }
+        made = factories["tuned"]
+        tuned_epochs: List[Epochs] = []
+
+        def tuned_factory() -> Epochs:
+            tuned_epochs.append(made())
+            return tuned_epochs[-1]
+
+        factories["tuned"] = tuned_factory
         if kind.persists(best) or kind.persists(result.original):
             self.notes.append(
                 "Workers kept across epochs start once a fit: each pass of the final "
@@ -364,7 +372,9 @@ class LoaderTuning:
                               f"{reason}.")
             result.tuned_s = result.original_s
             return
-        tuned = kind.build(self.loader, best)
+        # The last timed pass's loader: workers that persist are checked, and
+        # returned, without starting again after the budget's end.
+        tuned = tuned_epochs[-1].loader if kind.persists(best) else kind.build(self.loader, best)
         mismatch, check = self._check(tuned, reference, repeatable)
         result.elements_check = check
         if mismatch is not None:

@@ -105,6 +105,9 @@ def test_workers_that_persist_are_ranked_as_training_reads_them_after_their_star
     timed = [(row.setting, round(row.pass_s, 3), row.batches) for row in result.table]
     assert result.chosen["num_workers"] >= 8, (result.chosen, timed, result.notes)
     assert tuned.num_workers >= 8 and tuned.persistent_workers
+    # The loader returned is the final comparison's, its workers started once.
+    assert result.elements_check == "equal"
+    assert [b.tolist() for b in tuned] == [b.tolist() for b in loader]
 
 
 @pytest.mark.multiprocess
