@@ -9,9 +9,16 @@ that never yields keeps its CPU from every other process of its priority.
 Yielding, they share the CPUs with the bench, but round-robin in 2 ms turns,
 not as the usual scheduler shares them: loaded figures are taken at normal
 priority (see docs/performance.md).
+
+`running_apart` starts loops that are not the bench's child processes: the
+tuner counts the CPU of a process's children as its own (a loader's worker
+processes), so loops started by a bench that tunes a loader in-process read
+as busy workers, and a loader whose workers sleep as one whose workers compute.
 """
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 
@@ -45,3 +52,32 @@ def running(count: int):
         yield
     finally:
         stop(loops)
+
+
+# Starts the loops in a session of their own and exits: they are then no
+# process's children but init's (or the nearest subreaper's).
+_SPAWNER = (
+    "import subprocess, sys\n"
+    "for _ in range(int(sys.argv[1])):\n"
+    "    loop = subprocess.Popen([sys.executable, '-c', sys.argv[2]], start_new_session=True,\n"
+    "                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "    print(loop.pid, flush=True)\n"
+)
+
+
+@contextlib.contextmanager
+def running_apart(count: int):
+    """`count` busy loops outside this process's children, for as long as the block runs."""
+    spawner = subprocess.run(
+        [sys.executable, "-c", _SPAWNER, str(count), _LOOP],
+        capture_output=True, text=True, check=True, timeout=60,
+    )
+    pids = [int(line) for line in spawner.stdout.split()]
+    try:
+        yield
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -139,14 +139,17 @@ def _time_rung(factories, alive, batches, plan, rung, table, ends, cpu_cores, on
                 previous.rungs if previous else 0, stopped=True,
             )
             continue
-        limit = stop_at
-        if fastest is not None:
-            own = time.perf_counter() + SLOW_MULTIPLE * fastest + _SLOW_FLOOR_S
-            limit = own if limit is None else min(limit, own)
-        began = time.perf_counter()
         try:
+            # Made before its limit starts: a factory may read an untimed epoch
+            # first (workers that persist, warmed as training's later epochs).
+            made = factories[name](batches)
+            limit = stop_at
+            if fastest is not None:
+                own = time.perf_counter() + SLOW_MULTIPLE * fastest + _SLOW_FLOOR_S
+                limit = own if limit is None else min(limit, own)
+            began = time.perf_counter()
             times = paired_timing.side_by_side(
-                {name: _bound(factories[name], batches)},
+                {name: lambda: made},
                 plan,
                 rounds=1,
                 stop_at=limit,
@@ -169,6 +172,3 @@ def _time_rung(factories, alive, batches, plan, rung, table, ends, cpu_cores, on
             stopped=stopped,
         )
 
-
-def _bound(factory: Callable[[int], object], batches: int) -> Callable[[], object]:
-    return lambda: factory(batches)

@@ -294,10 +294,15 @@ class LoaderTuning:
             )
 
     def _factory(self, setting, name: str):
-        """For a number of batches, a fresh loader with `setting`, read in cut epochs."""
+        """For a number of batches, a fresh loader with `setting`, read in cut epochs.
+
+        Its workers, where they persist, are warm (`_warm`): the halving then
+        ranks the settings as the final comparison and training's later epochs
+        read them.
+        """
 
         def make(batches: int) -> Epochs:
-            epochs = Epochs(self.kind, self.kind.build(self.loader, setting), batches)
+            epochs = self._warm(setting, batches)()
             self._epochs[name] = epochs
             return epochs
 
@@ -328,6 +333,14 @@ class LoaderTuning:
             "original": self._warm(result.original, final_batches),
             "tuned": self._warm(best, final_batches),
         }
+        made = factories["tuned"]
+        tuned_epochs: List[Epochs] = []
+
+        def tuned_factory() -> Epochs:
+            tuned_epochs.append(made())
+            return tuned_epochs[-1]
+
+        factories["tuned"] = tuned_factory
         if kind.persists(best) or kind.persists(result.original):
             self.notes.append(
                 "Workers kept across epochs start once a fit: each pass of the final "
@@ -359,7 +372,9 @@ class LoaderTuning:
                               f"{reason}.")
             result.tuned_s = result.original_s
             return
-        tuned = kind.build(self.loader, best)
+        # The last timed pass's loader: workers that persist are checked, and
+        # returned, without starting again after the budget's end.
+        tuned = tuned_epochs[-1].loader if kind.persists(best) else kind.build(self.loader, best)
         mismatch, check = self._check(tuned, reference, repeatable)
         result.elements_check = check
         if mismatch is not None:
