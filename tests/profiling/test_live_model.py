@@ -122,3 +122,26 @@ def test_a_fit_keeps_the_stages_above_a_batch_that_its_passes_end_let_go(length)
     assert row.ms_per_batch > 0 and row.parallelism >= 1, table
     # Every read counted (those at a pass's end too), the table one read's.
     assert table.reads >= 4 and table.read_ms > 0, table
+
+
+def test_stages_behind_a_filled_cache_leave_the_table_of_later_passes():
+    """The map runs in the first pass only: its time is not the later passes' CPU."""
+    import keras_pipeline_tuner as kpt
+    from tests.helpers.backend_fit import tiny_model
+
+    dataset = (
+        tf.data.Dataset.range(64)
+        .map(features, num_parallel_calls=tf.data.AUTOTUNE)
+        .cache()
+        .shuffle(8)
+        .batch(4)
+    )
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=False, check_contention=False)
+    tiny_model().fit(dataset, epochs=3, callbacks=[tuner], verbose=0)
+    report = tuner.report
+    table = report.stage_table
+    assert table is not None, report.notes
+    # The last pass's table is of the cache's reads: the map ran in the first only.
+    assert not [row for row in table.rows if row.stage.startswith("map(features")], table
+    contention = report.judgement.cpu_contention
+    assert contention is None or not any("map(features" in part for part in contention.parts)
