@@ -65,6 +65,26 @@ def can_replay(model, backend: str) -> bool:
     )
 
 
+def input_runs_beside_the_step(model) -> bool:
+    """Whether the fit's input may do work while its step computes (JAX, torch).
+
+    On these backends Keras slices NumPy arrays on the training thread, between
+    steps (a plain iterator on JAX, a DataLoader without workers on torch):
+    nothing of that input runs beside the step, so it cannot slow the compute,
+    and its whole cost is the wait at the fetch. A contention check there
+    could only find what the wait shows. Other inputs (tf.data's threads, a
+    loader's workers) may.
+
+    Args:
+        model: the model `fit` trains or trained.
+
+    Returns:
+        `False` for Keras' batches of NumPy arrays, else `True`.
+    """
+    found = fit_input.find_fit_input(model)
+    return found is None or found.kind != fit_input.ARRAYS
+
+
 def replay(
     model,
     backend: str,

@@ -142,8 +142,17 @@ class ReplayProbe:
                 "memory); the check could only raise the input's share."
             )
             return
-        cap_s, budget_s = self._cap_and_budget(run, fixes_due)
         backend = _backend()
+        if backend in framework_replay.BACKENDS and not framework_replay.input_runs_beside_the_step(
+            model
+        ):
+            run.notes.append(
+                skipped + f"on {backend} Keras slices NumPy arrays on the training thread, "
+                "between steps, so the input does no work beside the step that could slow "
+                "its compute: its cost is the wait."
+            )
+            return
+        cap_s, budget_s = self._cap_and_budget(run, fixes_due)
         # fit's traced function, reused, is not traced again (nor is the
         # step JAX and torch compiled for the fit).
         reused = traced_step is not None or backend in framework_replay.BACKENDS

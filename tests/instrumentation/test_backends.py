@@ -536,6 +536,14 @@ def test_the_replay_check_runs_the_fits_own_step_and_leaves_training_unchanged(
 ):
     """On JAX the jitted step, on torch the compiled one, on TensorFlow the timed function."""
     found = measured[source]
+    if source == "arrays" and backend != "tensorflow":
+        # Keras slices the arrays on the training thread, between steps: nothing
+        # of the input runs beside the step, so there is no contention to check.
+        assert not found["checked"], found
+        assert any("slices NumPy arrays on the training thread" in note
+                   for note in found["notes"]), found["notes"]
+        assert found["weights"] and found["history"], found
+        return
     assert found["checked"], found["notes"]
     assert found["replay_steps"] >= 5 and found["rounds"] >= 1, found
     # The next fit trains as it would have: weights and history, bit for bit.
