@@ -41,6 +41,7 @@ fair within 0.02 of a boundary), and "at most N x" within [0.67, 1.5] of what
 free input delivered.
 
     python bench/contention_truth.py [--cases augment numpy ...] [--rounds 3] [--busy-loops 0]
+                                     [--why]
 """
 
 import argparse
@@ -340,7 +341,7 @@ def _fit(model, data, kwargs, steps, callbacks=()):
 _LOOP = [False]
 
 
-def run_case(name: str, rounds: int) -> str:
+def run_case(name: str, rounds: int, why: bool = False) -> str:
     import keras_pipeline_tuner as kpt
 
     _LOOP[0] = name == "loop"
@@ -363,7 +364,8 @@ def run_case(name: str, rounds: int) -> str:
         _fit(model, real_input(), kwargs, steps, [tuner])
         figures = tuner.report.figures
         ceiling = figures.input_free.speedup if figures.input_free is not None else None
-        tuned.append((figures.input_fraction or 0.0, ceiling, figures.source))
+        tuned.append((figures.input_fraction or 0.0, ceiling, figures.source,
+                      tuner.report.judgement.line if why else ""))
     real = statistics.median(ms[0] for ms in real_ms)
     free = statistics.median(ms[0] for ms in copy_ms)
     truth = max(0.0, 1.0 - free / real)
@@ -371,7 +373,7 @@ def run_case(name: str, rounds: int) -> str:
     whole = max(0.0, 1.0 - statistics.median(ms[1] for ms in copy_ms) / real_whole)
     delivered = real / free
     rows = []
-    for share, ceiling, source in tuned:
+    for share, ceiling, source, line in tuned:
         within = abs(share - truth) <= max(0.05, 0.25 * truth)
         ratio = (ceiling / delivered) if ceiling else float("nan")
         rows.append(
@@ -380,6 +382,7 @@ def run_case(name: str, rounds: int) -> str:
             f"class {'ok' if _class_right(share, truth) else 'WRONG'}, "
             f"at most {ceiling or 0:.2f}x = {ratio:.2f} of delivered"
             f" {'ok' if 0.67 <= ratio <= 1.5 else 'OFF'}"
+            + (f"\n          {line}" if line else "")
         )
     head = (
         f"{name:12s} truth {truth * 100:5.1f} % {_classify(truth):10s} "
@@ -394,10 +397,11 @@ def main():
     parser.add_argument("--cases", nargs="*", default=list(BACKEND_OF))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--busy-loops", type=int, default=0)
+    parser.add_argument("--why", action="store_true", help="print each tuned fit's verdict line")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(run_case(args.one, args.rounds), flush=True)
+        print(run_case(args.one, args.rounds, args.why), flush=True)
         return
     loops = busy_loops.start(args.busy_loops)
     try:
@@ -406,7 +410,8 @@ def main():
         for name in args.cases:
             env = dict(os.environ, KERAS_BACKEND=BACKEND_OF[name], TF_CPP_MIN_LOG_LEVEL="3")
             done = subprocess.run(
-                [sys.executable, __file__, "--one", name, "--rounds", str(args.rounds)],
+                [sys.executable, __file__, "--one", name, "--rounds", str(args.rounds)]
+                + (["--why"] if args.why else []),
                 env=env, capture_output=True, text=True,
             )
             print(done.stdout.strip() or f"{name}: failed\n{done.stderr[-2000:]}", flush=True)

@@ -18,15 +18,17 @@ without running anything after it:
   process used.
 
 Their average cores are the input's CPU seconds a second of training, and
-their share of the process's own cores is the input's share of the job's CPU
-work. Where the CPUs are saturated, that work is what the step's wall time is
-made of: with the input free, the step's own work alone would take the CPUs,
-and the step would shrink by the input's share. Scaled by how busy the CPUs
-were (idle cores absorb the input's work; from `BUSY_FRACTION` busy, all of it
-counts), it predicts the share of the step the input cost inside the compute:
+their share of all the CPU work done on the job's CPUs is the input's share.
+Where the CPUs are saturated, the cores freed by a free input go to everything
+that runs on them, in proportion to what each got: the step's gain is its
+part of them, and the step shrinks by the input's cores over all the busy
+cores, the process's and other processes' alike (`CpuUsage.others_cores`; on
+a quiet machine the process's own). Scaled by how busy the CPUs were (idle
+cores absorb the input's work; from `BUSY_FRACTION` busy, all of it counts),
+it predicts the share of the step the input cost inside the compute:
 
-    contention = min(input cores / process cores, input cores, compute / step)
-                 x min(busy / 0.8, 1)
+    contention = min(input cores / (process cores + others' cores), input cores,
+                     compute / step) x min(busy / 0.8, 1)
 
 Its CPU seconds can displace no more of the step than themselves: the share is
 never above the input's cores (a step that sleeps, or waits on a device, uses
@@ -76,6 +78,8 @@ class CpuContention:
         process_cores: the cores the whole process kept busy (its children
             included), of which the input's are a share; `None` in reports
             written before it was kept.
+        others_cores: the cores other processes kept busy on the job's CPUs,
+            which share what a free input would free.
 
     Example:
 
@@ -91,6 +95,7 @@ class CpuContention:
     busy: float
     parts: List[str] = dataclasses.field(default_factory=list)
     process_cores: Optional[float] = None
+    others_cores: float = 0.0
 
     def describe(self) -> str:
         """The estimate in one phrase, with what it rests on."""
@@ -98,6 +103,8 @@ class CpuContention:
         if self.process_cores:
             share = self.input_cores / max(self.process_cores, self.input_cores)
             of_job = f", {share * 100:.0f} % of the {self.process_cores:.2f} the job used"
+            if self.others_cores >= NEGLIGIBLE:
+                of_job += f" (other processes used {self.others_cores:.2f} beside it)"
         return (
             f"the input's threads and workers used {self.input_cores:.2f} cores{of_job}, "
             f"of {self.budget_cpus:g} CPUs ({'; '.join(self.parts)}; "
@@ -171,11 +178,14 @@ def cpu_contention(
     # Never more than the input's own CPU seconds a second, one for one: a step
     # that sleeps or waits on a device uses little CPU, and the input's share
     # of the job's CPU is then near all of it while it slows the step little.
-    share = min(cores / max(cpu.process_cores, cores), cores)
+    # Of all the busy cores: on saturated CPUs the freed cores are shared by
+    # everything that runs there, other processes too.
+    others = cpu.others_cores
+    share = min(cores / max(cpu.process_cores + others, cores), cores)
     fraction = min(share, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
     if fraction < NEGLIGIBLE:
         return None
-    return CpuContention(fraction, cores, budget, busy, parts, cpu.process_cores)
+    return CpuContention(fraction, cores, budget, busy, parts, cpu.process_cores, others)
 
 
 def _budget_cpus(cpu) -> float:

@@ -153,6 +153,24 @@ class CpuUsage:
             return f"the job used {quota_share * 100:.0f} % of its {limit:.2f}-CPU quota"
         return f"the CPUs were {self.busy * 100:.0f} % busy"
 
+    @property
+    def others_cores(self) -> float:
+        """The cores other processes kept busy on the CPUs this one may run on.
+
+        The host's busy cores less this process's, where the host's counters
+        were read and no cgroup quota binds (under a quota, the job's CPU is
+        its quota's, whatever others use). Zero where unknown.
+
+        Example:
+
+        >>> round(CpuUsage(wall_s=10.0, cpu_count=2, process_cores=0.8,
+        ...                host_busy=1.0).others_cores, 2)
+        1.2
+        """
+        if self.host_busy is None or self._quota_share() is not None:
+            return 0.0
+        return max(self.host_busy * self.cpu_count - self.process_cores, 0.0)
+
     def _quota_share(self) -> Optional[float]:
         """The share of its quota the process used, where a quota binds."""
         if self.budget is None or self.budget.binding != QUOTA:

@@ -44,16 +44,17 @@ def python_calls(cpu_ms, source="tf.py_function"):
 
 
 def test_the_input_costs_its_share_of_the_jobs_cpu_work():
-    # 3 ms of Python CPU a 10 ms step, all CPUs busy, the whole step
-    # computing: 0.3 cores of input, of the 1.5 the process used: with the
-    # input free the step's own 1.2 cores of work would take 20 % less time.
+    # 4 ms of Python CPU a 10 ms step, the process alone keeping the CPUs 80 %
+    # busy, the whole step computing: 0.4 cores of input, of the 1.6 the
+    # process used: with the input free the step's own 1.2 cores of work would
+    # take 25 % less time.
     found = cpu_contention(
-        usage(process=1.5), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
+        usage(busy=0.8, process=1.6), [python_calls(4.0)], step_ms=10.0, compute_ms=10.0
     )
-    assert found.input_cores == pytest.approx(0.3)
-    assert found.fraction == pytest.approx(0.2)
-    assert "Python calls of map(load) 0.30 cores" in found.describe()
-    assert "20 % of the 1.50 the job used" in found.describe()
+    assert found.input_cores == pytest.approx(0.4)
+    assert found.fraction == pytest.approx(0.25)
+    assert "Python calls of map(load) 0.40 cores" in found.describe()
+    assert "25 % of the 1.60 the job used, of 2 CPUs" in found.describe()
     # Worker processes count too; a quota is the budget the line names.
     workers = cpu_contention(
         usage(children=0.5, quota=1.0, process=1.0), [], step_ms=10.0, compute_ms=10.0
@@ -66,9 +67,33 @@ def test_the_input_costs_its_share_of_the_jobs_cpu_work():
     assert idle.fraction == pytest.approx(0.3 * 0.5)
     # Only the compute part of the step can be slowed.
     waiting = cpu_contention(
-        usage(process=0.6), [python_calls(5.0)], step_ms=10.0, compute_ms=4.0
+        usage(busy=0.8, process=1.6), [python_calls(5.0)], step_ms=10.0, compute_ms=2.0
     )
-    assert waiting.fraction == pytest.approx(0.4)
+    assert waiting.fraction == pytest.approx(0.2)
+
+
+def test_other_processes_on_the_cpus_share_what_a_free_input_frees():
+    # The same 0.3 cores of input, the CPUs saturated: with the process alone
+    # (2 cores) a free input frees 15 % of the work done; beside other
+    # processes that used 1.2 of the 2 cores, the freed cores go to them too,
+    # in proportion, and the step gains 15 % all the same: the input is 15 %
+    # of all the work the CPUs did, not 37 % of the job's 0.8 cores.
+    alone = cpu_contention(usage(process=2.0), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0)
+    beside = cpu_contention(
+        usage(process=0.8), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
+    )
+    assert alone.fraction == pytest.approx(0.15) and alone.others_cores == 0.0
+    assert beside.others_cores == pytest.approx(1.2)
+    assert beside.fraction == pytest.approx(0.15)
+    assert "37 % of the 0.80 the job used (other processes used 1.20 beside it)" in (
+        beside.describe()
+    )
+    # Under a quota the job's CPU is its quota's, whatever others use: 37 % of
+    # the job's work, but never more of the step than its own 0.3 cores.
+    quota = cpu_contention(
+        usage(process=0.8, quota=1.0), [python_calls(3.0)], step_ms=10.0, compute_ms=10.0
+    )
+    assert quota.others_cores == 0.0 and quota.fraction == pytest.approx(0.3)
 
 
 def test_calls_on_the_training_thread_are_the_wait_not_contention():
@@ -259,8 +284,9 @@ def test_a_replay_within_its_noise_bounds_the_cpu_estimate_instead_of_zeroing_it
 
 def test_a_step_that_uses_little_cpu_is_slowed_by_no_more_than_the_inputs_cpu():
     # The step sleeps (or waits on a device): the input is 80 % of the job's
-    # 0.125 cores of CPU, yet its 0.1 cores can take at most 10 % of the step.
+    # 0.125 cores of CPU, yet its 0.1 cores can take at most 10 % of the step
+    # (under a quota of one CPU, used up by others' work on the host or not).
     found = cpu_contention(
-        usage(process=0.125), [python_calls(1.0)], step_ms=10.0, compute_ms=10.0
+        usage(process=0.125, quota=1.0), [python_calls(1.0)], step_ms=10.0, compute_ms=10.0
     )
     assert found.fraction == pytest.approx(0.1)
