@@ -131,7 +131,7 @@ def measured_rounds(*rounds):
 def test_contention_in_one_round_only_is_noise():
     # The first round's pipeline steps ran 1.3x the replay's (a burst of another
     # load), the second's 1.02x: the pooled means (1.16x) would have counted.
-    clock = clock_of([[0.1] * 30])
+    clock = clock_of([[0.1] * 30], compute_ms=13.0)
     judgement = judged(clock, measured_rounds((13.0, 10.0), (10.2, 10.0)))
     assert judgement.verdict == NOT
     assert judgement.source == recommendation.STEP_CLOCK
@@ -140,13 +140,28 @@ def test_contention_in_one_round_only_is_noise():
 
 
 def test_contention_in_both_rounds_counts_the_smaller():
-    clock = clock_of([[0.1] * 30])
+    # Training's steps took what the check's pipeline steps took (13.1 ms).
+    clock = clock_of([[0.1] * 30], compute_ms=13.0)
     judgement = judged(clock, measured_rounds((13.0, 10.0), (15.0, 10.0)))
     assert judgement.verdict == HIGH
     assert judgement.source == recommendation.REPLAY
     assert judgement.contention_fraction == pytest.approx(1 - 10.0 / 13.0, rel=1e-6)
     assert "10.00 ms (mean) on replayed cached batches against 13.00 ms" in judgement.line
     assert "in 2 rounds; the round with the least difference" in judgement.line
+
+
+def test_pipeline_steps_the_check_timed_slower_than_trainings_are_its_own_load():
+    # Training's steps took 10.1 ms; in the check, beside a burst of other
+    # work, the pipeline's steps took 120 ms in both rounds. The verdict is
+    # about training's steps: against them the replay shows no contention.
+    clock = clock_of([[0.1] * 30])
+    judgement = judged(clock, measured_rounds((120.0, 10.0), (121.0, 10.0)))
+    assert judgement.verdict == NOT, judgement.line
+    assert judgement.contention_fraction == 0.0
+    # Where training's steps were that slow too, the same rounds count.
+    slow = judged(clock_of([[0.1] * 30], compute_ms=120.0),
+                  measured_rounds((120.0, 10.0), (121.0, 10.0)))
+    assert slow.verdict == HIGH and slow.contention_fraction == pytest.approx(1 - 10 / 120)
 
 
 def test_under_a_quota_that_throttled_the_job_rounds_are_compared_by_wall_time():
