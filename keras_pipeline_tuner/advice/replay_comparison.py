@@ -46,16 +46,18 @@ def compared_steps(what_if, share: Optional[Share], stats: StepStats, throttled:
             # timed slower than training's met a load of the check's own
             # (beside two busy loops one round's read 12x its replayed steps
             # on a healthy pipeline), which is not the pipeline's cost.
-            real_ms = min(real_ms, _training_step_ms(share, stats) or real_ms)
+            real_ms = min(real_ms, mean_step_ms(share, stats) or real_ms)
         return real_ms, replayed_ms, WALL_STATISTIC if walled else "mean"
     if what_if.pipeline_source == "measured" and what_if.pipeline_step.mean_ms:
         return what_if.pipeline_step.mean_ms, what_if.replay_step.mean_ms, "mean"
-    return _training_step_ms(share, stats), what_if.replay_step.mean_ms, "mean"
+    return mean_step_ms(share, stats), what_if.replay_step.mean_ms, "mean"
 
 
-def _training_step_ms(share: Optional[Share], stats: StepStats) -> Optional[float]:
-    """Training's mean step in the verdict's steady state, else over all its steps."""
-    return share.step_ms / share.steps if share is not None and share.steps else stats.step.mean_ms
+def mean_step_ms(share: Optional[Share], stats: StepStats) -> Optional[float]:
+    """Training's mean step in the verdict's steady state, else over all its steps, in ms."""
+    if share is not None and share.steps:
+        return share.step_ms / share.steps
+    return stats.step.mean_ms
 
 
 def contention_of(compared) -> Optional[float]:

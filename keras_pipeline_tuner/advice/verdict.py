@@ -55,6 +55,7 @@ from keras_pipeline_tuner.advice.replay_comparison import CONTENTION_MIN_MS
 from keras_pipeline_tuner.advice.replay_comparison import alongside
 from keras_pipeline_tuner.advice.replay_comparison import compared_steps
 from keras_pipeline_tuner.advice.replay_comparison import contention_of
+from keras_pipeline_tuner.advice.replay_comparison import mean_step_ms
 from keras_pipeline_tuner.advice.replay_comparison import resolution
 from keras_pipeline_tuner.timing.step_clock import EPOCH_START_STEPS
 from keras_pipeline_tuner.timing.step_clock import TRAIN
@@ -211,7 +212,7 @@ def judge(
             )
             share = later
     wait_fraction = _beyond_floor(share, stats, floor_ms)
-    raw_wait, step_ms = wait_fraction, _mean_step_ms(share, stats)
+    raw_wait, step_ms = wait_fraction, mean_step_ms(share, stats)
     bounded = _within_fetch_bound(wait_fraction, step_ms) if floor_ms is None else None
     if bounded is not None:
         wait_fraction = bounded
@@ -302,7 +303,7 @@ def judge_epoch(epoch, stats: StepStats, judgement: Judgement):
     if fraction is None:
         return None, Verdict.UNKNOWN, ""
     if judgement.fetch_floor_ms is None:
-        bounded = _within_fetch_bound(fraction, _mean_step_ms(share, epoch.stats))
+        bounded = _within_fetch_bound(fraction, mean_step_ms(share, epoch.stats))
         fraction = bounded if bounded is not None else fraction
     left_out = ""
     steady_from = judgement.from_epoch
@@ -462,12 +463,6 @@ def _bound_line(raw_wait: float, step_ms: float) -> str:
         f"that fetch on a busy machine: left out, as it changes the class; with it the wait "
         f"at the fetch is {raw_wait * step_ms:.2f} ms a step."
     )
-
-
-def _mean_step_ms(share, stats: StepStats) -> Optional[float]:
-    if share is not None and share.steps:
-        return share.step_ms / share.steps
-    return stats.step.mean_ms
 
 
 def _epoch_starts_line(share: Share, epoch_starts: Share) -> str:
