@@ -127,34 +127,48 @@ within its budget of 2.0 s."
         "The tuner's own work after training took 0.25 s, within its budget of 2.0 s. \
 Once per fit it took 0.30 s in all: 0.03 s before the first step, 0.02 s of outputs \
 during training, 0.25 s after it."
+        >>> TunerCost(60.0, 2.0, 2.8, {FIX_FLOOR: 0.9, FIX_TIMING: 1.8}, 3.0).summary()
+        "The tuner's own work after training took 2.80 s (replay for the fixes' floor 0.90 s, \
+fix timing 1.80 s): 0.10 s within its budget of 2.0 s, 2.70 s of fix timing (with any replay \
+for its floor) against a cap of its own, 3.0 s (measure_fixes)."
         """
         parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
         within = "within" if self.within_budget else "over"
-        capped = ""
-        if self.fix_timing_cap_s is not None:
-            capped = (
-                " The fix timing (with any replay for its floor) counts against a cap of its "
-                f"own, {self.fix_timing_cap_s:.1f} s (measure_fixes)."
+        took = (
+            f"The tuner's own work after training took {self.after_training_s:.2f} s"
+            f"{f' ({parts})' if parts else ''}"
+        )
+        capped_s = self.capped_s
+        if self.fix_timing_cap_s is None and self.check_cap_s is None:
+            text = f"{took}, {within} its budget of {self.budget_s:.1f} s."
+        else:
+            # The capped work is said apart: a total over the budget, of
+            # which most ran against its own cap, read as "over" otherwise.
+            text = (
+                f"{took}: {self.after_training_s - capped_s:.2f} s {within} its budget of "
+                f"{self.budget_s:.1f} s"
             )
-        if self.check_cap_s is not None:
-            capped += (
-                " The contention check could change the verdict, so it was given the time "
-                f"it needed, against a cap of its own, {self.check_cap_s:.1f} s."
-            )
-        per_fit = ""
+            if self.fix_timing_cap_s is not None:
+                fix_s = _capped_s(self.parts, self.fix_timing_cap_s, None)
+                text += (
+                    f", {fix_s:.2f} s of fix timing (with any replay for its floor) against a "
+                    f"cap of its own, {self.fix_timing_cap_s:.1f} s (measure_fixes)"
+                )
+            if self.check_cap_s is not None:
+                text += (
+                    f", {self.parts.get(CONTENTION_CHECK, 0.0):.2f} s of contention check, "
+                    "which could change the verdict, against a cap of its own, "
+                    f"{self.check_cap_s:.1f} s"
+                )
+            text += "."
         if self.before_training_s or self.outputs_during_training_s:
-            per_fit = (
+            text += (
                 f" Once per fit it took {self.per_fit_s:.2f} s in all: "
                 f"{self.before_training_s:.2f} s before the first step, "
                 f"{self.outputs_during_training_s:.2f} s of outputs during training, "
                 f"{self.after_training_s:.2f} s after it."
             )
-        return (
-            f"The tuner's own work after training took {self.after_training_s:.2f} s"
-            f"{f' ({parts})' if parts else ''}, {within} its budget of {self.budget_s:.1f} s."
-            + capped
-            + per_fit
-        )
+        return text
 
 
 def _capped_s(parts: Dict[str, float], fix_cap_s, check_cap_s) -> float:
