@@ -189,11 +189,12 @@ def test_the_report_states_what_the_check_cost(contention_cap_raised):
 def test_the_check_keeps_to_its_own_cap_whatever_the_budget():
     # 20 ms steps and a budget of 30 s, whose share would give the check 100
     # steps a side (some 4 s): its own cap, half a second for a fit of
-    # seconds, sizes it, or skips it and says so.
+    # seconds (more for a fit a busy machine stretched: 0.84 s once beside
+    # three busy loops), sizes it, or skips it and says so.
     report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=30)
     cost = report.tuner_cost
     cap_s = what_if_replay.contention_cap_s(cost.fit_s)
-    assert cap_s == what_if_replay.CONTENTION_LEAST_S
+    assert 10 * cap_s < cost.budget_s, cost.fit_s
     if report.what_if is None:
         assert any("did not run" in note and "contention" in note for note in report.notes)
     assert cost.parts.get("contention check", 0.0) < 3 * cap_s
