@@ -129,8 +129,12 @@ Once per fit it took 0.30 s in all: 0.03 s before the first step, 0.02 s of outp
 during training, 0.25 s after it."
         >>> TunerCost(60.0, 2.0, 2.8, {FIX_FLOOR: 0.9, FIX_TIMING: 1.8}, 3.0).summary()
         "The tuner's own work after training took 2.80 s (replay for the fixes' floor 0.90 s, \
-fix timing 1.80 s): 0.10 s within its budget of 2.0 s, 2.70 s of fix timing (with any replay \
-for its floor) against a cap of its own, 3.0 s (measure_fixes)."
+fix timing 1.80 s): the rest, 0.10 s, within its budget of 2.0 s, 2.70 s of fix timing (with \
+any replay for its floor) against a cap of its own, 3.0 s (measure_fixes)."
+        >>> TunerCost(60.0, 2.0, 3.5, {FIX_TIMING: 0.5, "outputs": 3.0}, 1.0).summary()
+        "The tuner's own work after training took 3.50 s (fix timing 0.50 s, outputs 3.00 s): \
+the rest, 3.00 s, over its budget of 2.0 s, 0.50 s of fix timing (with any replay for its \
+floor) against a cap of its own, 1.0 s (measure_fixes)."
         """
         parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self.parts.items())
         within = "within" if self.within_budget else "over"
@@ -145,8 +149,8 @@ for its floor) against a cap of its own, 3.0 s (measure_fixes)."
             # The capped work is said apart: a total over the budget, of
             # which most ran against its own cap, read as "over" otherwise.
             text = (
-                f"{took}: {self.after_training_s - capped_s:.2f} s {within} its budget of "
-                f"{self.budget_s:.1f} s"
+                f"{took}: the rest, {self.after_training_s - capped_s:.2f} s, {within} its "
+                f"budget of {self.budget_s:.1f} s"
             )
             if self.fix_timing_cap_s is not None:
                 fix_s = _capped_s(self.parts, self.fix_timing_cap_s, None)
