@@ -160,8 +160,8 @@ floor) against a cap of its own, 1.0 s (measure_fixes)."
                 )
             if self.check_cap_s is not None:
                 text += (
-                    f", {self.parts.get(CONTENTION_CHECK, 0.0):.2f} s of contention check, "
-                    "which could change the verdict, against a cap of its own, "
+                    f", {_capped_s(self.parts, None, self.check_cap_s):.2f} s of contention "
+                    "check, which could change the verdict, against a cap of its own, "
                     f"{self.check_cap_s:.1f} s"
                 )
             text += "."
