@@ -23,8 +23,8 @@ PyDataset, `iter(loader)` for a DataLoader: persistent workers start in the
 first epoch only), `--epochs` (3) times in rounds that rotate the settings'
 order, Python's GC off; the median is the setting's epoch. Run it quiet at
 real-time priority, and loaded at normal priority beside two busy loops
-(`busy_loops.running_apart`: not this process's children, whose CPU the
-tuner would count as the loader's workers'):
+(`bench/busy_loops.py`: not this process's children, whose CPU the tuner
+would count as the loader's workers'):
 
     PYTHONPATH=. chrt -r 10 python bench/loader_sweep.py [--cases pydataset,dataloader,grain,quota]
     PYTHONPATH=. python bench/loader_sweep.py --busy-loops 2
@@ -208,7 +208,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--busy-loops", type=int, default=0)
     args = parser.parse_args()
-    load = busy_loops.running_apart(args.busy_loops) if args.busy_loops else (
+    load = busy_loops.running(args.busy_loops) if args.busy_loops else (
         contextlib.nullcontext())
     with load:
         print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.busy_loops} busy "

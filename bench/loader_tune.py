@@ -122,7 +122,7 @@ def main():
     conditions = ["quiet"] if args.quiet_only else ["loaded"] if args.loaded_only else [
         "quiet", "loaded"]
     for condition in conditions:
-        load = (busy_loops.running_apart(args.busy_loops) if condition == "loaded"
+        load = (busy_loops.running(args.busy_loops) if condition == "loaded"
                 else contextlib.nullcontext())
         with load:
             print(f"{condition} (load average {load_average()}):", flush=True)
