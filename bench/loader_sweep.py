@@ -31,7 +31,6 @@ would count as the loader's workers'):
 """
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -208,9 +207,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--busy-loops", type=int, default=0)
     args = parser.parse_args()
-    load = busy_loops.running(args.busy_loops) if args.busy_loops else (
-        contextlib.nullcontext())
-    with load:
+    with busy_loops.running(args.busy_loops):
         print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.busy_loops} busy "
               f"loops, scheduler policy {os.sched_getscheduler(0)}, load average "
               f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}:", flush=True)

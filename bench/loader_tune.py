@@ -28,7 +28,6 @@ otherwise (see `busy_loops`).
 """
 
 import argparse
-import contextlib
 import gc
 import os
 import statistics
@@ -122,9 +121,7 @@ def main():
     conditions = ["quiet"] if args.quiet_only else ["loaded"] if args.loaded_only else [
         "quiet", "loaded"]
     for condition in conditions:
-        load = (busy_loops.running(args.busy_loops) if condition == "loaded"
-                else contextlib.nullcontext())
-        with load:
+        with busy_loops.running(args.busy_loops if condition == "loaded" else 0):
             print(f"{condition} (load average {load_average()}):", flush=True)
             for case in _cases():
                 measure(*case, rounds=args.rounds)
