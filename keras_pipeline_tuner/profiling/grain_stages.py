@@ -37,6 +37,8 @@ from keras_pipeline_tuner.profiling.evidence import ProfileEvidence
 # Batches the separate pass reads, and the longest it reads for.
 PASS_BATCHES = 8
 MAX_PASS_S = 5.0
+# Reads of a summary at most, when Grain folds times in during one.
+_READ_ATTEMPTS = 3
 
 # "MapDatasetIterator(transform=slow_parse @ .../data.py:12)" -> class, arguments.
 _NODE = re.compile(r"^(?P<cls>\w+?)\((?P<args>.*)\)$", re.S)
@@ -265,8 +267,9 @@ def stage_summary(recorder):
     background thread every 5 s (`stats._REPORTING_PERIOD_SEC`); the times
     recorded since are read from each stage's recorder and added here, so the
     summary covers every element made so far. Nothing of Grain's is moved:
-    its thread goes on as before. (A time Grain folds in while this reads may
-    be left out of this summary, never counted twice.)
+    its thread goes on as before. A fold by that thread while this reads
+    would drop the times it moved from this summary; what Grain holds is
+    compared before and after, and the summary read again when they differ.
 
     Args:
         recorder: what `track_stages` returned.
@@ -278,8 +281,26 @@ def stage_summary(recorder):
     Raises:
         ValueError: if the iterator's stages are not timed.
     """
+    for _ in range(_READ_ATTEMPTS):
+        held = _held(recorder)
+        summary = _summary_with_unfolded(recorder)
+        if _held(recorder) == held:
+            break
+    return summary
+
+
+def _summary_with_unfolded(recorder):
     summary = _grain_summary(recorder)
-    # Stage by stage, as Grain numbers them (`_build_execution_summary`).
+    for stats, node in _stages(recorder, summary):
+        _add_unfolded(node, list(getattr(stats, "_self_times_buffer", ())))
+    return summary
+
+
+def _stages(recorder, summary):
+    """Each stage's recorder with its node in `summary`, as Grain numbers them.
+
+    (See Grain's `_build_execution_summary`.)
+    """
     pending = [(recorder, 0)]
     while pending:
         stats, node_id = pending.pop()
@@ -289,10 +310,25 @@ def stage_summary(recorder):
         config = getattr(stats, "_config", None)
         if node.name != getattr(config, "name", None):
             continue
-        _add_unfolded(node, list(getattr(stats, "_self_times_buffer", ())))
+        yield stats, node
         if _numbers_inputs_in_order(stats):
             pending.extend(zip(getattr(stats, "_parents", ()), node.inputs))
-    return summary
+
+
+def _held(recorder) -> List[Tuple[int, int]]:
+    """What Grain holds of each stage: elements folded in, and times waiting to be."""
+    held, pending = [], [recorder]
+    while pending:
+        stats = pending.pop()
+        folded = getattr(stats, "_summary", None)
+        held.append(
+            (
+                getattr(folded, "num_produced_elements", 0),
+                len(getattr(stats, "_self_times_buffer", ())),
+            )
+        )
+        pending.extend(getattr(stats, "_parents", ()))
+    return held
 
 
 def merged_summary(summaries):

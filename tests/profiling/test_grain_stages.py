@@ -36,7 +36,8 @@ def test_map_after_to_iter_dataset_is_named_and_runs_on_the_reading_thread():
     evidence = grain_stages.time_stages(dataset, batches=4)
     assert evidence.source == GRAIN
     assert evidence.stop_step == 4
-    assert evidence.bottleneck == "map(slow_parse)"
+    rows = {row.stage: (row.self_ms, row.calls) for row in evidence.iterators}
+    assert evidence.bottleneck == "map(slow_parse)", rows
     labels = [row.stage for row in evidence.iterators]
     assert {"map(slow_parse)", "map(cheap_scale)", "batch", "to_iter_dataset", "range"} <= set(
         labels
@@ -151,3 +152,39 @@ def test_not_a_grain_dataset_is_refused():
     assert grain_stages.is_grain_dataset(grain.MapDataset.range(2))
     with pytest.raises(TypeError, match="grain.MapDataset or grain.IterDataset"):
         grain_stages.time_stages([1, 2])
+
+
+def test_a_fold_by_grains_thread_while_the_summary_is_read_loses_no_time(monkeypatch):
+    # Grain's reporting thread folds the recorded times into its summary every
+    # 5 s; here it does so (Grain's own `report()`) just after the folded
+    # summary was copied and before the times waiting to be folded are read.
+    dataset = (
+        grain.MapDataset.range(16)
+        .to_iter_dataset(grain.ReadOptions(num_threads=0))
+        .map(slow_parse)
+        .batch(4)
+    )
+    iterator = iter(dataset)
+    recorder = grain_stages.track_stages(iterator)
+    for _ in range(3):
+        next(iterator)
+    read = grain_stages._grain_summary
+    folds = []
+
+    def read_then_fold(stats):
+        summary = read(stats)
+        if not folds:
+            folds.append(stats)
+            stats.report()
+        return summary
+
+    monkeypatch.setattr(grain_stages, "_grain_summary", read_then_fold)
+    summary = grain_stages.stage_summary(recorder)
+    assert folds, "Grain's fold was not simulated"
+    counts = {
+        grain_stages.stage_label(node.name): node.num_produced_elements
+        for node in summary.nodes.values()
+    }
+    assert counts["batch"] == 3 and counts["map(slow_parse)"] == 12, counts
+    slow = next(node for node in summary.nodes.values() if node.name.startswith("MapDataset"))
+    assert slow.total_processing_time_ns >= 12 * ELEMENT_S * 1e9
