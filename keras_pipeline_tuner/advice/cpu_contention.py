@@ -10,7 +10,8 @@ without running anything after it:
   threads): their CPU time, timed where the fit made them
   (`instrumentation.user_calls`), over the span the CPU meter read;
 - the process's children (a DataLoader's or a PyDataset's worker processes):
-  their CPU time over the run (`timing.cpu_usage`);
+  their CPU time over the run (`timing.cpu_usage`), unless the input is known
+  to start none (`Pipeline.worker_processes`);
 - a tf.data pipeline's stages of TensorFlow ops: their processing time per
   batch in tf.data's own live model (`profiling.live_model`), times the
   batches training read. tf.data times a stage by its threads' clocks, which a
@@ -120,6 +121,7 @@ def cpu_contention(
     compute_ms: Optional[float],
     stage_table=None,
     steps: int = 0,
+    worker_processes: Optional[bool] = None,
 ) -> Optional[CpuContention]:
     """Predicts the compute the input's CPU use cost, from what training measured.
 
@@ -130,6 +132,9 @@ def cpu_contention(
         compute_ms: the steady state's mean compute per step.
         stage_table: the run's `profiling.live_model.StageTable`, or `None`.
         steps: the training steps the run read (batches, for the stage table).
+        worker_processes: whether the input starts worker processes
+            (`Pipeline.worker_processes`); with `False` the process's children
+            are not the input's (another job's processes, started from it).
 
     Returns:
         The `CpuContention`, or `None` where nothing measured the input's CPU
@@ -167,7 +172,11 @@ def cpu_contention(
         if used >= NEGLIGIBLE:
             cores += used
             parts.append(f"tf.data's {row.stage} {used:.2f} cores")
-    if cpu.children_cores and cpu.children_cores * cpu.wall_s >= CHILDREN_RESOLUTION_S:
+    if (
+        worker_processes is not False
+        and cpu.children_cores
+        and cpu.children_cores * cpu.wall_s >= CHILDREN_RESOLUTION_S
+    ):
         cores += cpu.children_cores
         parts.append(f"worker processes {cpu.children_cores:.2f} cores")
     cores = min(cores, cpu.process_cores)

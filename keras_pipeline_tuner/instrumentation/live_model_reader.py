@@ -8,7 +8,10 @@ The iterator is the fit's own, found where Keras keeps it on each backend:
   `for` loop inside a generator (JAX) or an `IterableDataset` (torch), where no
   reference to the iterator is kept. From `begin` to `end` the adapter holds
   the same dataset in a stand-in whose `iter()` makes the same iterator and
-  keeps a reference to the latest one: the same elements, the same threads.
+  keeps a weak reference to the latest one: the same elements, the same
+  threads, and the iterator is let go (its threads stopped, its buffers
+  freed, which can take seconds on a busy machine) where Keras lets it go,
+  never later, in the tuner's hooks.
 
 `read` reads the model (`profiling.live_model`) at each epoch's end, and
 `steady_step` between two steps in the middle of each pass whose length Keras
@@ -236,7 +239,7 @@ class LiveModelReader:
 
     def _iterator(self):
         if self._latest is not None:
-            return self._latest
+            return self._latest()
         holder = self._epoch_iterator() if self._epoch_iterator is not None else None
         if holder is None:
             return None
@@ -253,14 +256,16 @@ class LiveModelReader:
 
         Fit's passes are found by `begin`; a custom loop hands its own
         (`tuner.iterate`). On the training thread, once per pass: the pass
-        that ends is read before its iterator is let go.
+        that ends is read first, if its iterator is still in use. The
+        reader holds `iterator` weakly: it lives as long as its user keeps it.
 
         Args:
             iterator: the pass's `tf.data` iterator.
         """
-        if self._latest is not None and self._latest is not iterator:
+        latest = self._latest() if self._latest is not None else None
+        if latest is not None and latest is not iterator:
             self.read()
-        self._latest = iterator
+        self._latest = weakref.ref(iterator)
 
     def _put_back(self) -> None:
         holder, self._holder = self._holder, None

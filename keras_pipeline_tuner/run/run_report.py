@@ -120,7 +120,11 @@ def _cpu_contention(run, cpu, train: StepStats):
         compute_ms = (share.step_ms - share.wait_ms) / share.steps
     else:
         step_ms, compute_ms = train.step.mean_ms, train.compute.mean_ms
-    return cpu_contention(cpu, calls, step_ms, compute_ms, run.stage_table, steps)
+    pipeline = getattr(run.findings, "pipeline", None)
+    workers = pipeline.worker_processes if pipeline is not None else None
+    return cpu_contention(
+        cpu, calls, step_ms, compute_ms, run.stage_table, steps, worker_processes=workers
+    )
 
 
 def build_report(run) -> Report:

@@ -1,6 +1,8 @@
 """Contention from CPU use: the input's threads and workers against the CPU budget."""
 
 import dataclasses
+import subprocess
+import sys
 import time
 
 import keras
@@ -21,7 +23,9 @@ from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
 from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import Verdict
+from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import spinning_map
+from tests.helpers.training_data import tiny_model
 
 
 def usage(busy=1.0, children=0.0, quota=None, process=None):
@@ -70,6 +74,38 @@ def test_the_input_costs_its_share_of_the_jobs_cpu_work():
         usage(busy=0.8, process=1.6), [python_calls(5.0)], step_ms=10.0, compute_ms=2.0
     )
     assert waiting.fraction == pytest.approx(0.2)
+
+
+def test_children_count_as_workers_only_where_the_input_may_start_them():
+    spinning = usage(busy=1.0, children=1.0)
+    # A DataLoader with workers, or an input of unknown kind: the children are its workers.
+    for workers in (True, None):
+        found = cpu_contention(spinning, [], step_ms=10.0, compute_ms=10.0,
+                               worker_processes=workers)
+        assert found.parts == ["worker processes 1.00 cores"], workers
+    # tf.data ops, arrays: another job's processes started from this one.
+    assert cpu_contention(spinning, [], step_ms=10.0, compute_ms=10.0,
+                          worker_processes=False) is None
+
+
+def test_a_child_process_of_the_job_is_not_a_tf_data_pipelines_worker():
+    # The job started a process of its own that spins (a busy loop, a server):
+    # the cached tf.data pipeline starts no processes, so its CPU is not the input's.
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        # A step that sleeps 20 ms: over the later epochs' 0.6 s and more, the
+        # child's CPU is well above what the kernel's clock ticks resolve.
+        model = tiny_model(compute_delay_s=0.02)
+        tuner = kpt.PipelineTuner(verbose=0, profile="off")
+        model.fit(cached_source(512).batch(16), epochs=3, verbose=0, callbacks=[tuner])
+    finally:
+        child.kill()
+        child.wait()
+    cpu = tuner.report.cpu
+    # The meter saw the child's CPU (what the input was once credited with).
+    assert cpu.children_cores * cpu.wall_s >= 0.3, cpu
+    found = tuner.report.judgement.cpu_contention
+    assert found is None or not any("worker processes" in part for part in found.parts), found
 
 
 def test_other_processes_on_the_cpus_share_what_a_free_input_frees():

@@ -317,6 +317,35 @@ class Pipeline:
             frontier.extend(readers.get(item.node, []))
 
     @property
+    def worker_processes(self) -> Optional[bool]:
+        """Whether the input runs in worker processes it starts, or `None` where unknown.
+
+        A DataLoader and a `PyDataset` say so in their settings (`num_workers`,
+        `use_multiprocessing`); tf.data ops and arrays run in the process
+        itself; the user's Python elsewhere (a generator, a `py_function`, a
+        Grain stage) may start any.
+
+        Example:
+
+        >>> from keras_pipeline_tuner.pipeline.graph.reader import read_pipeline
+        >>> read_pipeline(tf.data.Dataset.range(8).batch(2)).worker_processes
+        False
+        """
+        if not self.stages:
+            return None
+        for stage in self.stages:
+            if stage.kind == kinds.DATA_LOADER:
+                return int(stage.params.get("num_workers") or 0) > 0
+            if stage.kind == kinds.PY_DATASET:
+                return bool(stage.params.get("use_multiprocessing"))
+            calls_python = stage.kind in (kinds.GENERATOR, kinds.FROM_GENERATOR) or (
+                stage.function is not None and stage.function.py_function_ops
+            )
+            if calls_python or stage.opaque or stage.kind.startswith("grain"):
+                return None
+        return False
+
+    @property
     def runtime_final(self) -> Optional[Stage]:
         """The final stage TensorFlow runs, when the rewritten pipeline is known."""
         return self.runtime.final if self.runtime is not None else None

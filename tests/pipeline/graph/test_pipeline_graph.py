@@ -186,3 +186,26 @@ def test_bad_input():
         pipeline_from_graph_def(tf.compat.v1.GraphDef())
     with pytest.raises(KeyError, match="No stage"):
         read_pipeline(tf.data.Dataset.range(2)).stage("missing")
+
+
+def test_worker_processes_are_read_from_the_loaders_own_settings():
+    from keras_pipeline_tuner.pipeline.graph import kinds
+    from keras_pipeline_tuner.pipeline.graph.model import Pipeline
+    from keras_pipeline_tuner.pipeline.graph.model import Stage
+
+    def one(kind, **params):
+        return Pipeline(stages=[Stage(node="input", op="Loader", kind=kind, params=params)])
+
+    assert one(kinds.DATA_LOADER, num_workers=2).worker_processes is True
+    assert one(kinds.DATA_LOADER, num_workers=0).worker_processes is False
+    assert one(kinds.PY_DATASET, workers=4, use_multiprocessing=True).worker_processes is True
+    assert one(kinds.PY_DATASET, workers=4, use_multiprocessing=False).worker_processes is False
+    assert one(kinds.ARRAYS).worker_processes is False
+    # The user's Python may start processes of its own: unknown.
+    assert one(kinds.GENERATOR).worker_processes is None
+    assert Pipeline().worker_processes is None
+    calls_python = read_pipeline(
+        tf.data.Dataset.range(4).map(lambda x: tf.py_function(lambda v: v, [x], tf.int64))
+    )
+    assert calls_python.worker_processes is None
+    assert read_pipeline(tf.data.Dataset.range(4).map(lambda x: x + 1)).worker_processes is False
