@@ -7,11 +7,13 @@ The iterator is the fit's own, found where Keras keeps it on each backend:
 - JAX and torch: Keras' `TFDatasetAdapter` iterates the dataset in a Python
   `for` loop inside a generator (JAX) or an `IterableDataset` (torch), where no
   reference to the iterator is kept. From `begin` to `end` the adapter holds
-  the same dataset in a stand-in whose `iter()` makes the same iterator and
-  keeps a weak reference to the latest one: the same elements, the same
-  threads, and the iterator is let go (its threads stopped, its buffers
-  freed, which can take seconds on a busy machine) where Keras lets it go,
-  never later, in the tuner's hooks.
+  the same dataset in a stand-in whose `iter()` makes the same iterator, and
+  hands Keras a thin iterator over it (`PassEnd`: the same elements, the same
+  threads) that reads the model once more as the pass reports its end. The
+  reader holds the iterator weakly: it is let go (its threads stopped, its
+  buffers freed, which can take seconds on a busy machine) where Keras lets it
+  go, never later in the tuner's hooks, and no pass's buffers outlive it
+  beside the next one's.
 
 `read` reads the model (`profiling.live_model`) at each epoch's end, and
 `steady_step` between two steps in the middle of each pass whose length Keras
@@ -132,7 +134,10 @@ class LiveModelReader:
             return True
         if dataset is None:
             return False
-        self._stand_in = IteratorsMade(dataset, self.track)
+        # TensorFlow's train function takes the iterator itself; JAX's and
+        # torch's adapters only iterate it, and let it go as the pass ends.
+        made = self.track if backend == "tensorflow" else self._fit_pass
+        self._stand_in = IteratorsMade(dataset, made)
         self._holder, self._name = holder, name
         setattr(holder, name, self._stand_in)
         return True
@@ -267,6 +272,15 @@ class LiveModelReader:
             self.read()
         self._latest = weakref.ref(iterator)
 
+    def _fit_pass(self, iterator) -> "PassEnd":
+        self.track(iterator)
+        return PassEnd(iterator, self._pass_ends)
+
+    def _pass_ends(self, iterator) -> None:
+        # Its last read, on the training thread, before Keras lets it go.
+        if self._latest is not None and self._latest() is iterator:
+            self.read()
+
     def _put_back(self) -> None:
         holder, self._holder = self._holder, None
         stand_in, self._stand_in = self._stand_in, None
@@ -280,6 +294,46 @@ class LiveModelReader:
         if not self._failed:
             self._failed = True
             self._on_failure(reason)
+
+
+class PassEnd:
+    """An iterator over a pass's tf.data iterator that calls `ended` as the pass ends.
+
+    The elements are the iterator's own, one Python call more each (about
+    60 ns); `ended(iterator)` is called once, when the iterator raises
+    `StopIteration`, before it is raised on.
+
+    Args:
+        iterator: the pass's iterator.
+        ended: called with `iterator` at the end of the pass.
+
+    Example:
+
+    >>> ends = []
+    >>> list(PassEnd(iter([1, 2]), ends.append)), len(ends)
+    ([1, 2], 1)
+    """
+
+    __slots__ = ("_iterator", "_ended")
+
+    def __init__(self, iterator, ended: Callable[[object], None]):
+        self._iterator = iterator
+        self._ended = ended
+
+    def __iter__(self) -> "PassEnd":
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            ended, self._ended = self._ended, None
+            if ended is not None:
+                ended(self._iterator)
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self._iterator, name)
 
 
 def _lost_stages(earlier: StageTable, later: StageTable) -> bool:

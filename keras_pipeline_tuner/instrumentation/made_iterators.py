@@ -15,7 +15,9 @@ class IteratorsMade:
 
     Args:
         iterable: what Keras iterates (a dataset, a Grain dataset, ...).
-        made: called with each new iterator, before it gives an element.
+        made: called with each new iterator, before it gives an element; what
+            it returns, if not `None`, is what `iter()` returns in its place
+            (an iterator over the same elements).
 
     Attributes:
         iterable: the object it stands for.
@@ -36,8 +38,8 @@ class IteratorsMade:
 
     def __iter__(self):
         iterator = iter(self.iterable)
-        self._made(iterator)
-        return iterator
+        given = self._made(iterator)
+        return iterator if given is None else given
 
     def __getattr__(self, name):
         return getattr(self.iterable, name)

@@ -61,6 +61,13 @@ def live_model() -> dict:
         scalars = sorted(
             name for name in _scalar_tags(log_dir) if name.startswith("input_pipeline/stages/")
         )
+    # One pass of a length Keras does not know, shorter than the steady read's
+    # step: read only as the pass ends (on JAX and torch, as its iterator says so).
+    short = kpt.PipelineTuner(verbose=0, profile="off")
+    tiny_model().fit(
+        _dataset().filter(lambda x, y: True), epochs=1, callbacks=[short], verbose=0
+    )
+    unknown_length = short.report.stage_table
     (plain_weights, plain_history), (weights, history) = results
     return {
         "stage_table": report.get("stage_table"),
@@ -71,6 +78,9 @@ def live_model() -> dict:
         # none alive that Keras let go (a last pass's teardown can take seconds).
         "alive_plain": alive[0],
         "alive_tuned": alive[1],
+        "unknown_length_stages": [row.stage for row in unknown_length.rows]
+        if unknown_length is not None
+        else None,
         "stage_scalars": scalars,
         "notes": report.get("notes"),
     }
