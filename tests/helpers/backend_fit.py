@@ -1197,7 +1197,11 @@ def replay():
 
     def two_fits(source, tuned):
         model, data = make(source)
-        tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=False)
+        # A budget load cannot exhaust: beside three busy loops the check's
+        # set-up once outgrew the default 2 s before it timed a step.
+        tuner = kpt.PipelineTuner(
+            verbose=0, profile="off", measure_fixes=False, cost_budget_s=60
+        )
         model.fit(*data, epochs=3, callbacks=[tuner] if tuned else [], verbose=0)
         history = model.fit(*data, epochs=1, verbose=0).history
         weights = [np.asarray(weight) for weight in model.get_weights()]
