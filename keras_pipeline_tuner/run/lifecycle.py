@@ -171,8 +171,12 @@ class Run:
         self._held = HeldRows(self.clock.record)
         self._first_call = {TRAIN: True, VALIDATION: True}
         self._hand_over_due = 0.0
-        # What `steps_ended` last saw of the clock: rows recorded, epochs ended.
+        # What the early verdict was last looked at with: rows recorded, epochs ended.
         self._seen = (-1, -1)
+        # Steps `steps_ended` counted and has not yet told TensorBoard, and
+        # when it next does its work (`_steps_due`).
+        self._steps_untold = 0
+        self._steps_due_at = 0.0
         self._cpu: Optional[CpuMeter] = None
         # The CPU counters and the user's calls so far at each training
         # epoch's start: the verdict's steady state may start at an epoch
@@ -201,6 +205,7 @@ class Run:
         self.cost.run_started()
         self.early.restart()
         self._hand_over_due = time.monotonic() + HAND_OVER_S
+        self._steps_due_at = min(self._hand_over_due, self._next_checkpoint)
         self._restart_cpu_meter()
         self._join_workers(worker_identity)
         self.window.begin_fit()
@@ -437,40 +442,63 @@ class Run:
     # Outputs, at their cadence.
 
     def steps_ended(self, steps: int) -> None:
-        """Between steps: counts them for TensorBoard, checkpoints every few seconds.
+        """Between steps: counts them; about once a second, the work they make due.
 
-        Called on every step on TensorFlow: beyond a clock reading and a count,
-        it looks at the early verdict only once rows have been recorded or an
-        epoch has ended since it last looked (about once a second), which is
-        when it can become due. The checkpoint is due by the clock alone (it
-        takes the rows kept back itself): a SIGKILL loses at most the last
-        `CHECKPOINT_S` seconds of summaries, however the rows are handed over.
+        Called on every step on TensorFlow, so it is a count and a clock
+        reading; once `HAND_OVER_S` has passed since it last did (`_steps_due`),
+        it hands the rows kept back to the clock, the steps to TensorBoard's
+        scalars, looks at the early verdict, and writes a checkpoint when due.
+        The checkpoint is due by the clock alone (it takes the rows kept back
+        itself): a SIGKILL loses at most the last `CHECKPOINT_S` seconds of
+        summaries, however the rows are handed over.
         """
+        self._steps_untold += steps
+        if time.monotonic() >= self._steps_due_at:
+            self._steps_due()
+
+    def _steps_due(self) -> None:
         now = time.monotonic()
         if now >= self._hand_over_due:
             self.flush_rows()
-        if steps and self.tensorboard is not None:
-            self.tensorboard.step_ended(self.clock, steps)
-        seen = (self.clock.recorded, len(self.clock.epochs))
-        if seen != self._seen:
-            self._seen = seen
-            if self.early.due(
-                self.clock,
-                window_capturing=self.window.capturing,
-                filling_a_cache=filling_a_cache(self.findings, self.clock),
-                whole_step=self.measurement == measured_by.WHOLE_STEP,
-            ):
-                filling = filling_a_cache(self.findings, self.clock)
-                report = self.built_report()
-                self.early.say(report, filling, lambda: self._write_early(report))
+        self._tell_steps()
+        self._look_at_early_verdict()
         if now >= self._next_checkpoint:
             self.checkpoint()
+        self._steps_due_at = min(self._hand_over_due, self._next_checkpoint)
+
+    def _checkpoint_at(self, at: float) -> None:
+        self._next_checkpoint = at
+        # `steps_ended` looks no later than that.
+        self._steps_due_at = min(self._steps_due_at, at)
+
+    def _tell_steps(self) -> None:
+        steps, self._steps_untold = self._steps_untold, 0
+        if steps and self.tensorboard is not None:
+            self.tensorboard.step_ended(self.clock, steps)
+
+    def _look_at_early_verdict(self) -> None:
+        # Only rows recorded or an epoch ended since the last look can make it due.
+        seen = (self.clock.recorded, len(self.clock.epochs))
+        if seen == self._seen:
+            return
+        self._seen = seen
+        if self.early.due(
+            self.clock,
+            window_capturing=self.window.capturing,
+            filling_a_cache=filling_a_cache(self.findings, self.clock),
+            whole_step=self.measurement == measured_by.WHOLE_STEP,
+        ):
+            filling = filling_a_cache(self.findings, self.clock)
+            report = self.built_report()
+            self.early.say(report, filling, lambda: self._write_early(report))
 
     def epoch_ended(self) -> None:
         """Writes the epoch's outputs, when that keeps them within their share of training."""
         self.window.end_epoch()
         self.flush_rows()
-        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        self._tell_steps()
+        self._look_at_early_verdict()
+        self._checkpoint_at(time.monotonic() + CHECKPOINT_S)
         self._exchange_worker_summaries(final=False)
         if not self.writes_outputs:
             # Nowhere to write it (no log dir): the report is built when asked.
@@ -492,7 +520,7 @@ class Run:
     def checkpoint(self) -> None:
         """Within long epochs: report.json and the scalars so far, on disk."""
         self.flush_rows()
-        self._next_checkpoint = time.monotonic() + CHECKPOINT_S
+        self._checkpoint_at(time.monotonic() + CHECKPOINT_S)
         if not self.writes_outputs:
             return
         began = time.monotonic()
@@ -503,7 +531,7 @@ class Run:
             self.tensorboard.write_scalars(self.clock)
             self.tensorboard.flush()
         ended = time.monotonic()
-        self._next_checkpoint = ended + CHECKPOINT_S
+        self._checkpoint_at(ended + CHECKPOINT_S)
         self.cost.output_during_training(ended - began)
 
     def training_ended(self) -> None:
@@ -649,11 +677,18 @@ class Run:
             calls = so_far() if so_far is not None else list(self.user_calls)
             self._epoch_marks[epoch] = (self._cpu.mark(), calls)
 
+    def _input_may_start_processes(self) -> bool:
+        # Listing the live children reads every process of the host: skipped
+        # where the input starts none (tf.data ops, arrays), as the
+        # contention leaves children out there anyway.
+        pipeline = getattr(self.findings, "pipeline", None)
+        return pipeline is None or pipeline.worker_processes is not False
+
     def _restart_cpu_meter(self) -> None:
         if self.guard.enabled(features.CPU_USAGE):
             with self.guard(features.CPU_USAGE):
                 if self._cpu is None:
-                    self._cpu = CpuMeter()
+                    self._cpu = CpuMeter(count_children=self._input_may_start_processes)
                 else:
                     self._cpu.restart()
 

@@ -8,7 +8,9 @@ a few counters at its start and end:
 - the process: its user and system CPU time over the wall time, in cores:
   all its threads (tf.data's included) and its child processes (the workers
   of a `PyDataset` or a DataLoader), live or already waited for (psutil;
-  without it `os.times()`, which sees children only once waited for);
+  without it `os.times()`, which sees children only once waited for). Live
+  children are listed only where the input may start them: the listing reads
+  every process of the host (1-3 ms on a busy one), twice an epoch;
 - the host: the share of time the CPUs this process may run on were busy, from
   the kernel's counters in `/proc/stat` (Linux; every process counts, so other
   jobs on the host show too). Elsewhere only the process figure exists.
@@ -28,6 +30,7 @@ import dataclasses
 import os
 import threading
 import time
+from typing import Callable
 from typing import Dict
 from typing import Optional
 from typing import Tuple
@@ -236,8 +239,10 @@ class CpuMark:
 
     Attributes:
         at: `time.monotonic()` when read.
-        process_s: CPU seconds of the process with its children.
-        children_s: CPU seconds of its children alone, or `None`.
+        process_s: CPU seconds of the process with the children it waited for.
+        waited_s: CPU seconds of the children it waited for alone.
+        live_s: CPU seconds of its live children, or `None` where they were
+            not listed (see `CpuMeter`).
         host: busy and total clock ticks of the allowed CPUs, or `None`.
         throttling: the cgroup's throttling counters, or `None`.
         thread: the native id of the thread that took it.
@@ -246,7 +251,8 @@ class CpuMark:
 
     at: float
     process_s: float
-    children_s: Optional[float]
+    waited_s: float
+    live_s: Optional[float]
     host: Optional[Tuple[int, int]]
     throttling: Optional[Throttling]
     thread: Optional[int] = None
@@ -256,9 +262,15 @@ class CpuMark:
 class CpuMeter:
     """Measures `CpuUsage` from a starting point, or from a mark taken on the way, to now.
 
-    Reading the counters costs a few hundred microseconds (psutil lists the
-    children; `/proc/stat` is read once): a run reads them at its start, at
-    each training epoch's start and at its end, never per step.
+    Reading the counters costs a few hundred microseconds (`/proc/stat` is
+    read once), and listing the live children 1-3 ms more (psutil reads every
+    process of the host): a run reads them at its start, at each training
+    epoch's start and at its end, never per step, and lists the children only
+    while `count_children()` says the input may start some.
+
+    Args:
+        count_children: whether to list the live child processes, asked at
+            each reading; a span counts them only where both its ends did.
 
     Example:
 
@@ -273,8 +285,9 @@ class CpuMeter:
     ```
     """
 
-    def __init__(self):
+    def __init__(self, count_children: Callable[[], bool] = lambda: True):
         self._cpus = _allowed_cpus()
+        self._count_children = count_children
         self.restart()
 
     def restart(self) -> None:
@@ -285,11 +298,12 @@ class CpuMeter:
 
     def mark(self) -> CpuMark:
         """The counters now: pass it to `usage` to measure from here."""
-        process_s, children_s = _process_cpu_s()
+        process_s, waited_s, live_s = _process_cpu_s(self._count_children())
         return CpuMark(
             at=time.monotonic(),
             process_s=process_s,
-            children_s=children_s,
+            waited_s=waited_s,
+            live_s=live_s,
             host=_host_counters(self._cpus),
             throttling=read_throttling(self._budget.cgroup),
             thread=threading.get_native_id(),
@@ -321,9 +335,12 @@ class CpuMeter:
             total = end.host[1] - begin.host[1]
             if total > 0:
                 host_busy = min(max(busy / total, 0.0), 1.0)
+        process_s = end.process_s - begin.process_s
         children_cores = None
-        if end.children_s is not None and begin.children_s is not None:
-            children_cores = max(end.children_s - begin.children_s, 0.0) / wall
+        if end.live_s is not None and begin.live_s is not None:
+            live_s = end.live_s - begin.live_s
+            process_s += live_s
+            children_cores = max(end.waited_s - begin.waited_s + live_s, 0.0) / wall
         throttling = None
         if end.throttling is not None and begin.throttling is not None:
             throttling = end.throttling.since(begin.throttling)
@@ -333,7 +350,7 @@ class CpuMeter:
         return CpuUsage(
             wall_s=wall,
             cpu_count=len(self._cpus) or (os.cpu_count() or 1),
-            process_cores=max(end.process_s - begin.process_s, 0.0) / wall,
+            process_cores=max(process_s, 0.0) / wall,
             host_busy=host_busy,
             budget=self._budget,
             throttling=throttling,
@@ -358,23 +375,31 @@ def _allowed_cpus() -> Tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
-def _process_cpu_s() -> Tuple[float, Optional[float]]:
-    """CPU seconds of this process with its children, and of the children alone (or `None`).
+def _process_cpu_s(list_children: bool) -> Tuple[float, float, Optional[float]]:
+    """CPU seconds of this process with the children it waited for, of those alone, of the live.
 
-    Children count live or waited for; the tuner's own (`_util.own_processes`)
-    do not. The part of the children is `None` where psutil is missing.
+    The tuner's own children (`_util.own_processes`) do not count. The live
+    children's part is `None` when not listed, or where psutil is missing.
     """
+    # os.times(): the kernel's counters of the whole process in one call
+    # (psutil's reading of /proc/self/stat took 1-2 ms for a busy process).
+    times = os.times()
+    waited = times.children_user + times.children_system - own_processes.ended_cpu_s()
+    live = _live_children_s() if list_children else None
+    return times.user + times.system + waited, waited, live
+
+
+def _live_children_s() -> Optional[float]:
+    """CPU seconds of this process's live children and theirs, or `None` where unreadable."""
     try:
         import psutil
     except ImportError:
-        return _os_cpu_s(), None
-    process = psutil.Process()
+        return None
     try:
-        own = process.cpu_times()
-        children = process.children(recursive=True)
+        children = psutil.Process().children(recursive=True)
     except psutil.Error:
-        return _os_cpu_s(), None
-    theirs = own.children_user + own.children_system - own_processes.ended_cpu_s()
+        return None
+    live = 0.0
     for child in children:
         if own_processes.is_own(child.pid):
             continue
@@ -383,14 +408,8 @@ def _process_cpu_s() -> Tuple[float, Optional[float]]:
         except psutil.Error:
             # Ended since listed: counted in children_* once waited for.
             continue
-        theirs += times.user + times.system
-    return own.user + own.system + theirs, theirs
-
-
-def _os_cpu_s() -> float:
-    """CPU seconds of this process and of the children it waited for."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
+        live += times.user + times.system
+    return live
 
 
 def _host_counters(cpus: Tuple[int, ...]) -> Optional[Tuple[int, int]]:

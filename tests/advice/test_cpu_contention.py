@@ -25,6 +25,7 @@ from keras_pipeline_tuner.timing.step_clock import StepClock
 from keras_pipeline_tuner.timing.step_stats import Distribution
 from keras_pipeline_tuner.timing.step_stats import Verdict
 from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import slow_source
 from tests.helpers.training_data import spinning_map
 from tests.helpers.training_data import tiny_model
 
@@ -89,9 +90,8 @@ def test_children_count_as_workers_only_where_the_input_may_start_them():
                           worker_processes=False) is None
 
 
-def test_a_child_process_of_the_job_is_not_a_tf_data_pipelines_worker():
-    # The job started a process of its own that spins (a busy loop, a server):
-    # the cached tf.data pipeline starts no processes, so its CPU is not the input's.
+def fit_beside_a_spinning_child(dataset) -> kpt.PipelineTuner:
+    """A tuned fit of `dataset` while a child process of the job spins (a busy loop, a server)."""
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         # A step that sleeps 30 ms: over the later epochs' 1.9 s and more, the
@@ -99,15 +99,30 @@ def test_a_child_process_of_the_job_is_not_a_tf_data_pipelines_worker():
         # a third of a core on a busy machine.
         model = tiny_model(compute_delay_s=0.03)
         tuner = kpt.PipelineTuner(verbose=0, profile="off")
-        model.fit(cached_source(512).batch(16), epochs=3, verbose=0, callbacks=[tuner])
+        model.fit(dataset, epochs=3, verbose=0, callbacks=[tuner])
     finally:
         child.kill()
         child.wait()
+    return tuner
+
+
+def test_a_child_process_of_the_job_is_not_a_tf_data_pipelines_worker():
+    # The cached tf.data pipeline starts no processes, so the child's CPU is
+    # not the input's, and the meter does not list the children (reading every
+    # process of the host twice an epoch): the child's CPU is nowhere.
+    tuner = fit_beside_a_spinning_child(cached_source(512).batch(16))
     cpu = tuner.report.cpu
-    # The meter saw the child's CPU, enough to count (the input was once credited with it).
-    assert cpu.children_cores * cpu.wall_s >= CHILDREN_RESOLUTION_S, cpu
+    assert cpu.children_cores is None, cpu
     found = tuner.report.judgement.cpu_contention
     assert found is None or not any("worker processes" in part for part in found.parts), found
+
+
+def test_children_are_listed_where_the_input_may_start_processes():
+    # A generator may start processes of its own: the meter lists the
+    # children, and sees the spinning child's CPU.
+    tuner = fit_beside_a_spinning_child(slow_source(512, 0.0).batch(16))
+    cpu = tuner.report.cpu
+    assert cpu.children_cores * cpu.wall_s >= CHILDREN_RESOLUTION_S, cpu
 
 
 def test_other_processes_on_the_cpus_share_what_a_free_input_frees():

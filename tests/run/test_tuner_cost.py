@@ -1,6 +1,7 @@
 """The tuner's own cost after training: within its budget, stated, and said first when long."""
 
 import time
+import traceback
 
 import keras
 import numpy as np
@@ -226,9 +227,18 @@ class CountsTraces(keras.Sequential):
     """A model whose `train_step` counts how often it is traced (Python runs only then)."""
 
     traces = 0
+    # Where each trace came from: the tuner's and Keras' frames of its stack.
+    callers = []
 
     def train_step(self, data):
         CountsTraces.traces += 1
+        CountsTraces.callers.append(
+            [
+                f"{frame.filename.rsplit('/', 1)[-1]}:{frame.name}"
+                for frame in traceback.extract_stack()
+                if "keras_pipeline_tuner" in frame.filename or "/keras/" in frame.filename
+            ]
+        )
         return super().train_step(data)
 
 
@@ -239,11 +249,13 @@ def test_the_check_reuses_the_step_fit_traced(contention_cap_raised):
         [keras.Input((FEATURES,)), keras.layers.Dense(4), Sleep(0.005), keras.layers.Dense(1)]
     )
     model.compile("sgd", "mse")
+    CountsTraces.traces = 0
+    CountsTraces.callers = []
     report = _fit(cached_source(24 * BATCH).batch(BATCH), model, cost_budget_s=30)
     assert report.what_if is not None, report.notes
     assert report.what_if.replay_steps >= 5
     # Once for fit (the partial last batch of 96 / 4 is none: one shape).
-    assert CountsTraces.traces == 1
+    assert CountsTraces.traces == 1, (CountsTraces.callers, report.notes)
 
 
 def test_a_check_over_large_numpy_arrays_never_reads_their_graph(contention_cap_raised):
