@@ -254,8 +254,14 @@ def test_the_check_reuses_the_step_fit_traced(contention_cap_raised):
     report = _fit(cached_source(24 * BATCH).batch(BATCH), model, cost_budget_s=30)
     assert report.what_if is not None, report.notes
     assert report.what_if.replay_steps >= 5
-    # Once for fit (the partial last batch of 96 / 4 is none: one shape).
-    assert CountsTraces.traces == 1, (CountsTraces.callers, report.notes)
+    # Once for fit (the partial last batch of 96 / 4 is none: one shape), and
+    # never for the check. On a busy machine the host's work between steps can
+    # make the steps_per_execution replay due too, which compiles the step at
+    # two settings of its own (beside three busy loops once: three traces).
+    check = ("what_if_replay.py", "replay_probe.py")
+    fit = [c for c in CountsTraces.callers if not any(f.startswith("probes.py") for f in c)]
+    by_check = [c for c in CountsTraces.callers if any(f.startswith(check) for f in c)]
+    assert len(fit) == 1 and not by_check, (CountsTraces.callers, report.notes)
 
 
 def test_a_check_over_large_numpy_arrays_never_reads_their_graph(contention_cap_raised):
