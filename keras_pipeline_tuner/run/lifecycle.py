@@ -453,11 +453,11 @@ class Run:
         summaries, however the rows are handed over.
         """
         self._steps_untold += steps
-        if time.monotonic() >= self._steps_due_at:
-            self._steps_due()
-
-    def _steps_due(self) -> None:
         now = time.monotonic()
+        if now >= self._steps_due_at:
+            self._steps_due(now)
+
+    def _steps_due(self, now: float) -> None:
         if now >= self._hand_over_due:
             self.flush_rows()
         self._tell_steps()
@@ -482,13 +482,13 @@ class Run:
         if seen == self._seen:
             return
         self._seen = seen
+        filling = filling_a_cache(self.findings, self.clock)
         if self.early.due(
             self.clock,
             window_capturing=self.window.capturing,
-            filling_a_cache=filling_a_cache(self.findings, self.clock),
+            filling_a_cache=filling,
             whole_step=self.measurement == measured_by.WHOLE_STEP,
         ):
-            filling = filling_a_cache(self.findings, self.clock)
             report = self.built_report()
             self.early.say(report, filling, lambda: self._write_early(report))
 
