@@ -53,6 +53,7 @@ import dataclasses
 from typing import List
 from typing import Optional
 from typing import Sequence
+from typing import Tuple
 
 from keras_pipeline_tuner.timing.cpu_usage import BUSY_FRACTION
 
@@ -151,6 +152,55 @@ def cpu_contention(
     """
     if cpu is None or not step_ms or step_ms <= 0 or compute_ms is None:
         return None
+    cores, parts = input_cores(cpu, user_calls, stage_table, steps, worker_processes)
+    budget = _budget_cpus(cpu)
+    if cores <= 0 or budget <= 0:
+        return None
+    busy = cpu.busy
+    # Never more than the input's own CPU seconds a second, one for one: a step
+    # that sleeps or waits on a device uses little CPU, and the input's share
+    # of the job's CPU is then near all of it while it slows the step little.
+    # Of all the busy cores: on saturated CPUs the freed cores are shared by
+    # everything that runs there, other processes too.
+    others = cpu.others_cores
+    share = min(cores / max(cpu.process_cores + others, cores), cores)
+    fraction = min(share, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
+    if fraction < NEGLIGIBLE:
+        return None
+    return CpuContention(fraction, cores, budget, busy, parts, cpu.process_cores, others)
+
+
+def input_cores(
+    cpu,
+    user_calls: Sequence,
+    stage_table=None,
+    steps: int = 0,
+    worker_processes: Optional[bool] = None,
+    least: float = NEGLIGIBLE,
+) -> Tuple[float, List[str]]:
+    """The cores the input's threads and workers kept busy, and what they consist of, in words.
+
+    Args:
+        cpu: the run's `CpuUsage`.
+        user_calls: the run's `UserCallTiming`s.
+        stage_table: the run's `profiling.live_model.StageTable`, or `None`.
+        steps: the training steps the run read (batches, for the stage table).
+        worker_processes: whether the input starts worker processes
+            (`Pipeline.worker_processes`).
+        least: the cores from which a tf.data stage counts.
+
+    Returns:
+        `(cores, parts)`, the cores never more than the process used.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    >>> from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    >>> cpu = CpuUsage(wall_s=10.0, cpu_count=2, process_cores=2.0, host_busy=1.0,
+    ...                budget=CpuBudget(2, 2), children_cores=0.5)
+    >>> input_cores(cpu, [])
+    (0.5, ['worker processes 0.50 cores'])
+    """
     parts: List[str] = []
     cores = 0.0
     for timing in user_calls:
@@ -169,7 +219,7 @@ def cpu_contention(
         if row.stage in called or row.added_by_tf or row.waits or cpu.wall_s <= 0 or not steps:
             continue
         used = row.ms_per_batch * steps / 1e3 / cpu.wall_s
-        if used >= NEGLIGIBLE:
+        if used >= least and used > 0:
             cores += used
             parts.append(f"tf.data's {row.stage} {used:.2f} cores")
     if (
@@ -180,21 +230,48 @@ def cpu_contention(
         cores += cpu.children_cores
         parts.append(f"worker processes {cpu.children_cores:.2f} cores")
     cores = min(cores, cpu.process_cores)
-    budget = _budget_cpus(cpu)
-    if cores <= 0 or budget <= 0:
+    return cores, parts
+
+
+def contention_ceiling(
+    cpu,
+    user_calls: Sequence,
+    stage_table=None,
+    steps: int = 0,
+    worker_processes: Optional[bool] = None,
+) -> Optional[float]:
+    """The most of step time the input's CPU could take from the compute, where all of it is known.
+
+    Every CPU second the input used is known where the input is a tf.data
+    pipeline of TensorFlow ops alone (it calls no Python and starts no
+    processes: `Pipeline.worker_processes` is `False`) and tf.data's live
+    model timed its stages: it can displace no more of the step than those
+    seconds, one for one (see `cpu_contention`). Elsewhere the input may have
+    used CPU nothing measured, and there is no ceiling.
+
+    Args:
+        cpu: the run's `CpuUsage`, or `None`.
+        user_calls: the run's `UserCallTiming`s.
+        stage_table: the run's `profiling.live_model.StageTable`, or `None`.
+        steps: the training steps the run read (batches, for the stage table).
+        worker_processes: whether the input starts worker processes.
+
+    Returns:
+        The ceiling as a share of step time, or `None`.
+
+    Example:
+
+    >>> from keras_pipeline_tuner.timing.cpu_usage import CpuUsage
+    >>> from keras_pipeline_tuner.timing.cpu_budget import CpuBudget
+    >>> cpu = CpuUsage(wall_s=10.0, cpu_count=2, process_cores=1.0, host_busy=0.5,
+    ...                budget=CpuBudget(2, 2))
+    >>> contention_ceiling(cpu, [], stage_table=None, steps=100, worker_processes=False) is None
+    True
+    """
+    if cpu is None or stage_table is None or worker_processes is not False or steps <= 0:
         return None
-    busy = cpu.busy
-    # Never more than the input's own CPU seconds a second, one for one: a step
-    # that sleeps or waits on a device uses little CPU, and the input's share
-    # of the job's CPU is then near all of it while it slows the step little.
-    # Of all the busy cores: on saturated CPUs the freed cores are shared by
-    # everything that runs there, other processes too.
-    others = cpu.others_cores
-    share = min(cores / max(cpu.process_cores + others, cores), cores)
-    fraction = min(share, compute_ms / step_ms, 1.0) * min(busy / BUSY_FRACTION, 1.0)
-    if fraction < NEGLIGIBLE:
-        return None
-    return CpuContention(fraction, cores, budget, busy, parts, cpu.process_cores, others)
+    cores, _ = input_cores(cpu, user_calls, stage_table, steps, worker_processes, least=0.0)
+    return min(cores, 1.0)
 
 
 def _budget_cpus(cpu) -> float:

@@ -131,6 +131,12 @@ class Judgement:
             left out either way.
         warm_up_epoch: the first epoch, when it waited far longer than the
             later ones (one-off work such as filling a cache), else `None`.
+        contention_ceiling: the most of step time the input's CPU could take
+            from the compute, where all of the input's CPU was measured
+            (`advice.cpu_contention.contention_ceiling`), else `None`.
+        unbounded_wait_fraction: the wait before the fetch bound left up to
+            `FETCH_FLOOR_BOUND_MS` a step out of it (`wait_fraction` then
+            holds what is left), else `None`.
     """
 
     verdict: Verdict = Verdict.UNKNOWN
@@ -146,6 +152,8 @@ class Judgement:
     warm_up_epoch: Optional[int] = None
     fetch_floor_how: Optional[str] = None
     cpu_contention: Optional[CpuContention] = None
+    contention_ceiling: Optional[float] = None
+    unbounded_wait_fraction: Optional[float] = None
 
 
 def judge(
@@ -158,6 +166,7 @@ def judge(
     throttled: bool = False,
     fetch_floor=None,
     cpu_contention=None,
+    contention_ceiling: Optional[float] = None,
 ) -> Judgement:
     """Decides the steady-state verdict of a run from all the evidence it has.
 
@@ -175,6 +184,9 @@ def judge(
             training, used where no replay measured the floor.
         cpu_contention: the `advice.cpu_contention.CpuContention` of the
             run, or `None`.
+        contention_ceiling: the most of step time the input's CPU could take
+            from the compute (`advice.cpu_contention.contention_ceiling`), or
+            `None`.
 
     Returns:
         The `Judgement`.
@@ -258,6 +270,8 @@ def judge(
         warm_up_epoch,
         floor_how if floor_ms else None,
         cpu_contention,
+        contention_ceiling,
+        raw_wait if bounded is not None else None,
     )
 
 
@@ -347,6 +361,50 @@ def wait_decides(judgement: "Judgement", step_ms: Optional[float]) -> bool:
         return False
     beyond = beyond_fetch_bound(judgement.wait_fraction, step_ms)
     return beyond >= HIGHLY_INPUT_BOUND_FRACTION + WAIT_DECIDES_MARGIN
+
+
+def check_can_change_class(judgement: "Judgement", step_ms: Optional[float]) -> bool:
+    """Whether the contention check after training could change the verdict's class.
+
+    The check measures the fetch of a batch already in memory, which can lower
+    the wait by up to `FETCH_FLOOR_BOUND_MS` a step, and the pipeline's cost
+    inside the step, which can raise the input's share by no more than the
+    input's CPU could take from the compute (`Judgement.contention_ceiling`).
+    Where both ends of that span fall in one class, away from its boundaries
+    (`borderline`), the check cannot change the class. Without a ceiling (the
+    input may have used CPU nothing measured) it always could.
+
+    Args:
+        judgement: the run's `Judgement` before any replay.
+        step_ms: the training steps' mean time.
+
+    Returns:
+        False where the class stands whatever the check finds.
+
+    Example:
+
+    >>> healthy = Judgement(wait_fraction=0.0, contention_ceiling=0.01)
+    >>> check_can_change_class(healthy, step_ms=12.0)
+    False
+    >>> busy_input = Judgement(wait_fraction=0.0, contention_ceiling=0.3)
+    >>> check_can_change_class(busy_input, step_ms=12.0)
+    True
+    >>> check_can_change_class(Judgement(wait_fraction=0.0), step_ms=12.0)
+    True
+    """
+    ceiling = judgement.contention_ceiling
+    wait = judgement.wait_fraction
+    if ceiling is None or wait is None or not step_ms or step_ms <= 0:
+        return True
+    lowest = beyond_fetch_bound(wait, step_ms)
+    lowest = wait if lowest is None else lowest
+    unbounded = judgement.unbounded_wait_fraction
+    highest = min((wait if unbounded is None else unbounded) + ceiling, 1.0)
+    return (
+        verdict_for(lowest) != verdict_for(highest)
+        or borderline(lowest) is not None
+        or borderline(highest) is not None
+    )
 
 
 def borderline(fraction: Optional[float]) -> Optional[float]:

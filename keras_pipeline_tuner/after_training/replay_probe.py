@@ -142,6 +142,9 @@ class ReplayProbe:
                 "memory); the check could only raise the input's share."
             )
             return
+        if not fixes_due and not verdict.check_can_change_class(judgement, step_ms):
+            run.notes.append(skipped + _class_stands(judgement))
+            return
         backend = _backend()
         if backend in framework_replay.BACKENDS and not framework_replay.input_runs_beside_the_step(
             model
@@ -405,3 +408,13 @@ def _fresh_iterator_s(clock) -> float:
         start_ms = epoch.start.wait_ms if epoch.start is not None else 0.0
         found.append(((epoch.setup_ms or 0.0) + start_ms) / 1e3)
     return min(found[1:] or found or [0.0])
+
+
+def _class_stands(judgement) -> str:
+    """Why a check that cannot change the class did not run (`verdict.check_can_change_class`)."""
+    return (
+        f"tf.data's live model timed every stage of the pipeline, whose CPU can take at most "
+        f"{judgement.contention_ceiling * 100:.1f} % of step time from the compute (a bound); "
+        f"with the wait ({judgement.wait_fraction * 100:.1f} %), the verdict stays "
+        f"\"{judgement.verdict.value}\" whatever the check finds."
+    )

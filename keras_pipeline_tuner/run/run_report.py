@@ -16,6 +16,7 @@ from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import RunEvidence
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.capacity import StepCpu
+from keras_pipeline_tuner.advice.cpu_contention import contention_ceiling
 from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
 from keras_pipeline_tuner.advice.data_reuse import reuse_of
@@ -74,6 +75,7 @@ def _judgement(run, cpu, profile) -> Judgement:
         throttled=throttled(cpu),
         fetch_floor=run.fetch_floor,
         cpu_contention=_cpu_contention(run, cpu, train),
+        contention_ceiling=_contention_ceiling(run, cpu, train),
     )
 
 
@@ -125,6 +127,17 @@ def _cpu_contention(run, cpu, train: StepStats):
     return cpu_contention(
         cpu, calls, step_ms, compute_ms, run.stage_table, steps, worker_processes=workers
     )
+
+
+def _contention_ceiling(run, cpu, train: StepStats) -> Optional[float]:
+    """The most of step time the input's CPU could take from the compute (`advice.cpu_contention`).
+
+    Over the verdict's steady state (`_steady_span`).
+    """
+    cpu, calls, steps, _ = _steady_span(run, cpu, train)
+    pipeline = getattr(run.findings, "pipeline", None)
+    workers = pipeline.worker_processes if pipeline is not None else None
+    return contention_ceiling(cpu, calls, run.stage_table, steps, worker_processes=workers)
 
 
 def build_report(run) -> Report:

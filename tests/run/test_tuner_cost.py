@@ -223,6 +223,40 @@ def test_a_check_longer_than_a_second_is_announced_first(capsys, contention_cap_
     assert announced < shown.index("The tuner's own work after training took")
 
 
+CLASS_STANDS = "The contention check did not run: tf.data's live model timed every stage"
+
+
+def test_a_check_that_cannot_change_the_class_is_skipped_and_says_so():
+    # In-memory batches of TensorFlow ops: the live model times all the CPU
+    # the input uses, a few hundredths of a core, which can take no more than
+    # that share from 20 ms steps: "not input-bound" whatever the check finds.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), epochs=3)
+    assert report.judgement.contention_ceiling < 0.05, report.judgement
+    assert report.what_if is None
+    assert _noted(report, CLASS_STANDS, 'the verdict stays "not input-bound"')
+    assert "contention check" not in report.tuner_cost.parts
+
+
+def _busy_map(x, y):
+    # Some 10 ms of TensorFlow ops a batch on this machine's cores.
+    grid = tf.tile(tf.reshape(x, (1, -1)), (256, 256 // (BATCH * FEATURES)))
+    for _ in range(8):
+        grid = tf.tanh(tf.matmul(grid, grid, transpose_b=True) / 256.0)
+    return x + tf.reduce_mean(grid) * 0.0, y
+
+
+def test_a_check_whose_input_could_change_the_class_is_not_skipped_for_it():
+    # The same steps beside a map of TensorFlow ops that keeps a core busy:
+    # its CPU could take a share of the step that changes the class.
+    dataset = cached_source(24 * BATCH).batch(BATCH).map(_busy_map, num_parallel_calls=2)
+    model = tiny_model(0.02)
+    tuner = kpt.PipelineTuner(profile="off", verbose=0)
+    model.fit(dataset, epochs=3, callbacks=[tuner], verbose=0)
+    report = tuner.report
+    assert report.judgement.contention_ceiling >= 0.1, report.judgement
+    assert not any(note.startswith(CLASS_STANDS) for note in report.notes)
+
+
 class CountsTraces(keras.Sequential):
     """A model whose `train_step` counts how often it is traced (Python runs only then)."""
 
