@@ -33,17 +33,27 @@ def _no_late_profile_outlives_its_test():
 
 
 @pytest.fixture
-def contention_cap_raised(monkeypatch):
+def contention_check_due(monkeypatch):
+    """The contention check due wherever it may run, even where it cannot change the class.
+
+    The tests of its hazards, notes and identity train healthy pipelines of
+    TensorFlow ops, whose measured CPU bounds the check below a class change:
+    it is skipped there by default (`advice.verdict.check_can_change_class`,
+    tested on its own).
+    """
+    from keras_pipeline_tuner.advice import verdict
+
+    monkeypatch.setattr(verdict, "check_can_change_class", lambda judgement, step_ms: True)
+
+
+@pytest.fixture
+def contention_cap_raised(monkeypatch, contention_check_due):
     """The contention check's own cap raised to 5 s, and the check due wherever it may run.
 
     A fit of seconds gives the check half a second, which a busy machine's
     slower set-up can use up: for the tests of what the check finds, changes
-    or costs, which need it to run (its cap is tested on its own). Their
-    pipelines are mostly healthy ones of TensorFlow ops, whose class the check
-    cannot change: it is skipped there by default (tested on its own too).
+    or costs, which need it to run (its cap is tested on its own).
     """
-    from keras_pipeline_tuner.advice import verdict
     from keras_pipeline_tuner.after_training import what_if_replay
 
     monkeypatch.setattr(what_if_replay, "CONTENTION_LEAST_S", 5.0)
-    monkeypatch.setattr(verdict, "check_can_change_class", lambda judgement, step_ms: True)

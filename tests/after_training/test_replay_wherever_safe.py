@@ -15,6 +15,7 @@ import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.after_training import what_if_replay
 from keras_pipeline_tuner.pipeline.graph import rerun
 from tests.helpers.augmentation_recipe import augmentation_recipe
+from tests.helpers.training_data import busy_map
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import tiny_model
 
@@ -69,7 +70,9 @@ def assert_identical_and_checked(make, epochs):
     ],
     ids=["recipe", "not-shuffled", "with-asserts"],
 )
-def test_keras_random_layers_in_a_map_get_the_check_and_the_next_fit_is_unchanged(variant):
+def test_keras_random_layers_in_a_map_get_the_check_and_the_next_fit_is_unchanged(
+    variant, contention_check_due
+):
     # A sequential map: with parallel calls plain Keras itself draws the
     # layers' seeds in a different order from run to run.
     def make():
@@ -107,7 +110,9 @@ def test_the_hazard_test_refuses_only_state_the_next_fit_reads():
     assert "AssignAddVariableOp" in rerun.dataset_rerun_hazard(counting)
 
 
-def test_a_fit_on_large_numpy_arrays_gets_the_check_and_the_next_fit_is_unchanged():
+def test_a_fit_on_large_numpy_arrays_gets_the_check_and_the_next_fit_is_unchanged(
+    contention_check_due,
+):
     # 18 MB of arrays, more than the graph is read with: the check replays
     # batches of Keras' own dataset over them, never reading its graph.
     def make():
@@ -136,10 +141,13 @@ def test_a_fit_on_large_numpy_arrays_gets_the_check_and_the_next_fit_is_unchange
 def test_a_check_that_could_change_the_verdict_gets_the_time_it_needs_and_says_so():
     # 50 ms of sleep a step: the check's shortest form (some 18 steps) is
     # about 0.9 s, over its usual cap (0.5 s for a 12 s fit), and well within
-    # a quarter of the fit. The wait (a cached source) does not decide.
+    # a quarter of the fit. The wait (a cached source behind a parallel map
+    # of some 10 ms a batch) does not decide; the map's CPU could take a
+    # fifth of the step from the compute, so the check could change the class.
     tuner = kpt.PipelineTuner(verbose=0, profile="off", measure_fixes=False)
     model = tiny_model(compute_delay_s=0.05)
-    model.fit(cached_source(240).batch(4), epochs=4, callbacks=[tuner], verbose=0)
+    dataset = cached_source(240).batch(4).map(busy_map(4), num_parallel_calls=2)
+    model.fit(dataset, epochs=4, callbacks=[tuner], verbose=0)
     report = tuner.report
     assert report.what_if is not None, report.notes
     cost = report.tuner_cost

@@ -136,3 +136,19 @@ def tiny_model(compute_delay_s: float = 0.0, steps_per_execution: int = 1, **com
         optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution, **compile_kwargs
     )
     return model
+
+
+def busy_map(batch: int, features: int = FEATURES):
+    """A map of TensorFlow ops over (x, y) batches of `batch` that keeps about 10 ms of CPU a batch.
+
+    Its CPU is the input's, timed by tf.data's live model: enough to change
+    the class of a step of tens of ms through contention alone.
+    """
+
+    def busy(x, y):
+        grid = tf.tile(tf.reshape(x, (1, -1)), (256, 256 // (batch * features)))
+        for _ in range(8):
+            grid = tf.tanh(tf.matmul(grid, grid, transpose_b=True) / 256.0)
+        return x + tf.reduce_mean(grid) * 0.0, y
+
+    return busy

@@ -14,6 +14,7 @@ from keras_pipeline_tuner.outputs import terminal
 from keras_pipeline_tuner.timing import tuner_cost
 from tests.helpers.training_data import FEATURES
 from tests.helpers.training_data import Sleep
+from tests.helpers.training_data import busy_map
 from tests.helpers.training_data import cached_source
 from tests.helpers.training_data import replayable_source
 from tests.helpers.training_data import tiny_model
@@ -143,7 +144,7 @@ def _holding_strings(each_bytes):
     return dataset.map(lambda xy, _: xy).batch(BATCH)
 
 
-def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
+def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so(contention_check_due):
     # 8 MB of strings, under the size read as a stand-in: reading the graph
     # copies them, which would outlast the check's cap of 0.5 s (and a short
     # fit gives it no more).
@@ -157,7 +158,7 @@ def test_a_check_whose_set_up_would_read_large_arrays_is_skipped_and_says_so():
     assert "contention check" not in report.tuner_cost.parts
 
 
-def test_a_check_over_a_large_source_reads_it_in_place(monkeypatch):
+def test_a_check_over_a_large_source_reads_it_in_place(monkeypatch, contention_check_due):
     # 40 MB of strings in one source: read as a stand-in, never copied, so
     # the check runs. Its cap is raised to 3 s, so that a busy machine's
     # slower set-up cannot end it, and 3 s would copy only 36 MB.
@@ -166,7 +167,7 @@ def test_a_check_over_a_large_source_reads_it_in_place(monkeypatch):
     assert report.what_if is not None and report.what_if.rounds, report.notes
 
 
-def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so():
+def test_a_check_that_does_not_fit_the_budget_is_skipped_and_says_so(contention_check_due):
     # A healthy job (in-memory batches, 20 ms of sleeping compute) gets the
     # check, unless the budget has no room for it.
     report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), cost_budget_s=0)
@@ -237,18 +238,10 @@ def test_a_check_that_cannot_change_the_class_is_skipped_and_says_so():
     assert "contention check" not in report.tuner_cost.parts
 
 
-def _busy_map(x, y):
-    # Some 10 ms of TensorFlow ops a batch on this machine's cores.
-    grid = tf.tile(tf.reshape(x, (1, -1)), (256, 256 // (BATCH * FEATURES)))
-    for _ in range(8):
-        grid = tf.tanh(tf.matmul(grid, grid, transpose_b=True) / 256.0)
-    return x + tf.reduce_mean(grid) * 0.0, y
-
-
 def test_a_check_whose_input_could_change_the_class_is_not_skipped_for_it():
     # The same steps beside a map of TensorFlow ops that keeps a core busy:
     # its CPU could take a share of the step that changes the class.
-    dataset = cached_source(24 * BATCH).batch(BATCH).map(_busy_map, num_parallel_calls=2)
+    dataset = cached_source(24 * BATCH).batch(BATCH).map(busy_map(BATCH), num_parallel_calls=2)
     model = tiny_model(0.02)
     tuner = kpt.PipelineTuner(profile="off", verbose=0)
     model.fit(dataset, epochs=3, callbacks=[tuner], verbose=0)
