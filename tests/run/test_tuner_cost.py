@@ -230,10 +230,15 @@ CLASS_STANDS = "The contention check did not run: tf.data's live model timed eve
 def test_a_check_that_cannot_change_the_class_is_skipped_and_says_so():
     # In-memory batches of TensorFlow ops: the live model times all the CPU
     # the input uses, a few hundredths of a core, which can take no more than
-    # that share from 20 ms steps: "not input-bound" whatever the check finds.
-    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.02), epochs=3)
-    assert report.judgement.contention_ceiling < 0.05, report.judgement
-    assert report.what_if is None
+    # that share from 60 ms steps: "not input-bound" whatever the check finds.
+    # Steps this long keep the wait as well as the bound far under the 5 %
+    # boundary, whatever the load: beside three busy loops the fetch of an
+    # in-memory batch took up to 1 ms, and with 20 ms steps the wait and the
+    # bound reached the boundary's margin, where the check is due.
+    report = _fit(cached_source(24 * BATCH).batch(BATCH), tiny_model(0.06), epochs=3)
+    judgement = report.judgement
+    assert judgement.contention_ceiling < 0.02, judgement
+    assert report.what_if is None, (judgement, report.notes)
     assert _noted(report, CLASS_STANDS, 'the verdict stays "not input-bound"')
     assert "contention check" not in report.tuner_cost.parts
 
