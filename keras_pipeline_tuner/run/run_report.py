@@ -11,11 +11,13 @@ import sys
 from typing import TYPE_CHECKING
 from typing import List
 from typing import Optional
+from typing import Tuple
 
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner.advice.advisor import RunEvidence
 from keras_pipeline_tuner.advice.advisor import advise
 from keras_pipeline_tuner.advice.capacity import StepCpu
+from keras_pipeline_tuner.advice.cpu_contention import CpuContention
 from keras_pipeline_tuner.advice.cpu_contention import contention_ceiling
 from keras_pipeline_tuner.advice.cpu_contention import cpu_contention
 from keras_pipeline_tuner.advice.data_reuse import DataReuse
@@ -65,6 +67,7 @@ def judgement_of(run, cpu: Optional["CpuUsage"]) -> Judgement:
 def _judgement(run, cpu, profile) -> Judgement:
     clock = run.clock
     train = clock.stats(TRAIN)
+    contention, ceiling = _input_cpu(run, cpu, train)
     return judge(
         train,
         profile,
@@ -74,8 +77,8 @@ def _judgement(run, cpu, profile) -> Judgement:
         run.what_if,
         throttled=throttled(cpu),
         fetch_floor=run.fetch_floor,
-        cpu_contention=_cpu_contention(run, cpu, train),
-        contention_ceiling=_contention_ceiling(run, cpu, train),
+        cpu_contention=contention,
+        contention_ceiling=ceiling,
     )
 
 
@@ -111,10 +114,11 @@ def _step_cpu(run, cpu, train: StepStats) -> Optional[StepCpu]:
     )
 
 
-def _cpu_contention(run, cpu, train: StepStats):
-    """The compute the input's CPU use predicts it cost (`advice.cpu_contention`).
+def _input_cpu(run, cpu, train: StepStats) -> Tuple[Optional[CpuContention], Optional[float]]:
+    """What the input's CPU use predicts it cost the compute, and the most it could cost.
 
-    Over the verdict's steady state (`_steady_span`).
+    `(advice.cpu_contention.cpu_contention, advice.cpu_contention.contention_ceiling)`,
+    both over the verdict's steady state (`_steady_span`).
     """
     cpu, calls, steps, share = _steady_span(run, cpu, train)
     if share is not None and share.steps:
@@ -124,20 +128,12 @@ def _cpu_contention(run, cpu, train: StepStats):
         step_ms, compute_ms = train.step.mean_ms, train.compute.mean_ms
     pipeline = getattr(run.findings, "pipeline", None)
     workers = pipeline.worker_processes if pipeline is not None else None
-    return cpu_contention(
-        cpu, calls, step_ms, compute_ms, run.stage_table, steps, worker_processes=workers
+    return (
+        cpu_contention(
+            cpu, calls, step_ms, compute_ms, run.stage_table, steps, worker_processes=workers
+        ),
+        contention_ceiling(cpu, calls, run.stage_table, steps, worker_processes=workers),
     )
-
-
-def _contention_ceiling(run, cpu, train: StepStats) -> Optional[float]:
-    """The most of step time the input's CPU could take from the compute (`advice.cpu_contention`).
-
-    Over the verdict's steady state (`_steady_span`).
-    """
-    cpu, calls, steps, _ = _steady_span(run, cpu, train)
-    pipeline = getattr(run.findings, "pipeline", None)
-    workers = pipeline.worker_processes if pipeline is not None else None
-    return contention_ceiling(cpu, calls, run.stage_table, steps, worker_processes=workers)
 
 
 def build_report(run) -> Report:
