@@ -407,6 +407,37 @@ def check_can_change_class(judgement: "Judgement", step_ms: Optional[float]) -> 
     )
 
 
+def floor_can_change_class(judgement: "Judgement") -> bool:
+    """Whether measuring the fetch floor after training could change the verdict's class.
+
+    The floor only lowers the wait (the fetch of a ready batch is no
+    pipeline's fault), and with it the input's share. Where nothing measured
+    it yet, no bound stood in for it (`unbounded_wait_fraction`) and the share
+    with the whole wait in it is already "not input-bound", away from the
+    boundary, the floor cannot change the class.
+
+    Args:
+        judgement: the run's `Judgement` before the floor is measured.
+
+    Returns:
+        False where the class stands whatever the floor measures.
+
+    Example:
+
+    >>> healthy = Judgement(Verdict.NOT_INPUT_BOUND, 0.004, wait_fraction=0.004)
+    >>> floor_can_change_class(healthy)
+    False
+    >>> floor_can_change_class(Judgement(Verdict.MODERATELY_INPUT_BOUND, 0.08))
+    True
+    """
+    return not (
+        judgement.verdict is Verdict.NOT_INPUT_BOUND
+        and judgement.borderline is None
+        and judgement.unbounded_wait_fraction is None
+        and judgement.fetch_floor_ms is None
+    )
+
+
 def borderline(fraction: Optional[float]) -> Optional[float]:
     """The class boundary `fraction` is near (within `BORDERLINE_MARGIN` of it), or `None`.
 

@@ -32,6 +32,7 @@ from typing import Optional
 from keras_pipeline_tuner._util import features
 from keras_pipeline_tuner._util.random_state import preserved_random_state
 from keras_pipeline_tuner._util.tf_import import is_tf_dataset
+from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.after_training import execution_replay
 from keras_pipeline_tuner.after_training import fix_timing
 from keras_pipeline_tuner.after_training import py_dataset_timing
@@ -115,8 +116,12 @@ class AfterTraining:
             return
         if not self.guard.enabled(features.FETCH_FLOOR):
             return
+        run.flush_rows()
+        if run.what_if is None and not verdict.floor_can_change_class(run.judgement()):
+            # A healthy fit: the floor would only lower a wait already under
+            # the boundary, and it takes some 0.3 s (52).
+            return
         with self.guard(features.FETCH_FLOOR), run.cost.part("fetch floor"):
-            run.flush_rows()
             steady = run.clock.steady_share(TRAIN)
             compute_ms = None
             if steady is not None and steady.steps:

@@ -41,7 +41,9 @@ class TensorFlowFitTiming(FitTiming):
     `timing.timed_step_function`): it then stays on the model, carrying their
     state into later fits as Keras' own function would, and a later tuner
     reuses it. When Keras' own function has already run such a step, it keeps
-    training and only whole steps are timed.
+    training and only whole steps are timed. Any other timed function is kept
+    beside Keras' own at the end of the fit (`TimedFunction.remember`): a
+    later fit's tuner reuses its trace rather than trace the step again.
 
     Args: as `FitTiming`.
     """
@@ -80,8 +82,11 @@ class TensorFlowFitTiming(FitTiming):
         if previous is not None and (previous is kept or previous.original is current):
             return
         on_rows = functools.partial(self._hold_rows, kind)
+        if kept is None:
+            # An earlier fit's function for this very Keras function: traced already.
+            kept = timed_step_function.remembered(current, model)
         if kept is not None:
-            # An earlier fit's function, which carries the step's random state.
+            # An earlier fit's function (one kept carries the step's random state).
             kept.attach(on_rows, self._failed)
             self._swapped[kind] = kept
             return
@@ -126,8 +131,13 @@ class TensorFlowFitTiming(FitTiming):
             # Stays, untimed, with the random state it carries.
             timed.detach()
             object.__setattr__(model, ATTRIBUTE[kind], timed)
-        elif getattr(model, ATTRIBUTE[kind], None) is timed:
+            return
+        if getattr(model, ATTRIBUTE[kind], None) is timed:
             setattr(model, ATTRIBUTE[kind], timed.original)
+        if timed.called:
+            # Its step holds no legacy random ops (it would be kept): the
+            # next fit reuses its trace rather than trace the step again.
+            timed.remember()
 
     def traced_train_step(self):
         # A kept function carries the step's legacy random state into later

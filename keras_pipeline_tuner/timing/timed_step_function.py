@@ -69,6 +69,10 @@ KERNEL_RANDOM_OPS = frozenset(
     }
 )
 
+# The attribute of Keras' own function under which the timed function built
+# for it waits for the next fit (`TimedFunction.remember`).
+_REMEMBERED = "_keras_pipeline_tuner_timed"
+
 # Keras internals this module relies on, checked before anything is swapped.
 _REQUIRED_MODEL_ATTRIBUTES = (
     "train_step",
@@ -224,6 +228,8 @@ class TimedFunction:
         steps_per_execution = int(model.steps_per_execution)
         self._steps_per_execution = steps_per_execution
         strategy = model.distribute_strategy
+        # What the compiled function was built for (`reusable_for`).
+        self._built_for = (steps_per_execution, model.jit_compile, model.run_eagerly, strategy)
 
         # As Keras: neither function is converted by AutoGraph (`strategy.run`
         # converts the user's step itself).
@@ -294,6 +300,42 @@ class TimedFunction:
         for function in graph_def.library.function:
             found.update(node.op for node in function.node_def if node.op in KERNEL_RANDOM_OPS)
         return sorted(found)
+
+    @property
+    def called(self) -> bool:
+        """Whether a call has run (its first call decided, from the traced step, to train)."""
+        return self._called
+
+    def reusable_for(self, model) -> bool:
+        """Whether this function still runs what Keras' own does for `model`.
+
+        It is bound to Keras' function it replaces (`original`), which Keras
+        makes anew when the model is compiled again; past that, only the
+        settings it read from the model when built can have changed.
+        """
+        built_for = (
+            int(model.steps_per_execution),
+            model.jit_compile,
+            model.run_eagerly,
+            model.distribute_strategy,
+        )
+        return self._model() is model and all(
+            a is b or a == b for a, b in zip(self._built_for, built_for)
+        )
+
+    def remember(self) -> None:
+        """Keeps this function, detached, beside Keras' own for a later fit (`remembered`).
+
+        A function of its own traces the step again, a few tenths of a second
+        a fit; kept on Keras' function object rather than on the model, it
+        lives as long as that function does, and a model compiled again
+        makes a new one.
+        """
+        self.detach()
+        try:
+            setattr(self.original, _REMEMBERED, self)
+        except (AttributeError, TypeError):  # A callable without attributes.
+            pass
 
     def attach(self, on_rows, on_error, on_first_call=None) -> None:
         """Hands this function's timings to a new fit's callables (a kept function)."""
@@ -374,6 +416,23 @@ class TimedFunction:
                 self._on_error(error)
             raise
         return outputs
+
+
+def remembered(original, model) -> Optional[TimedFunction]:
+    """The timed function an earlier fit built for Keras' `original`, if still valid for `model`.
+
+    Args:
+        original: Keras' own `train_function` or `test_function`.
+        model: the model about to fit.
+
+    Returns:
+        The detached `TimedFunction` (`TimedFunction.remember`), or `None`.
+    """
+    timed = getattr(original, _REMEMBERED, None)
+    if isinstance(timed, TimedFunction) and timed.original is original:
+        if timed.reusable_for(model):
+            return timed
+    return None
 
 
 def _stamp_after(structure):

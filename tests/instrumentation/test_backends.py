@@ -159,11 +159,16 @@ def test_source_with_no_delay_is_not_input_bound(backend, measured):
 def test_a_healthy_cached_pipeline_is_not_input_bound_beyond_its_measured_fetch(
     backend, measured
 ):
-    # The fetch of a ready batch is much of the wait, and is measured: by the
-    # replay where it ran, else through the fit's own kind of fetch (Keras'
-    # iterator on JAX and torch, TensorFlow's fetch op in a compiled function).
+    # The fetch of a ready batch may be much of the wait, and is then measured:
+    # by the replay where it ran, else through the fit's own kind of fetch
+    # (Keras' iterator on JAX and torch, TensorFlow's fetch op in a compiled
+    # function). Where the whole wait is already under the boundary, the floor
+    # could only lower it, and is not measured.
     assert measured["verdict"] == "not input-bound", measured["verdict_line"]
-    floor = measured["fetch_floor"] or ""
+    floor = measured["fetch_floor"]
+    if floor is None:
+        assert measured["input_fraction"] < 0.04, measured["verdict_line"]
+        return
     assert floor == "the replay" or any(
         how in floor for how in ("Keras' iterator", "TensorFlow's fetch op")
     ), measured["verdict_line"]

@@ -120,6 +120,33 @@ def test_unknown_length_trains_as_plain_keras(source, optimizer, steps_per_execu
         np.testing.assert_array_equal(plain, tuned)
 
 
+def _fits_in_a_row(with_tuner, tmp_path):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=_schedule(), loss="mse")
+    dataset = _from_generator(tmp_path).batch(8)
+    histories = []
+    for index in range(3):
+        # The middle fit has no tuner: Keras' own function trains between
+        # the two that reuse one timed function.
+        tuned = with_tuner and index != 1
+        callbacks = [kpt.PipelineTuner(verbose=0, profile="off")] if tuned else []
+        histories.append(model.fit(dataset, epochs=2, callbacks=callbacks, verbose=0).history)
+    return int(model.optimizer.iterations.numpy()), histories, model.get_weights()
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+def test_fits_in_a_row_train_as_plain_keras_with_the_timed_step_reused(tmp_path):
+    plain_iterations, plain_histories, plain_weights = _fits_in_a_row(False, tmp_path)
+    tuned_iterations, tuned_histories, tuned_weights = _fits_in_a_row(True, tmp_path)
+    assert tuned_iterations == plain_iterations
+    assert tuned_histories == plain_histories
+    for plain, tuned in zip(plain_weights, tuned_weights):
+        np.testing.assert_array_equal(plain, tuned)
+
+
 def _two_fits(with_tuner, **tuner_kwargs):
     """Two fits on one shuffled dataset object: the second sees the order the first left."""
     keras.utils.set_random_seed(5)

@@ -296,6 +296,24 @@ def test_the_check_reuses_the_step_fit_traced(contention_cap_raised):
     assert len(fit) == 1 and not by_check, (CountsTraces.callers, report.notes)
 
 
+def test_later_fits_reuse_the_timed_step_the_first_traced():
+    # Keras traces its step once for a model's fits; a timed function of the
+    # tuner's own per fit traced it again each time (0.2 s a fit for a step of
+    # ~10 ms here). A model compiled again gets a new function, traced anew.
+    model = CountsTraces([keras.Input((FEATURES,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    CountsTraces.traces = 0
+    CountsTraces.callers = []
+    data = cached_source(24 * BATCH).batch(BATCH)
+    for _ in range(3):
+        report = _fit(data, model, epochs=1, check_contention=False)
+        assert report.measurement != "whole-step", report.notes
+    assert CountsTraces.traces == 1, CountsTraces.callers
+    model.compile("sgd", "mse")
+    _fit(data, model, epochs=1, check_contention=False)
+    assert CountsTraces.traces == 2, CountsTraces.callers
+
+
 def test_a_check_over_large_numpy_arrays_never_reads_their_graph(contention_cap_raised):
     # fit(x, y): Keras' dataset holds the arrays as one from_tensors element
     # (72 MB here), which no stand-in makes lighter. Its graph used to be read

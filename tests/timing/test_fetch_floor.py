@@ -7,6 +7,9 @@ import tensorflow as tf
 
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.timing import fetch_floor
+from tests.helpers.training_data import cached_source
+from tests.helpers.training_data import slow_source
+from tests.helpers.training_data import tiny_model
 
 
 def test_a_custom_loops_floor_is_its_own_kind_of_fetch():
@@ -27,6 +30,31 @@ def test_a_custom_loops_floor_is_its_own_kind_of_fetch():
     assert judgement.fetch_floor_how.endswith(f"through {fetch_floor.PYTHON_ITERATOR})")
     assert judgement.fetch_floor_ms > 0
     assert "fetch floor" in tuner.report.tuner_cost.parts
+
+
+def _fit_report(dataset, model):
+    tuner = kpt.PipelineTuner(verbose=0, profile="off", check_contention=False)
+    model.fit(dataset, epochs=3, callbacks=[tuner], verbose=0)
+    return tuner.report
+
+
+def test_a_fit_whose_whole_wait_is_under_the_boundary_measures_no_floor():
+    # In-memory batches into 60 ms steps: the wait, the fetch of a ready batch
+    # in it, stays far under the 5 % boundary whatever the load, and the floor
+    # could only lower it. Its 0.3 s after training is saved.
+    report = _fit_report(cached_source(40).batch(4), tiny_model(0.06))
+    assert report.judgement.verdict.value == "not input-bound", report.judgement.line
+    assert report.judgement.fetch_floor_ms is None
+    assert "fetch floor" not in report.tuner_cost.parts
+
+
+def test_a_fit_whose_wait_could_be_the_fetch_measures_its_floor():
+    # 32 ms a batch late into 10 ms steps: the wait decides the class, and
+    # only the wait beyond the fetch of a ready batch is the pipeline's.
+    report = _fit_report(slow_source(40, 0.008).batch(4), tiny_model(0.01))
+    assert report.judgement.verdict.input_bound, report.judgement.line
+    assert report.judgement.fetch_floor_how.endswith(f"through {fetch_floor.GRAPH_FETCH})")
+    assert "fetch floor" in report.tuner_cost.parts
 
 
 def test_the_floor_is_timed_on_zeros_of_the_fits_structure_a_steps_compute_apart():
