@@ -3,22 +3,31 @@
 Runs plain fits, fits with an empty callback (Keras' own cost of one more
 callback, the floor under the tuner's) and fits with the tuner alternately in
 one process on the same model and in-memory data (so only the tuner's cost
-differs), in a new order each round, with Python's GC off during each fit.
+differs), with Python's GC off during each fit. A cycle runs one short fit of
+each configuration, each between two fits with the empty callback, in a new
+order each cycle; a round runs `--cycles` of them. On this shared machine the
+steps slow by up to 30 % for seconds at a time, in CPU time as in wall time
+(so the cores themselves run slower, and no CPU-time figure escapes it). A
+fit's ratio to the mean of the two empty-callback fits around it cancels a
+drift over those seconds, and the median over many cycles leaves out the
+spells that start or end within them.
 
 A fit's wall time mixes two costs: the tuner's work on every step, and its work
 once per fit (reading the pipeline before the first step; the report, the
 replay and the files after the last), which a fit of a few seconds would count
 as per-step cost. So each fit runs several epochs of about half a second, a
-callback stamps when each epoch and its first step begin, and the per-step
-ratio is the median of all the middle epochs' steps, from their first step to
-the next epoch's begin, over plain fit's (epoch-end work, such as the outputs
-a `log_dir` gets, is in it; the epoch's set-up before its first step, where
-TensorFlow makes the epoch's iterator and ends the last one's, is printed
-apart: per-epoch overhead, not a step's), with each round's ratio for its
-spread, and the same over the empty callback's (what the tuner adds beyond
+callback stamps when each epoch and its first step begin, and a fit's step is
+the mean of its middle epochs' steps, from their first step to the next
+epoch's begin (epoch-end work, such as the outputs a `log_dir` gets, is in it,
+paced to some epochs' ends: a median of epochs would count it fully or not at
+all); the per-step ratio is the median over cycles of each cycle's ratio,
+with each round's median for its spread. The epoch's
+set-up before its first step, where TensorFlow makes the epoch's iterator and
+ends the last one's, is printed apart: per-epoch overhead, not a step's. The
+same ratio over the empty callback's is printed too (what the tuner adds beyond
 one more callback: a tuner's step quicker than Keras' own would show there as
 a difference, not a gain); the per-fit cost is what is left of the whole fit's
-difference, in milliseconds, a median over rounds (where the tuner's step is
+difference, in milliseconds, a median over fits (where the tuner's step is
 the quicker one, that adds its gain back, so the fit's begin and end hooks are
 also timed directly, between two stamps listed around the tuner).
 
@@ -32,7 +41,7 @@ Every Keras backend is measured, each in a process of its own (the backend is
 fixed when Keras is imported): TensorFlow on a cached tf.data dataset, JAX and
 torch on NumPy arrays (torch on one thread, as the tests run it).
 
-    python bench/overhead.py [--rounds 7] [--epochs 6] [--epoch-s 0.5]
+    python bench/overhead.py [--rounds 5] [--cycles 4] [--epochs 3] [--epoch-s 0.5]
                              [--backend tensorflow|jax|torch|all] [--cases small large tiny]
                              [--busy-loops 2]
 """
@@ -215,7 +224,9 @@ def calibrated_batch(width: int, batch: int, features: int, target_ms) -> int:
     return max(1, round(batch * target_ms / (probe * 1e3)))
 
 
-def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, target_ms=None):
+def measure(
+    name, width, batch, rounds, cycles, log_dir, epoch_s, epochs, features=64, target_ms=None
+):
     import keras_pipeline_tuner as kpt
 
     batch = calibrated_batch(width, batch, features, target_ms)
@@ -242,30 +253,57 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
     # Warm up every path: tracing is reported apart, not part of the overhead.
     for callbacks in configurations.values():
         timed_fit(model, dataset, callbacks, epochs=2)
-    # Per configuration: each round's median step, every middle epoch's step,
-    # each fit's wall time and the time in its begin and end hooks.
-    step, epoch_steps, fit, hooks, setups = (
-        {key: [] for key in configurations} for _ in range(5)
-    )
+    # Per configuration and fit: its step (the mean of its middle epochs'),
+    # its wall time, the time in its begin and end hooks; per epoch set-up.
+    step, fit, hooks, setups = ({key: [] for key in configurations} for _ in range(4))
+    # Per round: each cycle's ratio of a configuration's fit to the empty
+    # callback's and to plain fit's, all of a cycle's fits run back to back.
+    cycle_ratios = {key: [] for key in configurations}
+    plain_ratios = {key: [] for key in configurations}
     grown = []
     order = list(configurations)
+    empty = "empty callback"
+    def run_fit(key) -> float:
+        size = event_bytes(log_dir)
+        fit[key].append(timed_fit(model, dataset, configurations[key], epochs))
+        hooks[key].append(hooks_s(before, after))
+        epochs_s = clock.middle_epochs_s()
+        setups[key].extend(clock.middle_setups_s())
+        if key == "tuner, log_dir":
+            grown.append(event_bytes(log_dir) - size)
+        # The fit's mean over its middle epochs, not their median: the outputs
+        # a `log_dir` gets are paced to some epochs' ends, and a median would
+        # count them fully or not at all.
+        step[key].append(sum(epochs_s) / (len(epochs_s) * steps))
+        return step[key][-1]
+
+    others = [key for key in order if key != empty]
     for round_index in range(rounds):
-        # A new order each round: whatever runs first in a round is not always the same.
-        shift = round_index % len(order)
-        for key in order[shift:] + order[:shift]:
-            size = event_bytes(log_dir)
-            fit[key].append(timed_fit(model, dataset, configurations[key], epochs))
-            hooks[key].append(hooks_s(before, after))
-            epochs_s = clock.middle_epochs_s()
-            step[key].append(statistics.median(epochs_s) / steps)
-            epoch_steps[key].extend(seconds / steps for seconds in epochs_s)
-            setups[key].extend(clock.middle_setups_s())
-            if key == "tuner, log_dir":
-                grown.append(event_bytes(log_dir) - size)
+        floor_round, plain_round = ({key: [] for key in order} for _ in range(2))
+        for cycle in range(cycles):
+            # Each other configuration between two empty-callback fits, its
+            # ratio to their mean (a drift of the machine's speed over the
+            # three fits cancels), in a new order each cycle.
+            shift = (round_index * cycles + cycle) % len(others)
+            ratios = {}
+            last_empty = run_fit(empty)
+            for key in others[shift:] + others[:shift]:
+                seconds = run_fit(key)
+                next_empty = run_fit(empty)
+                ratios[key] = seconds / ((last_empty + next_empty) / 2)
+                last_empty = next_empty
+            for key in others:
+                floor_round[key].append(ratios[key])
+                plain_round[key].append(ratios[key] / ratios["plain"])
+            plain_round[empty].append(1 / ratios["plain"])
+        for key in order:
+            cycle_ratios[key].append(floor_round[key])
+            plain_ratios[key].append(plain_round[key])
     step_ms = statistics.median(step["plain"]) * 1e3
     print(
-        f"{name}: {step_ms:.3f} ms/step plain (batch {batch}); {epochs} epochs of {steps} steps "
-        f"x {rounds} rounds",
+        f"{name}: {step_ms:.3f} ms/step plain (batch {batch}); fits of {epochs} epochs of "
+        f"{steps} steps, {cycles} cycles a round (each configuration between two empty-callback "
+        f"fits) x {rounds} rounds",
         flush=True,
     )
     print(
@@ -273,17 +311,9 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
         + ", ".join(f"{key} {statistics.median(setups[key]) * 1e3:.1f}" for key in order),
         flush=True,
     )
-    empty = "empty callback"
     for key in order[1:]:
-        ratios = [t / p for p, t in zip(step["plain"], step[key])]
-        # Against Keras' own floor: what the tuner adds to a step beyond one
-        # more callback, so a step quicker than plain fit's shows as a
-        # difference from the empty callback, not as a gain.
-        floor = [t / e for e, t in zip(step[empty], step[key])]
-        floor_pooled = statistics.median(epoch_steps[key]) / statistics.median(
-            epoch_steps[empty]
-        )
-        # What the whole fit took beyond plain fit and beyond its per-step share.
+        # What the whole fit took beyond plain fit and beyond its per-step
+        # share (the empty callback runs more fits than the others: its first).
         per_fit_ms = [
             (ft - fp - (st - sp) * steps * epochs) * 1e3
             for fp, ft, sp, st in zip(fit["plain"], fit[key], step["plain"], step[key])
@@ -291,21 +321,19 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
         # Timed directly: the begin and end hooks' time, less plain fit's
         # (which has no callback between the stamps).
         hooks_ms = [(t - p) * 1e3 for p, t in zip(hooks["plain"], hooks[key])]
-        pooled = statistics.median(epoch_steps[key]) / statistics.median(epoch_steps["plain"])
         print(
-            f"  {key:<20} per step / plain: {pooled:.4f} over all {len(epoch_steps[key])} "
-            f"middle epochs; per round median {statistics.median(ratios):.4f} "
-            f"(min {min(ratios):.4f}, max {max(ratios):.4f}); per fit "
+            f"  {key:<20} per step / plain: {_ratios(plain_ratios[key])}; per fit "
             f"{statistics.median(per_fit_ms):+.0f} ms (whole fit less the per-step share), "
             f"{statistics.median(hooks_ms):+.0f} ms in its begin and end hooks "
             f"(largest {max(hooks_ms):+.0f})",
             flush=True,
         )
         if key != empty:
+            # Against Keras' own floor: what the tuner adds to a step beyond one
+            # more callback, so a step quicker than plain fit's shows as a
+            # difference from the empty callback, not as a gain.
             print(
-                f"  {'':<20} per step / empty callback: {floor_pooled:.4f} over all middle "
-                f"epochs; per round median {statistics.median(floor):.4f} "
-                f"(min {min(floor):.4f}, max {max(floor):.4f})",
+                f"  {'':<20} per step / empty callback: {_ratios(cycle_ratios[key])}",
                 flush=True,
             )
     print(
@@ -315,11 +343,24 @@ def measure(name, width, batch, rounds, log_dir, epoch_s, epochs, features=64, t
     )
 
 
+def _ratios(rounds: list) -> str:
+    """The median of every cycle's ratio, and each round's median, for their spread."""
+    pooled = statistics.median(ratio for cycles in rounds for ratio in cycles)
+    medians = [statistics.median(cycles) for cycles in rounds]
+    return (
+        f"{pooled:.4f} (median of {sum(map(len, rounds))} cycles); per round "
+        + ", ".join(f"{median:.4f}" for median in medians)
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backend", choices=BACKENDS + ("all",), default="all")
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--cycles", type=int, default=4, help="fits of each configuration a round, interleaved"
+    )
     parser.add_argument("--epoch-s", type=float, default=0.5)
     parser.add_argument(
         "--cases", nargs="+", choices=("small", "large", "tiny"), default=["small", "large", "tiny"]
@@ -343,6 +384,7 @@ def run(args) -> None:
                 [
                     sys.executable, __file__, "--rounds", str(args.rounds), "--backend", backend,
                     "--epochs", str(args.epochs), "--epoch-s", str(args.epoch_s),
+                    "--cycles", str(args.cycles),
                     "--cases", *args.cases,
                 ],
                 env=dict(os.environ, KERAS_BACKEND=backend),
@@ -369,8 +411,8 @@ def run(args) -> None:
         for case in args.cases:
             name, width, batch, features, target_ms = cases[case]
             measure(
-                name, width, batch, args.rounds, os.path.join(log_dir, case), args.epoch_s,
-                max(args.epochs, 3), features=features, target_ms=target_ms,
+                name, width, batch, args.rounds, args.cycles, os.path.join(log_dir, case),
+                args.epoch_s, max(args.epochs, 3), features=features, target_ms=target_ms,
             )
 
 

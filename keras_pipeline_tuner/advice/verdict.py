@@ -367,7 +367,8 @@ def check_can_change_class(judgement: "Judgement", step_ms: Optional[float]) -> 
     """Whether the contention check after training could change the verdict's class.
 
     The check measures the fetch of a batch already in memory, which can lower
-    the wait by up to `FETCH_FLOOR_BOUND_MS` a step, and the pipeline's cost
+    the wait by up to `FETCH_FLOOR_BOUND_MS` a step (nothing, where the fetch
+    floor was measured first and is out of the wait), and the pipeline's cost
     inside the step, which can raise the input's share by no more than the
     input's CPU could take from the compute (`Judgement.contention_ceiling`).
     Where both ends of that span fall in one class, away from its boundaries
@@ -396,8 +397,9 @@ def check_can_change_class(judgement: "Judgement", step_ms: Optional[float]) -> 
     wait = judgement.wait_fraction
     if ceiling is None or wait is None or not step_ms or step_ms <= 0:
         return True
-    lowest = beyond_fetch_bound(wait, step_ms)
-    lowest = wait if lowest is None else lowest
+    # A measured floor is out of the wait already; else the fetch of a ready
+    # batch may be up to the bound.
+    lowest = wait if judgement.fetch_floor_ms is not None else beyond_fetch_bound(wait, step_ms)
     unbounded = judgement.unbounded_wait_fraction
     highest = min((wait if unbounded is None else unbounded) + ceiling, 1.0)
     return (

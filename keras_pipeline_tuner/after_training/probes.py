@@ -8,8 +8,11 @@
   was given or the loop iterated through `tuner.iterate`, where its stages are
   TensorFlow ops;
 - the fetch floor: the fetch of an in-memory batch, timed through the fit's
-  own kind of fetch on zeros of its batches' structure, where no replay
-  measured it (`timing.fetch_floor`; no user code runs);
+  own kind of fetch on zeros of its batches' structure (`timing.fetch_floor`;
+  no user code runs), first, where it could change the class (with it, the
+  contention check may find that nothing it measures could), and on JAX and
+  torch beside a replay, which hands the step its batches without Keras'
+  iterator;
 - the advice on a Grain pipeline's slow stage, from Grain's timing of the
   iterators training read;
 - where the host's work between steps bounds a fit that does not wait for
@@ -97,8 +100,12 @@ class AfterTraining:
                 for the fetch floor (`timing.fetch_floor.measure_fetch_floor`),
                 or `None`.
         """
-        self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
+        # The floor first, where it could change the class: with it, the
+        # contention check may then find that nothing it measures could.
         self._fetch_floor(run, fetched)
+        self.replay.run(run, model, traced_step, dataset, self._fixes_due(run, dataset, py_dataset))
+        if run.what_if is not None:
+            self._floor_beside_replay(run, fetched)
         self._grain_stages(run)
         self._execution_replay(run, model, dataset)
         if py_dataset is not None:
@@ -108,19 +115,26 @@ class AfterTraining:
 
     # The fetch floor.
 
-    def _fetch_floor(self, run, fetched: Optional[tuple]) -> None:
-        """Times the fetch of an in-memory batch where no replay did (up to 0.3 s)."""
-        # TensorFlow's replay fetches through the fit's own fetch op; on JAX
-        # and torch it hands the step its batches, and the floor is measured.
-        if fetched is None or (run.what_if is not None and fetched[0] == "tensorflow"):
+    def _fetch_floor(self, run, fetched: Optional[tuple], always: bool = False) -> None:
+        """Times the fetch of an in-memory batch, before any replay (up to 0.3 s).
+
+        Only where it could change the class (`verdict.floor_can_change_class`),
+        unless `always`.
+        """
+        if fetched is None or not self.guard.enabled(features.FETCH_FLOOR):
             return
-        if not self.guard.enabled(features.FETCH_FLOOR):
+        if not self.guard.enabled(features.REPORT):
+            # No verdict can be built (that feature failed): none to refine.
             return
         run.flush_rows()
-        if run.what_if is None and not verdict.floor_can_change_class(run.judgement()):
-            # A healthy fit: the floor would only lower a wait already under
-            # the boundary, and it takes some 0.3 s (52).
-            return
+        if not always:
+            due = False
+            with self.guard(features.REPORT):
+                due = verdict.floor_can_change_class(run.judgement())
+            if not due:
+                # The floor would only lower a wait already under the
+                # boundary (a healthy fit), and it takes some 0.3 s.
+                return
         with self.guard(features.FETCH_FLOOR), run.cost.part("fetch floor"):
             steady = run.clock.steady_share(TRAIN)
             compute_ms = None
@@ -131,6 +145,20 @@ class AfterTraining:
                 run.fetch_floor = fetch_floor.measure_fetch_floor(
                     *fetched, compute_ms=compute_ms
                 )
+
+    def _floor_beside_replay(self, run, fetched: Optional[tuple]) -> None:
+        """After a replay: on TensorFlow its floor stands alone, on JAX and torch one is measured.
+
+        TensorFlow's replay fetches through the fit's own fetch op. On JAX and
+        torch it hands the step its batches, without Keras' iterator, whose
+        fetch the floor measures beside it.
+        """
+        if fetched is None:
+            return
+        if fetched[0] == "tensorflow":
+            run.fetch_floor = None
+        elif run.fetch_floor is None:
+            self._fetch_floor(run, fetched, always=True)
 
     # Grain.
 

@@ -38,7 +38,7 @@ CONTENTION_CHECK = "contention check"
 # An epoch's outputs (report file, TensorBoard text, dashboard, image) take at
 # most this share of training time: after epochs shorter than their cost's
 # 100x, the next ones wait (nothing is lost: the next write holds every step).
-EPOCH_OUTPUT_SHARE = 0.01
+EPOCH_OUTPUT_SHARE = 0.005
 
 
 @dataclasses.dataclass
