@@ -392,6 +392,16 @@ def check_can_change_class(judgement: "Judgement", step_ms: Optional[float]) -> 
     True
     >>> check_can_change_class(Judgement(wait_fraction=0.0), step_ms=12.0)
     True
+
+    A sub-millisecond step waits 8 % at the fetch: the fetch of a ready batch
+    could be all of it, or none. With the floor measured first, 1 % is left.
+
+    >>> fetch_or_not = Judgement(wait_fraction=0.08, contention_ceiling=0.005)
+    >>> check_can_change_class(fetch_or_not, step_ms=0.8)
+    True
+    >>> floor_out = Judgement(wait_fraction=0.01, contention_ceiling=0.005, fetch_floor_ms=0.06)
+    >>> check_can_change_class(floor_out, step_ms=0.8)
+    False
     """
     ceiling = judgement.contention_ceiling
     wait = judgement.wait_fraction
