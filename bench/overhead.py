@@ -253,20 +253,25 @@ def measure(
     # Warm up every path: tracing is reported apart, not part of the overhead.
     for callbacks in configurations.values():
         timed_fit(model, dataset, callbacks, epochs=2)
-    # Per configuration and fit: its step (the mean of its middle epochs'),
-    # its wall time, the time in its begin and end hooks; per epoch set-up.
-    step, fit, hooks, setups = ({key: [] for key in configurations} for _ in range(4))
+    # Per configuration: each fit's step (the mean of its middle epochs') and
+    # every middle epoch's set-up.
+    step, setups = ({key: [] for key in configurations} for _ in range(2))
     # Per round: each cycle's ratio of a configuration's fit to the empty
     # callback's and to plain fit's, all of a cycle's fits run back to back.
     cycle_ratios = {key: [] for key in configurations}
     plain_ratios = {key: [] for key in configurations}
+    # Per configuration, each cycle's fit against that cycle's plain fit: what
+    # the whole fit took beyond it and beyond its per-step share, and the
+    # time in the begin and end hooks beyond plain fit's.
+    per_fit_ms, hooks_ms = ({key: [] for key in configurations} for _ in range(2))
     grown = []
     order = list(configurations)
     empty = "empty callback"
-    def run_fit(key) -> float:
+
+    def run_fit(key) -> tuple:
+        """`(wall s, hooks s, step s)` of one fit of `key`."""
         size = event_bytes(log_dir)
-        fit[key].append(timed_fit(model, dataset, configurations[key], epochs))
-        hooks[key].append(hooks_s(before, after))
+        wall_s = timed_fit(model, dataset, configurations[key], epochs)
         epochs_s = clock.middle_epochs_s()
         setups[key].extend(clock.middle_setups_s())
         if key == "tuner, log_dir":
@@ -275,7 +280,7 @@ def measure(
         # a `log_dir` gets are paced to some epochs' ends, and a median would
         # count them fully or not at all.
         step[key].append(sum(epochs_s) / (len(epochs_s) * steps))
-        return step[key][-1]
+        return wall_s, hooks_s(before, after), step[key][-1]
 
     others = [key for key in order if key != empty]
     for round_index in range(rounds):
@@ -285,17 +290,27 @@ def measure(
             # ratio to their mean (a drift of the machine's speed over the
             # three fits cancels), in a new order each cycle.
             shift = (round_index * cycles + cycle) % len(others)
-            ratios = {}
+            ratios, fits = {}, {}
             last_empty = run_fit(empty)
             for key in others[shift:] + others[:shift]:
-                seconds = run_fit(key)
+                fits[key] = run_fit(key)
                 next_empty = run_fit(empty)
-                ratios[key] = seconds / ((last_empty + next_empty) / 2)
+                if key == "plain":
+                    # The empty callback's per-fit figures: the fit just after.
+                    fits[empty] = next_empty
+                ratios[key] = fits[key][2] / ((last_empty[2] + next_empty[2]) / 2)
                 last_empty = next_empty
             for key in others:
                 floor_round[key].append(ratios[key])
                 plain_round[key].append(ratios[key] / ratios["plain"])
             plain_round[empty].append(1 / ratios["plain"])
+            plain_wall, plain_hooks, plain_step = fits["plain"]
+            for key in order[1:]:
+                wall_s, hooks_of, step_s = fits[key]
+                per_fit_ms[key].append(
+                    (wall_s - plain_wall - (step_s - plain_step) * steps * epochs) * 1e3
+                )
+                hooks_ms[key].append((hooks_of - plain_hooks) * 1e3)
         for key in order:
             cycle_ratios[key].append(floor_round[key])
             plain_ratios[key].append(plain_round[key])
@@ -312,20 +327,11 @@ def measure(
         flush=True,
     )
     for key in order[1:]:
-        # What the whole fit took beyond plain fit and beyond its per-step
-        # share (the empty callback runs more fits than the others: its first).
-        per_fit_ms = [
-            (ft - fp - (st - sp) * steps * epochs) * 1e3
-            for fp, ft, sp, st in zip(fit["plain"], fit[key], step["plain"], step[key])
-        ]
-        # Timed directly: the begin and end hooks' time, less plain fit's
-        # (which has no callback between the stamps).
-        hooks_ms = [(t - p) * 1e3 for p, t in zip(hooks["plain"], hooks[key])]
         print(
             f"  {key:<20} per step / plain: {_ratios(plain_ratios[key])}; per fit "
-            f"{statistics.median(per_fit_ms):+.0f} ms (whole fit less the per-step share), "
-            f"{statistics.median(hooks_ms):+.0f} ms in its begin and end hooks "
-            f"(largest {max(hooks_ms):+.0f})",
+            f"{statistics.median(per_fit_ms[key]):+.0f} ms (whole fit less the per-step share), "
+            f"{statistics.median(hooks_ms[key]):+.0f} ms in its begin and end hooks "
+            f"(largest {max(hooks_ms[key]):+.0f})",
             flush=True,
         )
         if key != empty:
