@@ -484,9 +484,10 @@ def _fetch_floor(what_if, measured):
 
     The larger of the replay's mean wait (the fit's own step, fetched from
     cached batches) and the fetch floor measured after training through the
-    fit's own kind of fetch: on JAX and torch the replay hands the step its
-    batches without Keras' iterator, so its wait misses what that iterator
-    costs. `(None, None)` where neither measured it.
+    fit's own kind of fetch: on JAX and torch the replay of NumPy arrays
+    hands the step its batches from a list, without Keras' iterator, so its
+    wait misses what that iterator costs. `(None, None)` where neither
+    measured it.
     """
     replay_ms = what_if.replay_input_wait.mean_ms if what_if is not None else None
     if measured is not None and measured.ms > 0 and measured.ms > (replay_ms or 0.0):

@@ -19,6 +19,16 @@ reads: Keras' batches of NumPy arrays, or a tf.data dataset that passes the
 hazard test (`pipeline.graph.rerun`), read through a copy with seeds of its
 own and its variables put back. Inputs that run the user's Python (a
 DataLoader, a PyDataset, a generator) are not replayed.
+
+The cached batches of a tf.data dataset are replayed the way fit fetched its
+batches: a few of the copy's batches cached in tf.data, repeated and
+prefetched, through Keras' own adapter. Fetching a batch already in memory through tf.data and
+Keras' conversion is the fetch floor the wait is measured beyond
+(`timing.fetch_floor`), and the true input share is defined against that
+same in-memory copy. Batches held in a Python list were fetched without
+tf.data's threads: on torch beside two busy loops the steps on them ran
+27 % faster than on a cached tf.data pipeline (10 % on an idle machine), and
+a healthy cached pipeline read as highly input-bound.
 """
 
 import contextlib
@@ -120,14 +130,13 @@ def replay(
             f"(a tf.data dataset or NumPy arrays), and fit got {kind}."
         )
     adapter = fit_input.data_adapter(model)
-    batches, pipeline_state = _fit_batches(found, adapter, backend)
+    batches, pipeline_state, replayed_of = _fit_batches(found, adapter, backend)
     step = _JaxStep(model) if backend == "jax" else _TorchStep(model)
     try:
         with preserved_random_state():
-            cached = list(itertools.islice(iter(batches), cached_batches))
-            if not cached:
+            found_batches, replayed = replayed_of(cached_batches)
+            if not found_batches:
                 raise ValueError("The dataset is empty: there is nothing to replay.")
-            replayed = itertools.cycle(cached)
             if pipeline_stats is None:
                 replay_rows, pipeline_rows, rounds = replay_rounds.run_rounds(
                     step, replayed, batches, steps, control
@@ -140,7 +149,7 @@ def replay(
         if pipeline_state is not None:
             pipeline_state.restore()
     return what_if_replay.result_of(
-        len(cached), cached_batches, replay_rows, pipeline_rows, rounds, pipeline_stats
+        found_batches, cached_batches, replay_rows, pipeline_rows, rounds, pipeline_stats
     )
 
 
@@ -155,26 +164,56 @@ class _Batches:
 
 
 def _fit_batches(found, adapter, backend: str):
-    """`(batches, pipeline_state)`: the fit's input read again, and its variables to put back."""
+    """The fit's input read again, its variables to put back, and its replayed batches.
+
+    Returns:
+        `(batches, pipeline_state, replayed_of)`: `replayed_of(count)` takes
+        `count` batches once and returns how many it found and an endless
+        iterator of them, fetched as fit fetched its batches where the input
+        is a tf.data dataset (see the module docstring).
+    """
     pipeline_state = None
-    if found.kind == fit_input.TF_DATASET:
-        dataset = found.source
-        hazard = rerun.dataset_rerun_hazard(dataset, restores_variables=True)
-        if hazard is not None:
-            raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
-        pipeline_state = rerun.PipelineVariables(dataset)
-        copy = pipeline_rewrite.independent_copy(dataset)
-        if copy is None:
-            raise ReplayUnsupported(
-                "The dataset reshuffles every epoch and holds too many in-memory tensors "
-                "to copy with seeds of its own: reading it again would change the order "
-                "a later fit on it sees."
-            )
-        # Keras' own adapter over the copy: batches converted as fit's were.
-        adapter = type(adapter)(copy)
+    if found.kind != fit_input.TF_DATASET:
+        batches = _Batches(_iterator_of(adapter, backend))
+
+        def held(count: int):
+            # Keras slices NumPy arrays on the training thread: a list is their fetch.
+            cached = list(itertools.islice(iter(batches), count))
+            return len(cached), itertools.cycle(cached)
+
+        return batches, pipeline_state, held
+
+    dataset = found.source
+    hazard = rerun.dataset_rerun_hazard(dataset, restores_variables=True)
+    if hazard is not None:
+        raise ReplayUnsupported(f"The pipeline is not run again: {hazard}.")
+    pipeline_state = rerun.PipelineVariables(dataset)
+    copy = pipeline_rewrite.independent_copy(dataset)
+    if copy is None:
+        raise ReplayUnsupported(
+            "The dataset reshuffles every epoch and holds too many in-memory tensors "
+            "to copy with seeds of its own: reading it again would change the order "
+            "a later fit on it sees."
+        )
+    # Keras' own adapter over the copy: batches converted as fit's were.
+    kind = type(adapter)
+
+    def cached_in_tf_data(count: int):
+        cached = copy.take(count).cache()
+        # One full pass completes the cache; the repeats then read only memory.
+        found_batches = sum(1 for _ in cached)
+        # Prefetched as the floor's batches are (`timing.fetch_floor`).
+        replayed = kind(cached.repeat().prefetch(1))
+        return found_batches, iter(_iterator_of(replayed, backend)())
+
+    return _Batches(_iterator_of(kind(copy), backend)), pipeline_state, cached_in_tf_data
+
+
+def _iterator_of(adapter, backend: str) -> Callable[[], Iterator]:
+    """What makes a new pass of `adapter`'s batches, as fit gets them on `backend`."""
     if backend == "jax":
-        return _Batches(adapter.get_jax_iterator), pipeline_state
-    return _Batches(adapter.get_torch_dataloader), pipeline_state
+        return adapter.get_jax_iterator
+    return adapter.get_torch_dataloader
 
 
 class _Snapshot:

@@ -77,7 +77,8 @@ class WhatIfResult:
             Below 1 when the replay ran slower (a note says why): no gain.
         pipeline_step: step time with the real pipeline (input wait included).
         replay_step: step time on replayed, cached batches.
-        replay_input_wait: input wait on replayed batches (near zero).
+        replay_input_wait: input wait on replayed batches: the fetch of a
+            batch already in memory.
         pipeline_source: where `pipeline_step` comes from: "training" (the
             fit's steady-state steps) or "measured" (steps run on a fresh
             iterator between parts of the replay).

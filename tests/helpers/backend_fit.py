@@ -1245,6 +1245,8 @@ def replay():
             if report.what_if else False,
             "replay_steps": report.what_if.replay_steps if report.what_if else 0,
             "rounds": len(report.what_if.rounds) if report.what_if else 0,
+            "replay_fetch_ms": report.what_if.replay_input_wait.median_ms
+            if report.what_if else None,
             "notes": report.notes,
         }
     return found

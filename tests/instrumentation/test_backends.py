@@ -555,5 +555,11 @@ def test_the_replay_check_runs_the_fits_own_step_and_leaves_training_unchanged(
         return
     assert found["checked"], found["notes"]
     assert found["replay_steps"] >= 5 and found["rounds"] >= 1, found
+    if source == "tf.data":
+        # The replayed batches come as fit's came, through tf.data and Keras'
+        # adapter (about a millisecond here), not from a list (a microsecond):
+        # the share is defined against that in-memory copy, as the floor is.
+        # A busy machine only lengthens the fetch.
+        assert found["replay_fetch_ms"] > 0.05, found
     # The next fit trains as it would have: weights and history, bit for bit.
     assert found["weights"] and found["history"], found
