@@ -226,7 +226,6 @@ class TimedFunction:
         self._on_error = on_error
         self._iterator_types = (tf.data.Iterator, tf.distribute.DistributedIterator)
         steps_per_execution = int(model.steps_per_execution)
-        self._steps_per_execution = steps_per_execution
         strategy = model.distribute_strategy
         # What the compiled function was built for (`reusable_for`).
         self._built_for = (steps_per_execution, model.jit_compile, model.run_eagerly, strategy)

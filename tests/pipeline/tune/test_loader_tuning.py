@@ -26,7 +26,9 @@ def _epochs(loader):
 
 def test_a_py_dataset_gets_its_workers_measured_with_its_batches_equal():
     dataset = slow_loaders.sleeping_py_dataset(batch_s=0.01, batches=24)
-    tuned, result = kpt.tune(dataset, budget_s=8, verbose=0)
+    # Beside the suite's other worker, 8 s once ran out before the first
+    # setting but the original was timed (8.7 s used).
+    tuned, result = kpt.tune(dataset, budget_s=15, verbose=0)
     assert result.dataset is tuned and isinstance(tuned, type(dataset))
     assert result.kind == "PyDataset" and result.waiting, result.notes
     assert result.table and all(row.pass_s > 0 for row in result.table)
