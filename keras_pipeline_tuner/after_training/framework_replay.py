@@ -75,6 +75,27 @@ def can_replay(model, backend: str) -> bool:
     )
 
 
+def fetches_as_fit(kind: str) -> bool:
+    """Whether the replay fetches its cached batches of a fit input of `kind` as fit did.
+
+    So its wait is the fetch floor, measured through the fit's own fetch: a
+    tf.data dataset's batches come through tf.data and Keras' adapter (see
+    the module docstring); Keras' batches of NumPy arrays come from a list.
+
+    Args:
+        kind: the fit's input (`instrumentation.fit_input`).
+
+    Returns:
+        `True` for a tf.data dataset.
+
+    Example:
+
+    >>> fetches_as_fit("tf.data"), fetches_as_fit("arrays")
+    (True, False)
+    """
+    return kind == fit_input.TF_DATASET
+
+
 def input_runs_beside_the_step(model) -> bool:
     """Whether the fit's input may do work while its step computes (JAX, torch).
 

@@ -11,8 +11,8 @@
   own kind of fetch on zeros of its batches' structure (`timing.fetch_floor`;
   no user code runs), first, where it could change the class (with it, the
   contention check may find that nothing it measures could), and on JAX and
-  torch beside a replay, which hands the step its batches without Keras'
-  iterator;
+  torch beside a replay of NumPy arrays, which hands the step its batches
+  without Keras' iterator;
 - the advice on a Grain pipeline's slow stage, from Grain's timing of the
   iterators training read;
 - where the host's work between steps bounds a fit that does not wait for
@@ -38,6 +38,7 @@ from keras_pipeline_tuner._util.tf_import import is_tf_dataset
 from keras_pipeline_tuner.advice import verdict
 from keras_pipeline_tuner.after_training import execution_replay
 from keras_pipeline_tuner.after_training import fix_timing
+from keras_pipeline_tuner.after_training import framework_replay
 from keras_pipeline_tuner.after_training import py_dataset_timing
 from keras_pipeline_tuner.after_training.replay_probe import ReplayProbe
 from keras_pipeline_tuner.after_training.settings import ProbeSettings
@@ -147,17 +148,20 @@ class AfterTraining:
                 )
 
     def _floor_beside_replay(self, run, fetched: Optional[tuple]) -> None:
-        """After a replay: on TensorFlow its floor stands alone, on JAX and torch one is measured.
+        """After a replay: where it fetched as fit did its floor stands, elsewhere one is measured.
 
         TensorFlow's replay fetches through the fit's own fetch op. On JAX and
-        torch it hands the step its batches, without Keras' iterator, whose
-        fetch the floor measures beside it.
+        torch a tf.data dataset's replayed batches come through Keras'
+        iterator, whose fetch its wait then holds: a floor measured first is
+        kept beside it, none is measured again. NumPy arrays' replayed batches
+        come from a list, without Keras' iterator, whose fetch the floor
+        measures beside it.
         """
         if fetched is None:
             return
         if fetched[0] == "tensorflow":
             run.fetch_floor = None
-        elif run.fetch_floor is None:
+        elif run.fetch_floor is None and not framework_replay.fetches_as_fit(fetched[1]):
             self._fetch_floor(run, fetched, always=True)
 
     # Grain.
