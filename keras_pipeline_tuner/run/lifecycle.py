@@ -368,6 +368,15 @@ class Run:
             return profile.pending
         return not self.finished and self.window.converting
 
+    @property
+    def awaiting_profile(self) -> bool:
+        """Whether `wait_for_profile` has anything to wait for.
+
+        Longer than `profile_pending`: a late profile's evidence has joined
+        (it is no longer pending) a moment before the outputs say so.
+        """
+        return self.profile_pending or (self._late is not None and not self._late.done)
+
     def wait_for_profile(self, timeout_s: Optional[float] = None) -> bool:
         """Waits for a profile still converting after training to join the run.
 

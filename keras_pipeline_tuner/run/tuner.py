@@ -413,7 +413,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
             if run is not None:
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 run.wait_for_profile(left)
-        self._converting_runs = [run for run in self._converting_runs if run.profile_pending]
+        self._converting_runs = [run for run in self._converting_runs if run.awaiting_profile]
         return self.report
 
     # Results.
@@ -444,7 +444,7 @@ class PipelineTuner(CustomLoopMethods, keras.callbacks.Callback):
         )
         earlier = [self._run] if self._run is not None else []
         self._converting_runs = [
-            run for run in self._converting_runs + earlier if run.profile_pending
+            run for run in self._converting_runs + earlier if run.awaiting_profile
         ]
         self._run = Run(settings, self.guard, self._window, flush_source, kind)
         return self._run

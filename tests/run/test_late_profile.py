@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import keras
@@ -27,6 +28,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
+from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling import window as profiler_window
 from keras_pipeline_tuner.run import lifecycle
 from tests.helpers.fault_injection import raise_injected
@@ -234,6 +236,35 @@ def test_an_evaluate_after_fit_neither_hides_nor_loses_the_fits_profile(tmp_path
     assert [entry["run"] for entry in root["runs"]] == [
         "pipeline_tuner", "pipeline_tuner/evaluate-2"
     ]
+
+
+@pytest.mark.usefixtures("slow_conversions")
+def test_an_evaluate_begun_as_the_profile_joins_still_waits_for_its_outputs(
+    tmp_path, monkeypatch
+):
+    # The evidence joins (no longer pending) a moment before the outputs are
+    # written with it. An evaluate() begun in that moment used to drop the fit
+    # from what a wait covers: the wait returned with the files still pending
+    # (once in CI, under load). Here that moment is held open for 5 s.
+    take = FitProfile.take
+
+    def take_then_hold(profile, *args, **kwargs):
+        take(profile, *args, **kwargs)
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(5.0)
+
+    monkeypatch.setattr(FitProfile, "take", take_then_hold)
+    tuner = kpt.PipelineTuner(log_dir=tmp_path, verbose=0, profile=(2, 8))
+    model = tiny_model()
+    model.fit(cached_source(64).batch(4).repeat(), epochs=1, steps_per_epoch=10,
+              callbacks=[tuner], verbose=0)
+    assert eventually(lambda: not tuner.report.profile_pending)
+    assert read_report(tmp_path)["profile_pending"]  # joined, not yet written
+    model.evaluate(cached_source(16).batch(4), callbacks=[tuner], verbose=0)
+    tuner.wait_for_profile()
+    root = read_report(tmp_path)
+    assert root["run"] == "pipeline_tuner" and not root["profile_pending"]
+    assert root["profile"]["steps"], root["notes"]
 
 
 @pytest.mark.usefixtures("slow_conversions")
