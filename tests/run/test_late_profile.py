@@ -28,8 +28,8 @@ from tensorboard.backend.event_processing import event_accumulator
 import keras_pipeline_tuner as kpt
 from keras_pipeline_tuner.outputs import tensorboard as tensorboard_sink
 from keras_pipeline_tuner.outputs.report import PROFILE_PENDING
-from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.profiling import window as profiler_window
+from keras_pipeline_tuner.profiling.fit_profile import FitProfile
 from keras_pipeline_tuner.run import lifecycle
 from tests.helpers.fault_injection import raise_injected
 from tests.helpers.fault_injection import tuner_warnings
