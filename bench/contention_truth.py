@@ -17,7 +17,7 @@ figure, which is checked against what free input delivered, `1 / (1 - truth)`.
 
 Whole fits alternated a second or more apart leave the truth open to the
 machine's drift: steps here slow by up to 30 % for seconds at a time, and one
-case's truth read 0.0 % and 4.6 % in two runs of the same hour. Where the
+case's truth read 0.0 % and 4.6 % in runs an hour apart. Where the
 input is a tf.data pipeline, the truth is therefore measured within one fit
 as well, and that figure is the one the tuner is judged against: the fit reads
 `tf.data.Dataset.choose_from_datasets` over the real pipeline and its
